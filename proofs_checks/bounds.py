@@ -1,0 +1,78 @@
+"""Rounding-error bounds that the float64 and mpmath tolerances are derived from.
+
+Notation (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1–3.5): u is the
+unit roundoff (2^-53 in float64), γ_k = k·u/(1 − k·u). A dot product of length k has absolute
+error ≤ γ_k Σ|a_i b_i|, so ‖fl(AB) − AB‖_F ≤ γ_k ‖A‖_F ‖B‖_F for an inner dimension k.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+
+FLOAT64_U = float(np.finfo(np.float64).eps) / 2
+
+
+def unit_roundoff(digits: int | None = None) -> float:
+    """u for float64 (digits=None) or for mpmath at ``digits`` decimal digits."""
+    if digits is None:
+        return FLOAT64_U
+    with mpmath.workdps(digits):
+        return float(mpmath.mp.eps) / 2
+
+
+def gamma(k: int, u: float = FLOAT64_U) -> float:
+    """γ_k = k·u/(1 − k·u)."""
+    if k * u >= 1:
+        raise ValueError(f"γ_k undefined for k·u = {k * u} ≥ 1")
+    return k * u / (1 - k * u)
+
+
+def cosine_tolerance(n: int, u: float = FLOAT64_U) -> float:
+    """Bound on |1 − cos(a, b)| when b = s·a exactly (s > 0) but both were rounded entrywise.
+
+    A componentwise relative perturbation δ ≤ 2u turns a by an angle ≤ δ, so 1 − cos ≤ δ²/2.
+    Evaluating ⟨a, b⟩/(‖a‖‖b‖) adds ≤ γ_n (dot product) + 2γ_{n+1} (two norms) + u (division).
+    Rounded up: 4γ_{n+1}.
+    """
+    return 4 * gamma(n + 1, u)
+
+
+def frame_error(d: int, r: int, u: float = FLOAT64_U, kappa: float = 1.0) -> float:
+    """A-priori bound on ‖WᵀW − I‖ for W = polar(A) = A (AᵀA)^{-1/2} computed in floating point.
+
+    Forming the Gram costs γ_d κ²√r (relative to its norm r·κ², for an A of condition κ);
+    the symmetric eigensolver is backward stable with error ≤ p(r)·u‖Gram‖ for a modest p
+    (Golub & Van Loan, 4th ed., §8.3; LAPACK Users' Guide §4.7), taken as r·u; the two products A·K and Kᵀ·(AᵀA)·K add 2γ_r κ² √r. Collected:
+    ≤ 10·(γ_d + r·u + 2γ_r)·κ²·r.
+    """
+    return 10 * (gamma(d, u) + r * u + 2 * gamma(r, u)) * kappa**2 * r
+
+
+def step_error(d: int, r: int, u: float = FLOAT64_U) -> float:
+    """Bound on the error one step of a frame rule adds to W (norm ‖W‖_F = √r).
+
+    The step is a projection (two products of inner dimension d and r), a handful of scalar
+    operations on a tangent of n = d·r entries (relative 4γ_{n+1}, cf. ``cosine_tolerance``),
+    and a polar retraction (``frame_error``). For ‖ξ‖ ≤ √r:
+    ≤ (2γ_d + 2γ_r)·r + 4γ_{n+1}·√r + frame_error(d, r).
+    """
+    n = d * r
+    return (
+        (2 * gamma(d, u) + 2 * gamma(r, u)) * r
+        + 4 * gamma(n + 1, u) * np.sqrt(r)
+        + frame_error(d, r, u)
+    )
+
+
+def trajectory_tolerance(d: int, r: int, steps: int, u: float = FLOAT64_U) -> float:
+    """Bound on the distance between two T-step trajectories that agree in exact arithmetic.
+
+    Each run carries a forward error that grows by at most ``step_error`` per step and is
+    amplified by the step map's Lipschitz constant in W. Projection transport and the polar map
+    are 1-Lipschitz near the manifold and a scale-free direction −lr·P_W(G)/RMS moves by at most
+    2·lr·√(d·r) per unit change of W, so the constant is ≤ 2 under the hypothesis
+    lr·√(d·r) ≤ 1/2 that every trajectory check states. Two runs: twice the bound of one.
+    2·Σ_{t<T} 2^t·step_error = 2·(2^T − 1)·step_error.
+    """
+    return 2 * (2**steps - 1) * step_error(d, r, u)

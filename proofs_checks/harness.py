@@ -1,0 +1,149 @@
+"""Shared machinery of the checks: seeded problems, trajectories, precision ladders, properties."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mpmath
+import numpy as np
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+import reference as ref
+from proofs_checks.bounds import unit_roundoff
+from proofs_checks.registry import Context, Outcome
+from reference.linalg import frobenius
+
+#: Working precisions of the mpmath checks: a rounding residual must fall by ~30 orders between them.
+DIGITS = (30, 60)
+
+
+@dataclass
+class FrameProblem:
+    """A seeded frame W0 ∈ St(d, r) and a fixed sequence of Euclidean gradients."""
+
+    geometry: ref.Stiefel
+    w0: np.ndarray
+    grads: list[np.ndarray]
+
+
+def frame_problem(d: int, r: int, steps: int, seed: int, grad_rms: float = 1.0) -> FrameProblem:
+    rng = np.random.default_rng(seed)
+    geometry = ref.Stiefel(d, r)
+    w0 = geometry.random_point(rng)
+    return FrameProblem(
+        geometry, w0, [grad_rms * rng.standard_normal((d, r)) for _ in range(steps)]
+    )
+
+
+@dataclass
+class Step:
+    """One step of a rule: the point before, the tangent step ξ, and the chain state after it."""
+
+    w: Any
+    xi: Any
+    state: Any
+
+
+def trajectory(
+    opt: ref.optim.Optimizer, geometry: Any, x0: Any, grads: Sequence[Any]
+) -> tuple[list[Step], Any]:
+    """Run ``opt`` along fixed gradients; returns the steps and the final point."""
+    state, x, steps = opt.init(geometry, x0), x0, []
+    for g in grads:
+        xi, new_state = opt.update(geometry, x, g, state)
+        y = opt.move(geometry, x, xi)
+        steps.append(Step(x, xi, new_state))
+        state, x = opt.transform.transport(geometry, x, y, new_state), y
+    return steps, x
+
+
+def max_distance(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    return max(frobenius(x - y) for x, y in zip(a, b, strict=True))
+
+
+def cos_residual(a: np.ndarray, b: np.ndarray) -> float:
+    """|1 − cos(a, b)|; two zero vectors count as aligned, one zero vector as opposite (2)."""
+    na, nb = frobenius(a), frobenius(b)
+    if na == 0.0 or nb == 0.0:
+        return 0.0 if na == nb else 2.0
+    return abs(1.0 - float(np.vdot(a / na, b / nb)))
+
+
+def ladder(
+    measure: Callable[[int], float],
+    tolerance: Callable[[float], float],
+    what: str,
+    digits: Sequence[int] = DIGITS,
+) -> Outcome:
+    """A residual computed at several working precisions must stay under the rounding bound of
+    each, tolerance(u_digits): it then falls in step with the precision (rounding), whereas a
+    mathematical error stays put. Reports the residual and tolerance at the highest precision."""
+    rows, ok = [], True
+    for dps in digits:
+        with mpmath.workdps(dps):
+            res = float(measure(dps))
+        tol = tolerance(unit_roundoff(dps))
+        ok &= bool(res <= tol)
+        rows.append(f"{dps} digits: {res:.2e} (≤ {tol:.1e})")
+    return Outcome(ok, res, tol, f"{what}; " + ", ".join(rows))
+
+
+def shapes(max_d: int = 64) -> st.SearchStrategy[tuple[int, int]]:
+    """(d, r) with 1 ≤ r ≤ d ≤ max_d."""
+    return st.integers(1, max_d).flatmap(lambda d: st.tuples(st.just(d), st.integers(1, d)))
+
+
+def seeds() -> st.SearchStrategy[int]:
+    return st.integers(0, 2**32 - 1)
+
+
+def property_check(
+    ctx: Context,
+    strategy: st.SearchStrategy,
+    measure: Callable[[Any], tuple[float, float]],
+    what: str,
+    examples: int = 40,
+) -> Outcome:
+    """Hypothesis searches ``strategy`` for an example with residual > tolerance.
+
+    ``measure(example) -> (residual, tolerance)``. Deterministic under ``ctx.seed``; no shrinking
+    (the first counterexample is reported as found).
+    """
+    worst: dict[str, Any] = {"ratio": -1.0, "residual": 0.0, "tolerance": 0.0, "example": None}
+    n = max(5, examples // 4) if ctx.quick else examples
+
+    @hypothesis_seed(ctx.seed)
+    @settings(
+        max_examples=n,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        phases=(Phase.explicit, Phase.generate),
+        suppress_health_check=list(HealthCheck),
+        verbosity=Verbosity.quiet,
+        print_blob=False,
+    )
+    @given(strategy)
+    def prop(example: Any) -> None:
+        res, tol = measure(example)
+        ratio = res / tol if tol > 0 else (0.0 if res == 0 else np.inf)
+        if not ratio <= worst["ratio"]:
+            worst.update(ratio=ratio, residual=res, tolerance=tol, example=example)
+        assert res <= tol
+
+    try:
+        prop()
+        passed = True
+    except AssertionError:
+        passed = False
+    verdict = "no counterexample" if passed else "counterexample"
+    return Outcome(
+        passed,
+        float(worst["residual"]),
+        float(worst["tolerance"]),
+        f"{what}; {n} examples, {verdict}; worst example {worst['example']}",
+    )

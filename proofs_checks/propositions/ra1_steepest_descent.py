@@ -1,0 +1,158 @@
+"""RA-1: the scalar-moment Adam step is steepest descent in the embedded metric."""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import sympy as sp
+from hypothesis import strategies as st
+
+from proofs_checks.bounds import cosine_tolerance, gamma
+from proofs_checks.harness import (
+    cos_residual,
+    frame_problem,
+    ladder,
+    property_check,
+    seeds,
+    shapes,
+    trajectory,
+)
+from proofs_checks.propositions.common import BETAS, MP_D, MP_R, MP_STEPS, RADIUS, STEPS, D, R, adam
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference import mp
+from reference.linalg import frobenius
+
+CONTROL = "elementwise second moment (one √v per entry, then projected)"
+
+
+def m_hat(step) -> np.ndarray:
+    """m̂ = m/(1 − β1^t) from the Adam state a step left behind."""
+    adam_state = step.state[0]
+    return adam_state.m / (1.0 - BETAS[0] ** adam_state.count)
+
+
+def symbolic_orthogonality(ctx: Context, wrong: bool) -> Outcome:
+    """⟨W sym(WᵀG), ξ⟩ = tr(S·Wᵀξ) = tr(SΩ) = 0 for S symmetric and Ω = Wᵀξ skew, so
+    ⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ on T_W St and Cauchy–Schwarz gives the maximiser −P_W(G)/‖P_W(G)‖.
+    SymPy expands tr(SΩ) with symbolic entries for r = 1…5. Control: Ω not skew."""
+    leftovers = []
+    for r in range(1, 6):
+        s = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"s{min(i, j)}{max(i, j)}"))
+        o = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"o{i}{j}"))
+        omega = o if wrong else (o - o.T) / 2
+        leftovers.append(sp.expand((s * omega).trace()))
+    nonzero = sum(1 for e in leftovers if e != 0)
+    return Outcome(
+        nonzero == 0, float(nonzero), 0.0, f"tr(SΩ) expanded for r = 1…5: {nonzero} nonzero"
+    )
+
+
+def float64_direction(ctx: Context, wrong: bool) -> Outcome:
+    """Over 6 steps at St(64, 16) with the cap active: ξ_t = −c_t·m̂_t with c_t > 0 (β1 = 0.9),
+    and ξ_t = −c_t·P_W(G_t) (β1 = 0). Residual max |1 − cos|; bound ``cosine_tolerance(d·r)``."""
+    moment = "elementwise" if wrong else "frame"
+    prob = frame_problem(D, R, STEPS, ctx.seed)
+    res = 0.0
+    for beta1 in (BETAS[0], 0.0):
+        steps, _ = trajectory(adam(moment, beta1=beta1), prob.geometry, prob.w0, prob.grads)
+        for s, g in zip(steps, prob.grads, strict=True):
+            target = m_hat(s) if beta1 else prob.geometry.proj(s.w, g)
+            res = max(res, cos_residual(s.xi, -target))
+    capped = sum(frobenius(s.xi) >= RADIUS * (1 - 1e-12) for s in steps)
+    return Outcome.bound(
+        res, cosine_tolerance(D * R), f"max |1 − cos(ξ, −m̂)| over {STEPS} steps, {capped} capped"
+    )
+
+
+def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
+    """With β1 = 0 the unit step η = ξ/‖ξ‖ attains ⟨−G, η⟩ = ‖P_W(G)‖, and 1024 random unit
+    tangents ν never exceed it. Residual: max relative gap and excess. Bound: the cosine bound
+    plus the tangency error of η (2γ_d·r), both relative to ‖P_W G‖ and scaled by ‖G‖/‖P_W G‖."""
+    moment = "elementwise" if wrong else "frame"
+    prob = frame_problem(D, R, STEPS, ctx.seed)
+    geometry = prob.geometry
+    steps, _ = trajectory(adam(moment, beta1=0.0), geometry, prob.w0, prob.grads)
+    rng = np.random.default_rng(ctx.seed + 1)
+    res, tol = 0.0, np.inf
+    for s, g in zip(steps, prob.grads, strict=True):
+        best = frobenius(geometry.proj(s.w, g))
+        eta = s.xi / frobenius(s.xi)
+        res = max(res, abs(float(np.vdot(-g, eta)) - best) / best)
+        nu = geometry.proj(s.w, rng.standard_normal((256 if ctx.quick else 1024, D, R)))
+        nu /= np.linalg.norm(nu, axis=(1, 2), keepdims=True)
+        res = max(res, (float(np.max(np.einsum("kij,ij->k", nu, -g))) - best) / best)
+        tol = min(tol, (cosine_tolerance(D * R) + 2 * gamma(D) * R) * frobenius(g) / best)
+    return Outcome.bound(res, tol, "β1 = 0: |⟨−G, ξ/‖ξ‖⟩ − ‖P_W G‖| and random tangents' excess")
+
+
+def mp_cos_residual(a: np.ndarray, b: np.ndarray) -> mpmath.mpf:
+    dot = mpmath.fsum(x * y for x, y in zip(np.ravel(a), np.ravel(b), strict=True))
+    return abs(1 - dot / (mp.frobenius(a) * mp.frobenius(b)))
+
+
+def mpmath_direction(ctx: Context, wrong: bool) -> Outcome:
+    """max_t |1 − cos(ξ_t, −m̂_t)| along the mpmath trajectory (St(6, 3), 3 steps, cap active)
+    at 30 and 60 digits, under ``cosine_tolerance(d·r, u)`` at each precision."""
+    prob = frame_problem(MP_D, MP_R, MP_STEPS, ctx.seed)
+    moment = "elementwise" if wrong else "frame"
+
+    def measure(dps: int) -> float:
+        tr = mp.adam_trajectory(prob.w0, prob.grads, 0.05, BETAS, 1e-8, 0.05, moment)
+        return max(mp_cos_residual(x, -m) for x, m in zip(tr.steps, tr.m_hats, strict=True))
+
+    return ladder(measure, lambda u: cosine_tolerance(MP_D * MP_R, u), "max |1 − cos(ξ, −m̂)|")
+
+
+def property_direction(ctx: Context, wrong: bool) -> Outcome:
+    """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds, gradient RMS 10^[-8, 8], β1 ∈ {0, 0.9} and cap
+    on/off: max |1 − cos(ξ, −m̂)| over 3 steps ≤ ``cosine_tolerance(d·r)``."""
+    moment = "elementwise" if wrong else "frame"
+
+    def measure(example) -> tuple[float, float]:
+        (d, r), seed, exponent, beta1, radius = example
+        prob = frame_problem(d, r, 3, seed, grad_rms=10.0**exponent)
+        opt = adam(moment, beta1=beta1, radius=radius)
+        steps, _ = trajectory(opt, prob.geometry, prob.w0, prob.grads)
+        return max(cos_residual(s.xi, -m_hat(s)) for s in steps), cosine_tolerance(d * r)
+
+    strategy = st.tuples(
+        shapes(),
+        seeds(),
+        st.floats(-8, 8),
+        st.sampled_from([0.0, BETAS[0]]),
+        st.sampled_from([None, RADIUS]),
+    )
+    return property_check(ctx, strategy, measure, "max |1 − cos(ξ, −m̂)|")
+
+
+register(
+    Proposition(
+        id="RA-1",
+        title="Steepest descent in the embedded metric",
+        statement=(
+            r"For $W\in\mathrm{St}(d,r)$ and $G\in\mathbb{R}^{d\times r}$ with $P_W(G)\neq0$, "
+            r"$-P_W(G)/\|P_W(G)\|$ maximises $\langle -G,\xi\rangle$ over unit "
+            r"$\xi\in T_W\mathrm{St}(d,r)$ with $\langle\xi,\eta\rangle=\operatorname{tr}"
+            r"(\xi^\top\eta)$. Every step of the scalar-moment Riemannian Adam is "
+            r"$\xi_t=-c_t\,\hat m_t$ with $c_t>0$, before and after the trust-region cap; "
+            r"when $\beta_1=0$ (or at $t=1$) $\xi_t=-c_t\,P_{W_t}(G_t)$."
+        ),
+        hypotheses=(
+            "embedded metric; P_W(Z) = Z − W sym(WᵀZ)",
+            "one scalar second moment per frame (moment='frame'), any reduction",
+            "trust region ξ ← ξ·min(1, Δ/‖ξ‖)",
+        ),
+        checks=(
+            Check(
+                "symbolic",
+                "tr(SΩ) = 0: the normal part of G is orthogonal to T_W",
+                symbolic_orthogonality,
+                "Ω not skew",
+            ),
+            Check("float64", "ξ is a positive multiple of −m̂", float64_direction, CONTROL),
+            Check("float64", "the step attains the maximum ‖P_W G‖", float64_maximum, CONTROL),
+            Check("mpmath", "direction residual falls with precision", mpmath_direction, CONTROL),
+            Check("property", "ξ ∥ −m̂ over shapes, seeds and scales", property_direction, CONTROL),
+        ),
+    )
+)

@@ -1,0 +1,70 @@
+"""The protocol every geometry implements, and helpers for tangent vectors stored as tuples.
+
+A point or a tangent vector is either one array (Stiefel, Euclidean) or a tuple of arrays (the
+factored geometries). The helpers below treat both uniformly as a tuple of *parts*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+Array = np.ndarray
+Point = Any  # an array or a tuple of arrays
+Tangent = Any
+
+
+@runtime_checkable
+class Geometry(Protocol):
+    """What the optimizers and the checks need from a geometry (DESIGN §4).
+
+    ``moment_groups`` lists, for the optimizers, which parts of a tangent vector form one frame:
+    each group receives one scalar second moment and its own trust-region cap.
+    """
+
+    dim: int
+    moment_groups: tuple[tuple[int, ...], ...]
+
+    def random_point(self, rng: np.random.Generator) -> Point: ...
+    def random_tangent(self, x: Point, rng: np.random.Generator) -> Tangent: ...
+    def zero_tangent(self, x: Point) -> Tangent: ...
+    def inner(self, x: Point, u: Tangent, v: Tangent) -> float: ...
+    def norm(self, x: Point, u: Tangent) -> float: ...
+    def proj(self, x: Point, z: Tangent) -> Tangent: ...
+    def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent: ...
+    def retract(self, x: Point, u: Tangent) -> Point: ...
+    def transport(self, x: Point, y: Point, u: Tangent) -> Tangent: ...
+    def to_matrix(self, x: Point) -> Array: ...
+    def tangent_to_matrix(self, x: Point, u: Tangent) -> Array: ...
+    def check_point(self, x: Point) -> None: ...
+
+
+def parts(u: Tangent) -> tuple[Array, ...]:
+    """The arrays making up a point or tangent vector."""
+    return tuple(u) if isinstance(u, tuple) else (u,)
+
+
+def like(template: Tangent, arrays: Sequence[Array]) -> Tangent:
+    """Pack arrays back into the structure of ``template`` (one array or a tuple)."""
+    return tuple(arrays) if isinstance(template, tuple) else arrays[0]
+
+
+def tree_map(f: Callable[..., Array], u: Tangent, *rest: Tangent) -> Tangent:
+    """Apply ``f`` part by part to tangent vectors of the same structure."""
+    return like(u, [f(*ps) for ps in zip(parts(u), *map(parts, rest), strict=True)])
+
+
+def check_shapes(name: str, expected: Sequence[tuple[int, ...]], value: Tangent) -> None:
+    """Raise ValueError naming ``name`` when ``value``'s parts do not have the expected shapes."""
+    got = [np.shape(p) for p in parts(value)]
+    if [tuple(e) for e in expected] != got:
+        raise ValueError(f"{name}: expected shapes {list(expected)}, got {got}")
+
+
+def check_finite(name: str, value: Tangent) -> None:
+    """Raise ValueError when ``value`` has a NaN or an infinite entry, with the count."""
+    bad = sum(int(np.size(p) - np.count_nonzero(np.isfinite(p))) for p in parts(value))
+    if bad:
+        raise ValueError(f"{name}: {bad} non-finite entries (NaN or inf)")

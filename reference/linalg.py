@@ -1,0 +1,101 @@
+"""Small dense linear algebra shared by the geometries.
+
+Everything here acts on the last two axes, so a stack of matrices is handled like one matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+Array = np.ndarray
+
+
+def transpose(a: Array) -> Array:
+    """Aᵀ over the last two axes."""
+    return np.swapaxes(a, -1, -2)
+
+
+def sym(a: Array) -> Array:
+    """sym(A) = (A + Aᵀ)/2."""
+    return 0.5 * (a + transpose(a))
+
+
+def skew(a: Array) -> Array:
+    """skew(A) = (A − Aᵀ)/2."""
+    return 0.5 * (a - transpose(a))
+
+
+def frobenius(a: Array) -> float:
+    """‖A‖ = sqrt(tr(AᵀA)), computed as s·‖A/s‖ with s = max|A_ij|.
+
+    The scaling keeps every squared entry in [0, 1], so no finite float64 input overflows or
+    underflows (a plain sqrt(Σ A_ij²) overflows for entries near 1e155 and flushes near 1e-162).
+    """
+    a = np.ravel(a)
+    s = float(np.max(np.abs(a))) if a.size else 0.0
+    if s == 0.0 or not np.isfinite(s):
+        return s
+    return s * float(np.sqrt(np.sum(np.square(a / s))))
+
+
+def rms(a: Array) -> float:
+    """RMS(A) = ‖A‖/sqrt(number of entries), scaled so any finite float64 input is safe."""
+    a = np.ravel(a)
+    return frobenius(a) / np.sqrt(a.size) if a.size else 0.0
+
+
+def inv_sqrt_spd(s: Array) -> Array:
+    """S^{-1/2} for a symmetric positive definite S, from S = Q diag(λ) Qᵀ: Q diag(λ^{-1/2}) Qᵀ.
+
+    Raises ValueError when S is not positive definite (smallest eigenvalue ≤ 0).
+    """
+    lam, q = np.linalg.eigh(sym(s))
+    if np.any(lam <= 0.0):
+        raise ValueError(
+            f"matrix is not positive definite: smallest eigenvalue {float(np.min(lam)):.3e}"
+        )
+    return (q / np.sqrt(lam)[..., None, :]) @ transpose(q)
+
+
+def polar(a: Array) -> Array:
+    """Orthonormal polar factor of a full-column-rank A: A (AᵀA)^{-1/2}.
+
+    The Gram AᵀA is the one actually formed, so rounding drift in A is corrected: the result is
+    the nearest matrix with orthonormal columns, not a closed form that assumes structure of A.
+    Only an r×r eigendecomposition is needed. Raises ValueError when A is rank deficient.
+    """
+    gram = transpose(a) @ a
+    lam, q = np.linalg.eigh(sym(gram))
+    # A column-rank test relative to the largest eigenvalue: κ(A)² must stay below 1/ε.
+    tiny = np.finfo(np.float64).eps * np.max(lam, axis=-1, keepdims=True) * a.shape[-2]
+    if np.any(lam <= tiny):
+        raise ValueError(
+            "polar factor of a rank-deficient matrix: smallest squared singular value "
+            f"{float(np.min(lam)):.3e} against largest {float(np.max(lam)):.3e}"
+        )
+    return a @ ((q / np.sqrt(lam)[..., None, :]) @ transpose(q))
+
+
+def polar_svd(a: Array) -> Array:
+    """Orthonormal polar factor through the thin SVD A = U Σ Vᵀ: U Vᵀ."""
+    u, _, vt = np.linalg.svd(a, full_matrices=False)
+    return u @ vt
+
+
+def qr_signfixed(a: Array) -> tuple[Array, Array]:
+    """Thin QR with diag(R) ≥ 0, so the factorisation of a full-rank A is unique."""
+    q, r = np.linalg.qr(a)
+    signs = np.where(np.diagonal(r, axis1=-2, axis2=-1) < 0.0, -1.0, 1.0)
+    return q * signs[..., None, :], r * signs[..., :, None]
+
+
+def expm(a: Array) -> Array:
+    """Matrix exponential (SciPy's scaling and squaring with Padé approximants)."""
+    return scipy.linalg.expm(a)
+
+
+def haar_orthogonal(d: int, rng: np.random.Generator) -> Array:
+    """A Haar-distributed Q ∈ O(d): the sign-fixed QR factor of a Gaussian matrix."""
+    q, _ = qr_signfixed(rng.standard_normal((d, d)))
+    return q

@@ -1,0 +1,114 @@
+"""Multi-precision (mpmath) versions of the Stiefel operations the certificates need.
+
+Matrices are NumPy object arrays of ``mpmath.mpf``, so ``@`` and ``+`` work as for float64 arrays
+while every operation rounds at mpmath's working precision. Set the precision around a call with
+``mpmath.workdps(digits)``; inputs are converted at the precision in force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import mpmath
+import numpy as np
+
+Array = np.ndarray
+
+
+def to_mp(a: Array) -> Array:
+    """Convert a float (or object) array to an object array of mpf at the working precision."""
+    return np.vectorize(mpmath.mpf, otypes=[object])(np.asarray(a))
+
+
+def to_float(a: Array) -> Array:
+    """Round an mpf array to float64."""
+    return np.vectorize(float, otypes=[np.float64])(a)
+
+
+def eye(r: int) -> Array:
+    return to_mp(np.eye(r))
+
+
+def sym(a: Array) -> Array:
+    """sym(A) = (A + Aᵀ)/2."""
+    return (a + a.T) / 2
+
+
+def skew(a: Array) -> Array:
+    """skew(A) = (A − Aᵀ)/2."""
+    return (a - a.T) / 2
+
+
+def frobenius(a: Array) -> mpmath.mpf:
+    """‖A‖ = sqrt(Σ A_ij²) at the working precision (mpf has no practical overflow)."""
+    return mpmath.sqrt(mpmath.fsum(v * v for v in np.ravel(a)))
+
+
+def proj(w: Array, z: Array) -> Array:
+    """P_W(Z) = Z − W sym(WᵀZ)."""
+    return z - w @ sym(w.T @ z)
+
+
+def inv_sqrt_spd(s: Array) -> Array:
+    """S^{-1/2} = Q diag(λ^{-1/2}) Qᵀ from the symmetric eigendecomposition (mpmath.eigsy)."""
+    lam, q = mpmath.eigsy(mpmath.matrix(sym(s).tolist()))
+    q = np.array(q.tolist(), dtype=object)
+    return (q * np.array([1 / mpmath.sqrt(v) for v in lam], dtype=object)) @ q.T
+
+
+def polar(a: Array) -> Array:
+    """A (AᵀA)^{-1/2}, the orthonormal polar factor of a full-column-rank A."""
+    return a @ inv_sqrt_spd(a.T @ a)
+
+
+class Trajectory(NamedTuple):
+    points: list  # W_0, W_1, …, W_T
+    steps: list  # ξ_1, …, ξ_T (after the trust region)
+    m_hats: list  # m̂_1, …, m̂_T at the point each step starts from
+
+
+def adam_trajectory(
+    w0: Array,
+    egrads: Sequence[Array],
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 0.0,
+    trust_radius: float | None = None,
+    moment: str = "frame",
+) -> Trajectory:
+    """The Riemannian Adam trajectory of ``reference.optim.riemannian_adam`` on St(d, r).
+
+    An independent transcription of DESIGN §5 at the working precision (mean reduction):
+    g = P_W(G); m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2)·s(g); ξ = −lr·m̂/(√v̂ + ε);
+    ξ ← ξ·min(1, Δ/‖ξ‖); W ← polar(W + ξ); m ← P_W(m). ``moment="elementwise"`` keeps one v per
+    entry and projects the direction (the ablation arm).
+    """
+    b1, b2 = mpmath.mpf(betas[0]), mpmath.mpf(betas[1])
+    lr, eps = mpmath.mpf(lr), mpmath.mpf(eps)
+    w = to_mp(w0)
+    m = w * 0
+    v = w * 0 if moment == "elementwise" else mpmath.mpf(0)
+    out = Trajectory([w], [], [])
+    for t, egrad in enumerate(egrads, start=1):
+        g = proj(w, to_mp(egrad))
+        m = b1 * m + (1 - b1) * g
+        m_hat = m / (1 - b1**t)
+        if moment == "elementwise":
+            v = b2 * v + (1 - b2) * g * g
+            root = np.vectorize(mpmath.sqrt, otypes=[object])(v / (1 - b2**t))
+            xi = proj(w, -lr * m_hat / (root + eps))
+        else:
+            v = b2 * v + (1 - b2) * frobenius(g) ** 2 / g.size
+            xi = -lr * m_hat / (mpmath.sqrt(v / (1 - b2**t)) + eps)
+        if trust_radius is not None:
+            n = frobenius(xi)
+            if n > trust_radius:
+                xi = xi * (mpmath.mpf(trust_radius) / n)
+        w_next = polar(w + xi)
+        m = proj(w_next, m)
+        w = w_next
+        out.points.append(w)
+        out.steps.append(xi)
+        out.m_hats.append(m_hat)
+    return out

@@ -1,0 +1,378 @@
+"""Riemannian update rules as chains of small transformations (DESIGN §5).
+
+A transformation has three pure functions over tangent vectors:
+
+    init(geometry, x) -> state
+    update(geometry, x, g, state) -> (u, state)        g, u tangent at x
+    transport(geometry, x, y, state) -> state          move stored tangent state from x to y
+
+``chain`` composes them; an ``Optimizer`` turns a Euclidean (factor) gradient into the Riemannian
+gradient, runs the chain, retracts, and transports the chain's state to the new point. States are
+immutable tuples, so a step that raises leaves the caller's state untouched.
+
+Second moments and trust regions act per *frame*: the parts of a tangent vector listed together in
+``geometry.moment_groups`` (one Stiefel matrix, one factor of a pair, ...).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from reference.euclidean import Euclidean
+from reference.geometry import (
+    Geometry,
+    Point,
+    Tangent,
+    check_finite,
+    check_shapes,
+    like,
+    parts,
+    tree_map,
+)
+from reference.linalg import frobenius, rms
+
+MOMENTS = ("frame", "elementwise")
+REDUCTIONS = ("mean", "sum")
+DECAY_MODES = ("coupled", "after", "fused")
+
+
+class FrameDecayWarning(UserWarning):
+    """Weight decay was requested on a geometry whose points are frames (see RA-5)."""
+
+
+class Transform(NamedTuple):
+    init: Callable[[Geometry, Point], Any]
+    update: Callable[[Geometry, Point, Tangent, Any], tuple[Tangent, Any]]
+    transport: Callable[[Geometry, Point, Point, Any], Any]
+
+
+def _stateless(update: Callable[[Geometry, Point, Tangent], Tangent]) -> Transform:
+    return Transform(
+        init=lambda geometry, x: (),
+        update=lambda geometry, x, g, state: (update(geometry, x, g), state),
+        transport=lambda geometry, x, y, state: state,
+    )
+
+
+# -- per-frame helpers -------------------------------------------------------------------------
+def _groups(geometry: Geometry, u: Tangent) -> list[list[np.ndarray]]:
+    ps = parts(u)
+    return [[ps[i] for i in group] for group in geometry.moment_groups]
+
+
+def _scale_groups(geometry: Geometry, u: Tangent, scales: list[float]) -> Tangent:
+    """Multiply the parts of each frame by that frame's scalar."""
+    out = list(parts(u))
+    for group, s in zip(geometry.moment_groups, scales, strict=True):
+        for i in group:
+            out[i] = out[i] * s
+    return like(u, out)
+
+
+def _frame_norm(arrays: list[np.ndarray]) -> float:
+    """‖(A_1, …, A_k)‖ over the parts of one frame, without overflow or underflow."""
+    return frobenius(np.concatenate([np.ravel(a) for a in arrays]))
+
+
+def _frame_rms(arrays: list[np.ndarray]) -> float:
+    return rms(np.concatenate([np.ravel(a) for a in arrays]))
+
+
+def _safe_ratio(num: float, den: float) -> float:
+    """num/den with 0/0 := 0 (a zero gradient gives a zero step)."""
+    return 0.0 if den == 0.0 else num / den
+
+
+# -- transformations ---------------------------------------------------------------------------
+class AdamState(NamedTuple):
+    count: int
+    m: Tangent  # first moment, a tangent vector at the current point
+    sqrt_v: tuple  # √v: one float per frame ("frame") or one array per part ("elementwise")
+
+
+def scale_by_adam(
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-8,
+    moment: str = "frame",
+    reduction: str = "mean",
+) -> Transform:
+    """Adam direction m̂/(√v̂ + ε) with a scalar second moment per frame.
+
+    m ← β1·T(m) + (1 − β1)·g;  √v ← hypot(√β2·√v, √(1 − β2)·√s(g));
+    s(g) = ‖g‖²/(entries) ("mean") or ‖g‖² ("sum");  m̂ = m/(1 − β1^t), √v̂ = √v/sqrt(1 − β2^t).
+
+    √v is stored instead of v and √s(g) is computed scaled, so no gradient scale representable in
+    float64 overflows or underflows it. A zero gradient gives a zero direction (0/0 := 0).
+    ``moment="elementwise"`` keeps one √v per entry and projects the result back to the tangent
+    space: the ablation arm that breaks O(d)-equivariance and steepest descent.
+    """
+    if moment not in MOMENTS:
+        raise ValueError(f"unknown moment {moment!r}; choose one of {MOMENTS}")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
+    for name, beta in (("beta1", b1), ("beta2", b2)):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"{name} must lie in [0, 1), got {beta}")
+    if not eps >= 0.0:
+        raise ValueError(f"eps must be ≥ 0, got {eps}")
+    root = _frame_rms if reduction == "mean" else _frame_norm
+    rb2, r1mb2 = np.sqrt(b2), np.sqrt(1.0 - b2)
+
+    def init(geometry: Geometry, x: Point) -> AdamState:
+        zero = geometry.zero_tangent(x)
+        if moment == "frame":
+            sqrt_v: tuple = tuple(0.0 for _ in geometry.moment_groups)
+        else:
+            sqrt_v = tuple(np.zeros_like(p) for p in parts(zero))
+        return AdamState(0, zero, sqrt_v)
+
+    def update(geometry: Geometry, x: Point, g: Tangent, state: AdamState):
+        t = state.count + 1
+        m = tree_map(lambda mi, gi: b1 * mi + (1.0 - b1) * gi, state.m, g)
+        c1, c2 = 1.0 - b1**t, np.sqrt(1.0 - b2**t)
+        if moment == "frame":
+            sqrt_v = tuple(
+                float(np.hypot(rb2 * sv, r1mb2 * root(gs)))
+                for sv, gs in zip(state.sqrt_v, _groups(geometry, g), strict=True)
+            )
+            scales = [_safe_ratio(1.0 / c1, sv / c2 + eps) for sv in sqrt_v]
+            direction = _scale_groups(geometry, m, scales)
+        else:
+            sqrt_v = tuple(
+                np.hypot(rb2 * sv, r1mb2 * np.abs(gi))
+                for sv, gi in zip(state.sqrt_v, parts(g), strict=True)
+            )
+            ratios = [
+                np.divide(mi / c1, sv / c2 + eps, out=np.zeros_like(mi), where=(sv / c2 + eps) > 0)
+                for mi, sv in zip(parts(m), sqrt_v, strict=True)
+            ]
+            direction = geometry.proj(x, like(m, ratios))
+        return direction, AdamState(t, m, sqrt_v)
+
+    def transport(geometry: Geometry, x: Point, y: Point, state: AdamState) -> AdamState:
+        return state._replace(m=geometry.transport(x, y, state.m))
+
+    return Transform(init, update, transport)
+
+
+class TraceState(NamedTuple):
+    m: Tangent
+
+
+def trace(beta: float) -> Transform:
+    """Damped momentum M ← β·T(M) + (1 − β)·g."""
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(f"beta must lie in [0, 1), got {beta}")
+
+    def update(geometry: Geometry, x: Point, g: Tangent, state: TraceState):
+        m = tree_map(lambda mi, gi: beta * mi + (1.0 - beta) * gi, state.m, g)
+        return m, TraceState(m)
+
+    return Transform(
+        init=lambda geometry, x: TraceState(geometry.zero_tangent(x)),
+        update=update,
+        transport=lambda geometry, x, y, s: TraceState(geometry.transport(x, y, s.m)),
+    )
+
+
+def scale(factor: float) -> Transform:
+    """u ↦ factor·u."""
+    return _stateless(lambda geometry, x, u: tree_map(lambda p: factor * p, u))
+
+
+def trust_region(radius: float) -> Transform:
+    """Per frame, ξ ← ξ·min(1, Δ/‖ξ‖) with min(1, Δ/0) := 1."""
+    if not radius > 0.0:
+        raise ValueError(f"trust_radius must be > 0, got {radius}")
+
+    def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
+        norms = [_frame_norm(gs) for gs in _groups(geometry, u)]
+        return _scale_groups(geometry, u, [min(1.0, radius / n) if n > 0 else 1.0 for n in norms])
+
+    return _stateless(update)
+
+
+def normalize_by_max(c: float) -> Transform:
+    """Per frame, M ↦ M / max(‖M‖, c): a step of length min(1, ‖M‖/c)."""
+    if not c > 0.0:
+        raise ValueError(f"c must be > 0, got {c}")
+
+    def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
+        return _scale_groups(
+            geometry, u, [1.0 / max(_frame_norm(gs), c) for gs in _groups(geometry, u)]
+        )
+
+    return _stateless(update)
+
+
+def normalize_by_rms() -> Transform:
+    """Per frame, g ↦ g / RMS(g), with 0/0 := 0."""
+
+    def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
+        return _scale_groups(
+            geometry, u, [_safe_ratio(1.0, _frame_rms(gs)) for gs in _groups(geometry, u)]
+        )
+
+    return _stateless(update)
+
+
+def add_decayed_weights(weight_decay: float) -> Transform:
+    """u ↦ u + λ·x on plain arrays (decoupled decay once scaled by −lr)."""
+    return _stateless(lambda geometry, x, u: tree_map(lambda ui, xi: ui + weight_decay * xi, u, x))
+
+
+def chain(*transforms: Transform) -> Transform:
+    """Apply the transformations in order; the state is the tuple of their states."""
+
+    def init(geometry: Geometry, x: Point) -> tuple:
+        return tuple(t.init(geometry, x) for t in transforms)
+
+    def update(geometry: Geometry, x: Point, g: Tangent, state: tuple):
+        new_state = []
+        for t, s in zip(transforms, state, strict=True):
+            g, s = t.update(geometry, x, g, s)
+            new_state.append(s)
+        return g, tuple(new_state)
+
+    def transport(geometry: Geometry, x: Point, y: Point, state: tuple) -> tuple:
+        return tuple(t.transport(geometry, x, y, s) for t, s in zip(transforms, state, strict=True))
+
+    return Transform(init, update, transport)
+
+
+# -- the optimizer -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Optimizer:
+    """A chain of transformations applied to the Riemannian gradient, then a retraction.
+
+    ``weight_decay`` (λ) acts as ``decay`` says: "coupled" adds λ·x to the Euclidean gradient,
+    "after" scales the retracted point by (1 − lr·λ) (and re-projects a frame, which undoes it),
+    "fused" retracts from (1 − lr·λ)·x, i.e. returns the nearest point to (1 − lr·λ)x + ξ. On
+    frames (geometries with a ``project_point``) none of them shrinks anything (RA-5), so asking
+    for decay there raises a ``FrameDecayWarning``.
+    """
+
+    transform: Transform
+    lr: float
+    weight_decay: float = 0.0
+    decay: str = "coupled"
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.lr) and self.lr > 0.0):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if self.decay not in DECAY_MODES:
+            raise ValueError(f"unknown decay mode {self.decay!r}; choose one of {DECAY_MODES}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        if self.decay == "fused" and self.lr * self.weight_decay >= 1.0:
+            raise ValueError(f"fused decay needs lr·λ < 1, got {self.lr * self.weight_decay}")
+
+    def init(self, geometry: Geometry, x: Point) -> Any:
+        """Validate the starting point and return the initial state."""
+        geometry.check_point(x)
+        if self.weight_decay > 0.0 and hasattr(geometry, "project_point"):
+            warnings.warn(_DECAY_MESSAGES[self.decay], FrameDecayWarning, stacklevel=2)
+        return self.transform.init(geometry, x)
+
+    def update(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
+        """The tangent step ξ at x and the chain's new state (before transport)."""
+        check_shapes("gradient", [np.shape(p) for p in parts(x)], egrad)
+        check_finite("gradient", egrad)
+        if self.weight_decay > 0.0 and self.decay == "coupled":
+            egrad = tree_map(lambda gi, xi: gi + self.weight_decay * xi, egrad, x)
+        return self.transform.update(geometry, x, geometry.egrad_to_rgrad(x, egrad), state)
+
+    def step(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
+        """One update from a Euclidean (factor) gradient: returns (new point, new state)."""
+        xi, state = self.update(geometry, x, egrad, state)
+        y = self.move(geometry, x, xi)
+        return y, self.transform.transport(geometry, x, y, state)
+
+    def move(self, geometry: Geometry, x: Point, xi: Tangent) -> Point:
+        """Retract along ξ, with decay applied as ``decay`` says."""
+        shrink = 1.0 - self.lr * self.weight_decay
+        if self.weight_decay == 0.0 or self.decay == "coupled":
+            return geometry.retract(x, xi)
+        nearest = getattr(geometry, "project_point", None)
+        if self.decay == "after":
+            y = tree_map(lambda p: shrink * p, geometry.retract(x, xi))
+            return nearest(y) if nearest else y
+        start = tree_map(lambda p: shrink * p, x)
+        if nearest:
+            return nearest(tree_map(np.add, start, xi))
+        return geometry.retract(start, xi)
+
+
+_DECAY_MESSAGES = {
+    "coupled": "weight decay on frames does nothing: the Riemannian gradient of (λ/2)‖W‖² is "
+    "P_W(λW) = 0 on St(d, r) (RA-5)",
+    "after": "weight decay on frames applied after the retraction is undone by the re-projection "
+    "onto the manifold: polar(cW) = W for c > 0 (RA-5)",
+    "fused": "weight decay on frames fused before the retraction does not shrink them: "
+    "polar((1 − lr·λ)W + ξ) = polar(W + ξ/(1 − lr·λ)) only inflates the step (RA-5)",
+}
+
+
+# -- presets -----------------------------------------------------------------------------------
+def riemannian_adam(
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    trust_radius: float | None = None,
+    moment: str = "frame",
+    reduction: str = "mean",
+    weight_decay: float = 0.0,
+    decay: str = "coupled",
+) -> Optimizer:
+    """Riemannian Adam of Stiefel attention: ξ = −lr·m̂/(√v̂ + ε), capped at ‖ξ‖ ≤ Δ per frame."""
+    steps = [scale_by_adam(betas[0], betas[1], eps, moment, reduction), scale(-lr)]
+    if trust_radius is not None:
+        steps.append(trust_region(trust_radius))
+    return Optimizer(chain(*steps), lr, weight_decay, decay)
+
+
+def riemannian_momentum(lr: float, beta: float = 0.9, c: float = 1.0) -> Optimizer:
+    """The low-rank template: M ← β·T(M) + (1 − β)·g, ξ = −lr·M/max(‖M‖, c)."""
+    return Optimizer(chain(trace(beta), normalize_by_max(c), scale(-lr)), lr)
+
+
+def rsgd(lr: float, trust_radius: float | None = None) -> Optimizer:
+    """Fixed-step Riemannian gradient descent ξ = −lr·g (degree one in the gradient)."""
+    steps = [scale(-lr)] + ([trust_region(trust_radius)] if trust_radius is not None else [])
+    return Optimizer(chain(*steps), lr)
+
+
+def normalized_rsgd(lr: float) -> Optimizer:
+    """ξ = −lr·g/RMS(g) per frame (degree zero in the gradient)."""
+    return Optimizer(chain(normalize_by_rms(), scale(-lr)), lr)
+
+
+@dataclass(frozen=True)
+class _EuclideanOptimizer(Optimizer):
+    def init(self, geometry: Geometry, x: Point) -> Any:
+        if not isinstance(geometry, Euclidean):
+            raise TypeError(f"adamw acts on plain arrays (reference.Euclidean), got {geometry!r}")
+        return super().init(geometry, x)
+
+
+def adamw(
+    lr: float = 1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
+) -> Optimizer:
+    """AdamW on plain arrays (torch's convention): x ← x − lr·(m̂/(√v̂ + ε) + λ·x), per entry."""
+    return _EuclideanOptimizer(
+        chain(
+            scale_by_adam(betas[0], betas[1], eps, moment="elementwise"),
+            add_decayed_weights(weight_decay),
+            scale(-lr),
+        ),
+        lr,
+    )
