@@ -43,7 +43,8 @@ def frame_error(d: int, r: int, u: float = FLOAT64_U, kappa: float = 1.0) -> flo
 
     Forming the Gram costs γ_d κ²√r (relative to its norm r·κ², for an A of condition κ);
     the symmetric eigensolver is backward stable with error ≤ p(r)·u‖Gram‖ for a modest p
-    (Golub & Van Loan, 4th ed., §8.3; LAPACK Users' Guide §4.7), taken as r·u; the two products A·K and Kᵀ·(AᵀA)·K add 2γ_r κ² √r. Collected:
+    (Golub & Van Loan, 4th ed., §8.3; LAPACK Users' Guide §4.7), taken as r·u; the two
+    products A·K and Kᵀ·(AᵀA)·K add 2γ_r κ² √r. Collected:
     ≤ 10·(γ_d + r·u + 2γ_r)·κ²·r.
     """
     return 10 * (gamma(d, u) + r * u + 2 * gamma(r, u)) * kappa**2 * r
@@ -76,3 +77,23 @@ def trajectory_tolerance(d: int, r: int, steps: int, u: float = FLOAT64_U) -> fl
     2·Σ_{t<T} 2^t·step_error = 2·(2^T − 1)·step_error.
     """
     return 2 * (2**steps - 1) * step_error(d, r, u)
+
+
+def tangent_error(d: int, r: int, norm: float, u: float = FLOAT64_U) -> float:
+    """Bound on ‖Wᵀξ + ξᵀW‖ for ξ = P_W(Z) (times scalars) computed in floating point, ‖ξ‖ = norm.
+
+    Wᵀ(Z − W·S) = WᵀZ − S − (WᵀW − I)S: the products add 2(γ_d + γ_r)√r‖ξ‖-sized errors on each
+    side of the symmetrisation and the point's own error adds frame_error·‖ξ‖. Collected:
+    (4γ_d + 4γ_r)·√r·‖ξ‖ + 2·frame_error(d, r)·‖ξ‖.
+    """
+    return ((4 * gamma(d, u) + 4 * gamma(r, u)) * np.sqrt(r) + 2 * frame_error(d, r, u)) * norm
+
+
+def gram_tolerance(d: int, r: int, norm_xi: float, u: float = FLOAT64_U) -> float:
+    """Bound on ‖fl((W + ξ)ᵀ(W + ξ)) − I − fl(ξᵀξ)‖ for a computed point W and tangent ξ.
+
+    In exact arithmetic the difference is (WᵀW − I) + (Wᵀξ + ξᵀW); rounding the two Gram products
+    adds γ_d(‖W + ξ‖² + ‖ξ‖²) ≤ γ_d((√r + ‖ξ‖)² + ‖ξ‖²).
+    """
+    products = gamma(d, u) * ((np.sqrt(r) + norm_xi) ** 2 + norm_xi**2)
+    return products + frame_error(d, r, u) + tangent_error(d, r, norm_xi, u)

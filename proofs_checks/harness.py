@@ -17,7 +17,7 @@ from proofs_checks.bounds import unit_roundoff
 from proofs_checks.registry import Context, Outcome
 from reference.linalg import frobenius
 
-#: Working precisions of the mpmath checks: a rounding residual must fall by ~30 orders between them.
+#: Working precisions of the mpmath checks: a rounding residual falls ~30 orders between them.
 DIGITS = (30, 60)
 
 
@@ -41,9 +41,11 @@ def frame_problem(d: int, r: int, steps: int, seed: int, grad_rms: float = 1.0) 
 
 @dataclass
 class Step:
-    """One step of a rule: the point before, the tangent step ξ, and the chain state after it."""
+    """One step of a rule: the point it starts from, the state it starts from (``prior``), the
+    tangent step ξ, and the chain state after it (before transport)."""
 
     w: Any
+    prior: Any
     xi: Any
     state: Any
 
@@ -56,7 +58,7 @@ def trajectory(
     for g in grads:
         xi, new_state = opt.update(geometry, x, g, state)
         y = opt.move(geometry, x, xi)
-        steps.append(Step(x, xi, new_state))
+        steps.append(Step(x, state, xi, new_state))
         state, x = opt.transform.transport(geometry, x, y, new_state), y
     return steps, x
 
@@ -147,3 +149,18 @@ def property_check(
         float(worst["tolerance"]),
         f"{what}; {n} examples, {verdict}; worst example {worst['example']}",
     )
+
+
+def vanishes(expr: Any) -> bool:
+    """True when SymPy reduces ``expr`` (a scalar or a matrix expression) to zero."""
+    import sympy as sp
+
+    e = sp.simplify(sp.expand(expr).doit())
+    if isinstance(e, sp.MatrixBase):
+        return all(sp.simplify(v) == 0 for v in e)
+    if e == 0 or isinstance(e, sp.ZeroMatrix):
+        return True
+    if isinstance(e, sp.MatrixExpr):
+        terms = e.args if isinstance(e, sp.MatAdd) else (e,)
+        return all(sp.simplify(t.as_coeff_mmul()[0]) == 0 for t in terms)
+    return False

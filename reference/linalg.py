@@ -10,6 +10,9 @@ import scipy.linalg
 
 Array = np.ndarray
 
+#: Above this condition number ``polar`` switches from the Gram route to the SVD.
+POLAR_GRAM_MAX_COND = 10.0
+
 
 def transpose(a: Array) -> Array:
     """Aᵀ over the last two axes."""
@@ -63,17 +66,22 @@ def polar(a: Array) -> Array:
 
     The Gram AᵀA is the one actually formed, so rounding drift in A is corrected: the result is
     the nearest matrix with orthonormal columns, not a closed form that assumes structure of A.
-    Only an r×r eigendecomposition is needed. Raises ValueError when A is rank deficient.
+    Only an r×r eigendecomposition is needed. Its rounding error grows like κ(A)²·u, so for
+    κ(A) > ``POLAR_GRAM_MAX_COND`` the thin SVD is used instead (a retraction step has
+    κ(W + ξ) ≤ sqrt(1 + ‖ξ‖₂²) and always takes the Gram route). Raises ValueError when A is
+    rank deficient.
     """
     gram = transpose(a) @ a
     lam, q = np.linalg.eigh(sym(gram))
+    lo, hi = np.min(lam), np.max(lam)
     # A column-rank test relative to the largest eigenvalue: κ(A)² must stay below 1/ε.
-    tiny = np.finfo(np.float64).eps * np.max(lam, axis=-1, keepdims=True) * a.shape[-2]
-    if np.any(lam <= tiny):
+    if lo <= np.finfo(np.float64).eps * hi * a.shape[-2]:
         raise ValueError(
             "polar factor of a rank-deficient matrix: smallest squared singular value "
-            f"{float(np.min(lam)):.3e} against largest {float(np.max(lam)):.3e}"
+            f"{float(lo):.3e} against largest {float(hi):.3e}"
         )
+    if hi > POLAR_GRAM_MAX_COND**2 * lo:
+        return polar_svd(a)
     return a @ ((q / np.sqrt(lam)[..., None, :]) @ transpose(q))
 
 

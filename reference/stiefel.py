@@ -59,8 +59,8 @@ class Stiefel:
 
     # -- points and tangent vectors ------------------------------------------------------------
     def random_point(self, rng: np.random.Generator) -> Array:
-        """polar(Z) for a Gaussian Z: the uniform (Haar) distribution on St(d, r)."""
-        return linalg.polar(rng.standard_normal(self.shape))
+        """Q of the sign-fixed QR of a Gaussian Z: the uniform (Haar) distribution on St(d, r)."""
+        return linalg.qr_signfixed(rng.standard_normal(self.shape))[0]
 
     def random_tangent(self, x: Array, rng: np.random.Generator) -> Array:
         """A unit-norm tangent vector: P_W(Z)/‖P_W(Z)‖ for a Gaussian Z."""

@@ -1,0 +1,179 @@
+"""RA-2: with ε = 0 the scalar-moment Adam trajectory does not depend on the gradient scale."""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import sympy as sp
+from hypothesis import strategies as st
+
+from proofs_checks.bounds import cosine_tolerance, trajectory_tolerance
+from proofs_checks.harness import (
+    frame_problem,
+    ladder,
+    max_distance,
+    property_check,
+    seeds,
+    shapes,
+    trajectory,
+)
+from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, MP_STEPS, STEPS, D, R, adam
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference import mp
+from reference.linalg import frobenius
+
+SCALES = (1e-150, 1e-100, 1e-50, 1e-8, 1e8, 1e50, 1e100, 1e150)
+BASE_RMS = (1e-8, 1.0, 1e8)
+EPS = 1e-8
+CONTROL = f"ε = {EPS:g} instead of 0 (the ε floor at small gradient scales)"
+
+
+def symbolic_homogeneity(ctx: Context, wrong: bool) -> Outcome:
+    """One step maps the state (m, v) with gradient g to (m', v') and direction ξ. SymPy shows
+    s(cg) = c²s(g) for s(g) = Σg_i²/n, that (cm, c²v, cg) ↦ (cm', c²v'), and that ξ is unchanged
+    for c > 0 when ε = 0; by induction (with P_Y(cm) = cP_Y(m)) the whole trajectory is.
+    Control: the same difference with ε > 0 does not vanish."""
+    c, lr, eps, s, v = sp.symbols("c lr epsilon s v", positive=True)
+    b1, b2, m, g = sp.symbols("beta1 beta2 m g", real=True)
+    t = sp.Symbol("t", positive=True, integer=True)
+    gs = sp.symbols("g0:3", real=True)
+    stat = sum(x**2 for x in gs) / 3
+    residuals = [sp.simplify(stat.subs({x: c * x for x in gs}, simultaneous=True) - c**2 * stat)]
+
+    def step(m0, v0, g0, s0):
+        m1, v1 = b1 * m0 + (1 - b1) * g0, b2 * v0 + (1 - b2) * s0
+        e = eps if wrong else 0
+        return m1, v1, -lr * (m1 / (1 - b1**t)) / (sp.sqrt(v1 / (1 - b2**t)) + e)
+
+    m1, v1, xi = step(m, v, g, s)
+    m1c, v1c, xic = step(c * m, c**2 * v, c * g, c**2 * s)
+    residuals += [sp.simplify(m1c - c * m1), sp.simplify(v1c - c**2 * v1), sp.simplify(xic - xi)]
+    nonzero = sum(1 for e in residuals if e != 0)
+    return Outcome(nonzero == 0, float(nonzero), 0.0, f"{nonzero} of 4 identities left nonzero")
+
+
+def scaled_paths(prob, c: float, eps: float):
+    opt = adam(eps=eps)
+    base = [s.w for s in trajectory(opt, prob.geometry, prob.w0, prob.grads)[0]]
+    scaled = [s.w for s in trajectory(opt, prob.geometry, prob.w0, [c * g for g in prob.grads])[0]]
+    return base, scaled
+
+
+def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
+    """max ‖W_t(cG) − W_t(G)‖ over 6 steps at St(64, 16), c ∈ 10^{±8, ±50, ±100, ±150}, base
+    gradient RMS 10^{-8, 0, 8}, trust region active. Bound ``trajectory_tolerance(64, 16, 6)``."""
+    res = 0.0
+    for k, rms in enumerate(BASE_RMS):
+        prob = frame_problem(D, R, STEPS, ctx.seed + k, grad_rms=rms)
+        for c in SCALES:
+            base, scaled = scaled_paths(prob, c, EPS if wrong else 0.0)
+            res = max(res, max_distance(base, scaled))
+    return Outcome.bound(
+        res,
+        trajectory_tolerance(D, R, STEPS),
+        "max_t ‖W_t(cG) − W_t(G)‖, ε = 0, c·RMS ∈ [1e-158, 1e158]",
+    )
+
+
+def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
+    """With ε > 0, from the same state and without the cap: ‖ξ_ε − ξ_0‖ = ‖ξ_0‖·ε/(√v̂ + ε).
+    Checked along a trajectory for gradient RMS 10^-12…1 (ε/(√v̂ + ε) from ~1 to ~1e-8), relative
+    to ‖ξ_0‖; bound ``cosine_tolerance(d·r)`` (entrywise rescaling by one scalar, then norms).
+    Control: ε inside the square root, ξ = −lr·m̂/sqrt(v̂ + ε)."""
+    res = 0.0
+    zero, with_eps = adam(eps=0.0, radius=None), adam(eps=EPS, radius=None)
+    for k, rms in enumerate((1e-12, 1e-10, 1e-8, 1e-4, 1.0)):
+        prob = frame_problem(D, R, STEPS, ctx.seed + k, grad_rms=rms)
+        for s, g in zip(
+            trajectory(zero, prob.geometry, prob.w0, prob.grads)[0], prob.grads, strict=True
+        ):
+            xi0, adam_state = s.xi, s.state[0]
+            sqrt_v_hat = adam_state.sqrt_v[0] / np.sqrt(1 - BETAS[1] ** adam_state.count)
+            if wrong:
+                m_hat = adam_state.m / (1 - BETAS[0] ** adam_state.count)
+                xie = -LR * m_hat / np.sqrt(sqrt_v_hat**2 + EPS)
+            else:
+                xie = with_eps.update(prob.geometry, s.w, g, s.prior)[0]
+            n0 = frobenius(xi0)
+            res = max(res, abs(frobenius(xie - xi0) - n0 * EPS / (sqrt_v_hat + EPS)) / n0)
+    return Outcome.bound(res, cosine_tolerance(D * R), "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖")
+
+
+def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:
+    """max ‖W_t(cG) − W_t(G)‖ along the mpmath trajectory (St(6, 3), 3 steps) for c = 1e±150 at
+    30 and 60 digits, under ``trajectory_tolerance(6, 3, 3, u)``."""
+    prob = frame_problem(MP_D, MP_R, MP_STEPS, ctx.seed)
+    eps = EPS if wrong else 0.0
+
+    def measure(dps: int) -> float:
+        base = mp.adam_trajectory(prob.w0, prob.grads, LR, BETAS, eps, 0.01).points
+        worst = mpmath.mpf(0)
+        for c in (1e-150, 1e150):
+            grads = [mp.to_mp(g) * mpmath.mpf(c) for g in prob.grads]
+            scaled = mp.adam_trajectory(prob.w0, grads, LR, BETAS, eps, 0.01).points
+            worst = max([worst] + [mp.frobenius(a - b) for a, b in zip(base, scaled, strict=True)])
+        return worst
+
+    return ladder(
+        measure,
+        lambda u: trajectory_tolerance(MP_D, MP_R, MP_STEPS, u),
+        "max_t ‖W_t(cG) − W_t(G)‖, c = 1e±150",
+    )
+
+
+def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
+    """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds, c = 10^[-150, 150] and base RMS 10^[-8, 8]:
+    3-step trajectories agree within ``trajectory_tolerance(d, r, 3)``."""
+
+    def measure(example) -> tuple[float, float]:
+        (d, r), seed, c_exp, rms_exp = example
+        prob = frame_problem(d, r, 3, seed, grad_rms=10.0**rms_exp)
+        base, scaled = scaled_paths(prob, 10.0**c_exp, EPS if wrong else 0.0)
+        return max_distance(base, scaled), trajectory_tolerance(d, r, 3)
+
+    strategy = st.tuples(shapes(), seeds(), st.floats(-150, 150), st.floats(-8, 8))
+    return property_check(ctx, strategy, measure, "max_t ‖W_t(cG) − W_t(G)‖")
+
+
+register(
+    Proposition(
+        id="RA-2",
+        title="Gradient-scale independence",
+        statement=(
+            r"Let $W_t(\{G_s\})$ be the trajectory of the scalar-moment Riemannian Adam "
+            r"from $W_0$. "
+            r"With $\varepsilon=0$, $W_t(\{cG_s\})=W_t(\{G_s\})$ for every $c>0$ and every $t$. "
+            r"With $\varepsilon>0$, from the same state, "
+            r"$\|\xi_\varepsilon-\xi_0\|=\|\xi_0\|\,\varepsilon/(\sqrt{\hat v}+\varepsilon)$."
+        ),
+        hypotheses=(
+            "one scalar second moment per frame, stored as √v and updated by hypot",
+            "trust region and polar retraction depend on the step only",
+            "checked for c from 1e-150 to 1e150 and base gradient RMS from 1e-8 to 1e8",
+        ),
+        checks=(
+            Check(
+                "symbolic",
+                "one step is homogeneous of degree (1, 2, 0) in (m, v, ξ)",
+                symbolic_homogeneity,
+                "ε > 0",
+            ),
+            Check(
+                "float64", "trajectories agree for c = 1e-150…1e150", float64_trajectory, CONTROL
+            ),
+            Check(
+                "float64",
+                "the ε deviation identity",
+                float64_eps_identity,
+                "ε inside the square root",
+            ),
+            Check("mpmath", "trajectory residual falls with precision", mpmath_trajectory, CONTROL),
+            Check(
+                "property",
+                "trajectories agree over shapes, seeds and scales",
+                property_trajectory,
+                CONTROL,
+            ),
+        ),
+    )
+)

@@ -1,0 +1,173 @@
+"""RA-3: a tangent step keeps W + ξ well conditioned, so the polar retraction is benign."""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy as sp
+from hypothesis import strategies as st
+
+import reference as ref
+from proofs_checks.bounds import gamma, gram_tolerance, step_error
+from proofs_checks.harness import (
+    frame_problem,
+    ladder,
+    property_check,
+    seeds,
+    shapes,
+    trajectory,
+    vanishes,
+)
+from proofs_checks.propositions.common import MP_D, MP_R, STEPS, D, R
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference import mp
+from reference.linalg import frobenius
+
+CONTROL = "a non-tangent step ξ − ½‖ξ‖·W (a normal component added)"
+#: The trust radius of these checks: large, so that κ(W + ξ) is visibly above 1.
+DELTA = 0.4
+
+
+def corrupt(w: np.ndarray, xi: np.ndarray) -> np.ndarray:
+    """The negative control's step: ξ plus a normal component −½‖ξ‖W."""
+    return xi - 0.5 * frobenius(xi) * w
+
+
+def symbolic_gram(ctx: Context, wrong: bool) -> Outcome:
+    """SymPy, with d×r matrix symbols: (W + ξ)ᵀ(W + ξ) − I − ξᵀξ = 0 once WᵀW = I and
+    Wᵀξ = −ξᵀW. Scalar facts behind the bounds: the eigenvalues 1 + s² of I + ξᵀξ are ≥ 1; with
+    k = (1 + s²)^{-1/2}, (k − 1)² + s²k² = 2 − 2k (the displacement per singular value, the cross
+    term tr(sym·skew) vanishing); and s² − (2 − 2k) = (u − 1)²(u + 2)/u ≥ 0 for u = 1/k ≥ 1.
+    Control: without the tangency relation the Gram identity does not reduce."""
+    d, r = sp.symbols("d r", integer=True, positive=True)
+    w, xi = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("xi", d, r)
+    rules = {w.T * w: sp.Identity(r)}
+    if not wrong:
+        rules[w.T * xi] = -xi.T * w
+    gram = sp.expand((w + xi).T * (w + xi)).subs(rules)
+    left = [gram - sp.Identity(r) - xi.T * xi]
+    s, uu = sp.symbols("s u", positive=True)
+    k = 1 / sp.sqrt(1 + s**2)
+    left.append((k - 1) ** 2 + s**2 * k**2 - (2 - 2 * k))
+    gap = sp.factor(sp.simplify((s**2 - (2 - 2 * k)).subs(s, sp.sqrt(uu**2 - 1))))
+    left.append(gap - (uu - 1) ** 2 * (uu + 2) / uu)
+    nonzero = sum(1 for e in left if not vanishes(e))
+    return Outcome(nonzero == 0, float(nonzero), 0.0, f"{nonzero} of 3 identities left nonzero")
+
+
+def gram_residual(w: np.ndarray, xi: np.ndarray) -> float:
+    a = w + xi
+    return frobenius(a.T @ a - np.eye(w.shape[1]) - xi.T @ xi)
+
+
+def bound_violation(w: np.ndarray, xi: np.ndarray, delta: float) -> float:
+    """Worst of the three bounds' violations, each divided by its own rounding tolerance:
+    σ_min(W + ξ) ≥ 1, κ(W + ξ) ≤ sqrt(1 + Δ²), ‖polar(W + ξ) − W‖ ≤ ‖ξ‖."""
+    d, r = w.shape
+    e = gram_tolerance(d, r, frobenius(xi))
+    sv = np.linalg.svd(w + xi, compute_uv=False)
+    svd_err = gamma(d) * sv[0]  # backward-stable SVD: |σ̂ − σ| ≤ p(d)·u·‖A‖₂
+    violations = [
+        (1.0 - sv[-1]) / (e + svd_err),
+        (sv[0] / sv[-1] - np.sqrt(1 + delta**2)) / (2 * e * (1 + delta**2) + 2 * svd_err),
+        (frobenius(ref.linalg.polar(w + xi) - w) - frobenius(xi)) / step_error(d, r),
+    ]
+    return max(violations)
+
+
+def rule_steps(ctx: Context, wrong: bool):
+    """Steps of the full rule (lr = 0.05, so the cap Δ = 0.4 is active) at St(64, 16)."""
+    prob = frame_problem(D, R, STEPS, ctx.seed)
+    opt = ref.optim.riemannian_adam(lr=0.05, trust_radius=DELTA)
+    for s in trajectory(opt, prob.geometry, prob.w0, prob.grads)[0]:
+        yield s.w, corrupt(s.w, s.xi) if wrong else s.xi
+
+
+def float64_gram(ctx: Context, wrong: bool) -> Outcome:
+    """(W + ξ)ᵀ(W + ξ) = I + ξᵀξ at every step of the rule; bound ``gram_tolerance``."""
+    res, tol = 0.0, np.inf
+    for w, xi in rule_steps(ctx, wrong):
+        res = max(res, gram_residual(w, xi))
+        tol = min(tol, gram_tolerance(D, R, frobenius(xi)))
+    return Outcome.bound(res, tol, f"max ‖(W + ξ)ᵀ(W + ξ) − I − ξᵀξ‖ over {STEPS} capped steps")
+
+
+def float64_bounds(ctx: Context, wrong: bool) -> Outcome:
+    """σ_min ≥ 1, κ ≤ sqrt(1 + Δ²) and ‖R_W(ξ) − W‖ ≤ ‖ξ‖ at every step of the rule. Residual:
+    the worst violation divided by its own rounding tolerance, so the tolerance is 1."""
+    res = max(0.0, *(bound_violation(w, xi, DELTA) for w, xi in rule_steps(ctx, wrong)))
+    return Outcome.bound(
+        res,
+        1.0,
+        "positive part of the worst violation / tolerance of σ_min ≥ 1, κ ≤ √(1+Δ²), ‖R − W‖ ≤ ‖ξ‖",
+    )
+
+
+def mpmath_gram(ctx: Context, wrong: bool) -> Outcome:
+    """The Gram identity at St(6, 3) for a tangent step of norm Δ at 30 and 60 digits, under
+    ``gram_tolerance(6, 3, Δ, u)``."""
+    rng = np.random.default_rng(ctx.seed)
+    w0, z = rng.standard_normal((MP_D, MP_R)), rng.standard_normal((MP_D, MP_R))
+
+    def measure(dps: int) -> float:
+        w = mp.polar(mp.to_mp(w0))
+        xi = mp.proj(w, mp.to_mp(z))
+        xi = xi * (DELTA / mp.frobenius(xi))
+        if wrong:
+            xi = xi - w * (mp.frobenius(xi) / 2)
+        a = w + xi
+        return mp.frobenius(a.T @ a - mp.eye(MP_R) - xi.T @ xi)
+
+    return ladder(
+        measure, lambda u: gram_tolerance(MP_D, MP_R, DELTA, u), "‖(W+ξ)ᵀ(W+ξ) − I − ξᵀξ‖"
+    )
+
+
+def property_conditioning(ctx: Context, wrong: bool) -> Outcome:
+    """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds and ‖ξ‖ = Δ ∈ 10^[-3, 1]: the Gram identity and the
+    three bounds, as violation/tolerance ≤ 1."""
+
+    def measure(example) -> tuple[float, float]:
+        (d, r), seed, delta_exp = example
+        delta = 10.0**delta_exp
+        rng = np.random.default_rng(seed)
+        geometry = ref.Stiefel(d, r)
+        w = geometry.random_point(rng)
+        xi = delta * geometry.random_tangent(w, rng)
+        if wrong:
+            xi = corrupt(w, xi)
+        gram = gram_residual(w, xi) / gram_tolerance(d, r, frobenius(xi))
+        return max(gram, bound_violation(w, xi, delta)), 1.0
+
+    # St(1, 1) has only the zero tangent vector, where every claim is trivial: start at d = 2.
+    strategy = st.tuples(shapes().filter(lambda s: s[0] > 1), seeds(), st.floats(-3, 1))
+    return property_check(ctx, strategy, measure, "violation / tolerance, Gram identity and bounds")
+
+
+register(
+    Proposition(
+        id="RA-3",
+        title="Conditioning of the polar retraction",
+        statement=(
+            r"For $W\in\mathrm{St}(d,r)$ and $\xi\in T_W\mathrm{St}(d,r)$: "
+            r"$(W+\xi)^\top(W+\xi)=I_r+\xi^\top\xi$, hence $\sigma_{\min}(W+\xi)\ge1$; if "
+            r"$\|\xi\|\le\Delta$ then $\kappa_2(W+\xi)\le\sqrt{1+\Delta^2}$; and "
+            r"$\|R_W(\xi)-W\|\le\|\xi\|$ for the polar retraction "
+            r"$R_W(\xi)=(W+\xi)(I_r+\xi^\top\xi)^{-1/2}$."
+        ),
+        hypotheses=("WᵀW = I_r", "Wᵀξ + ξᵀW = 0", "‖ξ‖ ≤ Δ (trust region) for the κ bound"),
+        checks=(
+            Check(
+                "symbolic", "Gram identity and the scalar bounds", symbolic_gram, "tangency dropped"
+            ),
+            Check("float64", "Gram identity along the rule", float64_gram, CONTROL),
+            Check("float64", "σ_min, κ and displacement bounds", float64_bounds, CONTROL),
+            Check("mpmath", "Gram residual falls with precision", mpmath_gram, CONTROL),
+            Check(
+                "property",
+                "identity and bounds over shapes, seeds, Δ",
+                property_conditioning,
+                CONTROL,
+            ),
+        ),
+    )
+)

@@ -1,0 +1,189 @@
+"""RA-5: weight decay has zero Riemannian gradient on St(d, r), and its three corollaries."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import sympy as sp
+from hypothesis import strategies as st
+
+import reference as ref
+from proofs_checks.bounds import frame_error, gamma, step_error, trajectory_tolerance
+from proofs_checks.harness import (
+    frame_problem,
+    ladder,
+    max_distance,
+    property_check,
+    seeds,
+    shapes,
+    trajectory,
+    vanishes,
+)
+from proofs_checks.propositions.common import LR, MP_D, MP_R, STEPS, D, R
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference import mp
+from reference.linalg import frobenius, polar_svd
+from reference.optim import FrameDecayWarning
+
+#: The decay rate of the corollary checks (lr·λ = 0.05 < 1).
+LAMBDA = 10.0
+OFF = 1.1  # the negative control's point c·W, off the manifold for c ≠ 1
+
+
+def normal_tolerance(d: int, r: int, u: float | None = None) -> float:
+    """Bound on ‖P_W(W)‖ = ‖W(I − sym(WᵀW))‖ for a computed W: ‖W‖₂·‖WᵀW − I‖ plus the two
+    products' rounding (γ_d + γ_r)·r, doubled: frame_error + 2(γ_d + γ_r)·r."""
+    args = () if u is None else (u,)
+    return frame_error(d, r, *args) + 2 * (gamma(d, *args) + gamma(r, *args)) * r
+
+
+def symbolic_normal(ctx: Context, wrong: bool) -> Outcome:
+    """SymPy with d×r matrix symbols: W − W·sym(WᵀW) = 0 once WᵀW = I; for scalars c > 0,
+    c·(c²)^{-1/2} = 1 (so polar(cA) = polar(A)); and (1 − a)W + ξ = (1 − a)(W + ξ/(1 − a)).
+    Control: W off the manifold (WᵀW = c²I with c ≠ 1)."""
+    d, r = sp.symbols("d r", integer=True, positive=True)
+    c, a = sp.symbols("c a", positive=True)
+    w, xi = sp.MatrixSymbol("W", d, r), sp.MatrixSymbol("xi", d, r)
+    gram = (OFF**2 if wrong else 1) * sp.Identity(r)
+    normal = sp.expand(w - w * (w.T * w + (w.T * w).T) / 2).subs({w.T * w: gram})
+    left = [
+        normal,
+        c * (c**2) ** sp.Rational(-1, 2) - 1,
+        (1 - a) * w + xi - (1 - a) * (w + xi / (1 - a)),
+    ]
+    nonzero = sum(1 for e in left if not vanishes(e))
+    return Outcome(nonzero == 0, float(nonzero), 0.0, f"{nonzero} of 3 identities left nonzero")
+
+
+def float64_normal(ctx: Context, wrong: bool) -> Outcome:
+    """‖P_W(W)‖ at every point of a 6-step trajectory at St(64, 16); bound ``normal_tolerance``."""
+    prob = frame_problem(D, R, STEPS, ctx.seed)
+    steps, _ = trajectory(ref.optim.riemannian_adam(lr=LR), prob.geometry, prob.w0, prob.grads)
+    scale = OFF if wrong else 1.0
+    res = max(frobenius(prob.geometry.proj(scale * s.w, scale * s.w)) for s in steps)
+    return Outcome.bound(res, normal_tolerance(D, R), "max_t ‖P_W(W)‖ along the trajectory")
+
+
+def decay_path(prob, decay: str | None, weight_decay: float = LAMBDA):
+    opt = ref.optim.riemannian_adam(
+        lr=LR,
+        trust_radius=0.05,
+        weight_decay=0.0 if decay is None else weight_decay,
+        decay=decay or "coupled",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FrameDecayWarning)
+        steps, last = trajectory(opt, prob.geometry, prob.w0, prob.grads)
+    return opt, steps, [s.w for s in steps] + [last]
+
+
+def unprojected_after(prob) -> list[np.ndarray]:
+    """The control: W ← (1 − lr·λ)·R_W(ξ) after every step, never re-projected."""
+    opt = decay_path(prob, None)[0]
+    w, state, path = prob.w0, opt.init(prob.geometry, prob.w0), [prob.w0]
+    for g in prob.grads:
+        w, state = opt.step(prob.geometry, w, g, state)
+        w = (1 - LR * LAMBDA) * w
+        path.append(w)
+    return path
+
+
+def float64_corollaries(ctx: Context, wrong: bool) -> Outcome:
+    """λ = 10, lr·λ = 0.05: coupled decay and decay after the retraction (with its re-projection)
+    leave the 6-step trajectory unchanged (bound ``trajectory_tolerance``); fused decay steps to
+    polar(W + ξ/(1 − lr·λ)) computed by SVD (bound ``step_error``) and so moves further. Residual:
+    the worst of the three distances over its bound (tolerance 1). Control: decay after the
+    retraction without the re-projection, i.e. a decay that would really shrink a frame."""
+    prob = frame_problem(D, R, STEPS, ctx.seed)
+    _, _, plain = decay_path(prob, None)
+    ratios = []
+    for mode in ("coupled", "after"):
+        path = unprojected_after(prob) if wrong and mode == "after" else decay_path(prob, mode)[2]
+        ratios.append(max_distance(plain, path) / trajectory_tolerance(D, R, STEPS))
+    _, steps, fused = decay_path(prob, "fused")
+    fused_gap, inflation = 0.0, 0.0
+    for s, y in zip(steps, fused[1:], strict=True):
+        expected = polar_svd(s.w + s.xi / (1 - LR * LAMBDA))
+        fused_gap = max(fused_gap, frobenius(y - expected) / step_error(D, R))
+        inflation = max(inflation, frobenius(y - prob.geometry.retract(s.w, s.xi)))
+    ratios.append(fused_gap)
+    return Outcome.bound(
+        max(ratios),
+        1.0,
+        "worst of coupled, after, fused distance / bound; fused steps move up to "
+        f"{inflation:.2e} further than undecayed ones",
+    )
+
+
+def mpmath_normal(ctx: Context, wrong: bool) -> Outcome:
+    """‖P_W(W)‖ for W = polar(A) at St(6, 3) computed at 30 and 60 digits, under
+    ``normal_tolerance(6, 3, u)``."""
+    a = np.random.default_rng(ctx.seed).standard_normal((MP_D, MP_R))
+
+    def measure(dps: int) -> float:
+        w = mp.polar(mp.to_mp(a)) * (OFF if wrong else 1)
+        return mp.frobenius(mp.proj(w, w))
+
+    return ladder(measure, lambda u: normal_tolerance(MP_D, MP_R, u), "‖P_W(W)‖")
+
+
+def property_coupled(ctx: Context, wrong: bool) -> Outcome:
+    """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds and λ ∈ 10^[-4, 2]: ‖P_W(W)‖ ≤ ``normal_tolerance``
+    and one coupled-decay step equals the undecayed step within ``step_error``; residual the worst
+    ratio to its bound (tolerance 1). Control: W off the manifold."""
+
+    def measure(example) -> tuple[float, float]:
+        (d, r), seed, lam_exp = example
+        prob = frame_problem(d, r, 1, seed)
+        if wrong:
+            prob.w0 = OFF * prob.w0
+        normal = frobenius(prob.geometry.proj(prob.w0, prob.w0)) / normal_tolerance(d, r)
+        if wrong:
+            return normal, 1.0
+        plain = decay_path(prob, None)[2]
+        decayed = decay_path(prob, "coupled", 10.0**lam_exp)[2]
+        return max(normal, max_distance(plain, decayed) / step_error(d, r)), 1.0
+
+    strategy = st.tuples(shapes(), seeds(), st.floats(-4, 2))
+    return property_check(ctx, strategy, measure, "‖P_W(W)‖ and the coupled-decay step")
+
+
+register(
+    Proposition(
+        id="RA-5",
+        title="Zero Riemannian gradient of weight decay",
+        statement=(
+            r"On $\mathrm{St}(d,r)$ the Riemannian gradient of $\tfrac\lambda2\|W\|^2$ is "
+            r"$P_W(\lambda W)=\lambda(W-W\,\mathrm{sym}(W^\top W))=0$. Hence coupled decay leaves "
+            r"every step unchanged; decay applied after the retraction is undone by the "
+            r"re-projection, $\mathrm{polar}(cW)=W$ for $c>0$; and decay fused before the "
+            r"retraction gives $\mathrm{polar}((1-\eta\lambda)W+\xi)="
+            r"\mathrm{polar}(W+\xi/(1-\eta\lambda))$ "
+            r"for $\eta\lambda<1$, an inflated step."
+        ),
+        hypotheses=("WᵀW = I_r", "η·λ < 1 for the fused form", "polar is the true polar map"),
+        checks=(
+            Check(
+                "symbolic",
+                "P_W(W) = 0 and the decay identities",
+                symbolic_normal,
+                "W off the manifold",
+            ),
+            Check("float64", "P_W(W) = 0 along a trajectory", float64_normal, f"W scaled by {OFF}"),
+            Check(
+                "float64",
+                "the three decay corollaries",
+                float64_corollaries,
+                "unprojected decay after the retraction",
+            ),
+            Check("mpmath", "‖P_W(W)‖ falls with precision", mpmath_normal, f"W scaled by {OFF}"),
+            Check(
+                "property",
+                "coupled decay over shapes, seeds, λ",
+                property_coupled,
+                f"W scaled by {OFF}",
+            ),
+        ),
+    )
+)
