@@ -83,7 +83,9 @@ def test_frobenius_scale_equivariance(scale):
 def test_frobenius_extremes():
     big = np.finfo(np.float64).max
     # √2·max/2 is finite and representable; the scaled computation never squares the max.
-    assert linalg.frobenius(np.array([big / 2, big / 2])) == pytest.approx(big / np.sqrt(2), rel=4 * U)
+    assert linalg.frobenius(np.array([big / 2, big / 2])) == pytest.approx(
+        big / np.sqrt(2), rel=4 * U
+    )
     assert linalg.frobenius(np.zeros((3, 3))) == 0.0
     assert linalg.frobenius(np.zeros((0, 3))) == 0.0
     assert linalg.frobenius(np.array([[np.inf, 1.0]])) == np.inf
@@ -182,6 +184,31 @@ def test_polar_batched():
         # Per-slice Gram polar: forward error ≲ c·d·κ(A)²·U with c ≈ 10.
         tol = 10 * 6 * np.linalg.cond(a[k]) ** 2 * U
         assert np.max(np.abs(p[k] - scipy.linalg.polar(a[k])[0])) < tol
+
+
+@pytest.mark.parametrize(
+    "scale",
+    [
+        1e-4,
+        pytest.param(
+            1e-9,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG reference/linalg.py polar: the rank test uses min/max eigenvalues "
+                "over the whole batch, so a well-conditioned slice 1e-9·A next to A is "
+                "reported 'rank-deficient'",
+            ),
+        ),
+    ],
+)
+def test_polar_batched_slices_of_different_scale(scale):
+    """Each slice is an independent matrix: polar(stack[A, sA]) = stack[polar A, polar A]."""
+    rng = np.random.default_rng(10)
+    a, exact = _with_singular_values(rng, 6, 3, rng.uniform(1.0, 2.0, 3))  # κ(A) ≤ 2
+    p = linalg.polar(np.stack([a, scale * a]))
+    # Per slice, the bound of test_polar_against_scipy_and_svd (scaling adds one rounding).
+    assert np.max(np.abs(p[0] - exact)) < 1e-13
+    assert np.max(np.abs(p[1] - exact)) < 1e-13
 
 
 @pytest.mark.parametrize(

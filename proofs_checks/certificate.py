@@ -1,0 +1,275 @@
+"""Run the registry and write certificates: JSON (DESIGN §9), Markdown and LaTeX."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import platform
+import subprocess
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from proofs_checks.registry import REGISTRY, CheckResult, Context, PropositionResult, run_check
+
+LIBRARIES = ("numpy", "scipy", "mpmath", "sympy", "hypothesis", "rattn")
+
+
+def environment() -> dict[str, Any]:
+    """Versions, platform and (when run from a git checkout) the commit the code came from."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "versions": versions,
+        "git_commit": _git_commit(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _number(x: float | None) -> float | None:
+    """JSON has no inf/NaN: those become null (the check's detail says what happened)."""
+    return x if x is not None and math.isfinite(x) else None
+
+
+def _ratio(residual: float | None, tolerance: float | None) -> float:
+    if residual is None or tolerance is None:
+        return math.inf
+    if tolerance == 0:
+        return 0.0 if residual == 0 else math.inf
+    return residual / tolerance
+
+
+def worst(result: PropositionResult) -> CheckResult | None:
+    """The check whose residual is closest to (or furthest past) its tolerance."""
+    return max(
+        result.checks,
+        key=lambda c: _ratio(c.outcome.residual, c.outcome.tolerance),
+        default=None,
+    )
+
+
+@dataclass
+class Certificate:
+    results: list[PropositionResult]
+    seed: int
+    quick: bool
+    environment: dict[str, Any] = field(default_factory=environment)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "seed": self.seed,
+            "quick": self.quick,
+            "propositions": [_proposition_dict(r) for r in self.results],
+            "environment": self.environment,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def to_markdown(self) -> str:
+        lines = [
+            "# Certificate",
+            "",
+            f"**{'PASSED' if self.passed else 'FAILED'}** — seed {self.seed}"
+            f"{', quick run' if self.quick else ''}; "
+            f"commit {self.environment.get('git_commit') or 'unknown'}; "
+            f"{self.environment['created']}.",
+            "",
+            summary_table(self.results),
+            "",
+        ]
+        for r in self.results:
+            p = r.proposition
+            lines += [
+                f"## {p.id}: {p.title}",
+                "",
+                f"> {p.statement}",
+                "",
+                "Hypotheses: " + "; ".join(p.hypotheses) + ".",
+                "",
+                f"Content hash: `{p.hash}`",
+                "",
+                "| kind | check | residual | tolerance | passed | control | control rejected |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for c in r.checks:
+                lines.append(
+                    f"| {c.kind} | {c.name} | {_fmt(c.outcome.residual)} | "
+                    f"{_fmt(c.outcome.tolerance)} | {_yes(c.outcome.passed)} | {c.control} | "
+                    f"{_yes(not c.control_outcome.passed)} |"
+                )
+            lines.append("")
+            for c in r.checks:
+                lines.append(f"- *{c.name}*: {c.outcome.detail}. Control: {c.control_outcome.detail}.")
+            lines.append("")
+        lines += ["## Environment", "", "```json", json.dumps(self.environment, indent=2), "```", ""]
+        return "\n".join(lines)
+
+    def to_latex(self) -> str:
+        env = self.environment
+        out = [
+            r"% Compile with lualatex or xelatex: check details contain Unicode.",
+            r"\documentclass{article}",
+            r"\usepackage{amsmath,amssymb,amsthm,booktabs,longtable,fontspec,unicode-math}",
+            r"\newtheorem*{proposition}{Proposition}",
+            r"\begin{document}",
+            r"\section*{Certificate}",
+            rf"Result: \textbf{{{'passed' if self.passed else 'FAILED'}}}; seed {self.seed}; "
+            rf"commit \texttt{{{_tex(env.get('git_commit') or 'unknown')}}}; "
+            rf"{_tex(env['created'])}.",
+        ]
+        for r in self.results:
+            p = r.proposition
+            out += [
+                rf"\subsection*{{{_tex(p.id)}: {_tex(p.title)}}}",
+                rf"\begin{{proposition}}[{_tex(p.id)}]{p.statement}\end{{proposition}}",
+                rf"Hash: \texttt{{{p.hash}}}.",
+                r"\begin{longtable}{lllll}\toprule",
+                r"kind & check & residual & tolerance & passed / control rejected \\ \midrule",
+            ]
+            for c in r.checks:
+                out.append(
+                    rf"{c.kind} & {_tex(c.name)} & {_fmt(c.outcome.residual)} & "
+                    rf"{_fmt(c.outcome.tolerance)} & {_yes(c.outcome.passed)} / "
+                    rf"{_yes(not c.control_outcome.passed)} \\"
+                )
+            out.append(r"\bottomrule\end{longtable}")
+        versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+        out += [
+            rf"\noindent Python {_tex(env['python'])} on {_tex(env['platform'])}; {_tex(versions)}.",
+            r"\end{document}",
+            "",
+        ]
+        return "\n".join(out)
+
+    def write(self, out_dir: str | Path) -> list[Path]:
+        """Write certificate.json, certificate.md and certificate.tex into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for suffix, text in (("json", self.to_json()), ("md", self.to_markdown()), ("tex", self.to_latex())):
+            path = out / f"certificate.{suffix}"
+            path.write_text(text + ("\n" if suffix == "json" else ""), encoding="utf-8")
+            paths.append(path)
+        return paths
+
+
+def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
+    p = r.proposition
+    return {
+        "id": p.id,
+        "title": p.title,
+        "statement": p.statement,
+        "hypotheses": list(p.hypotheses),
+        "seeds": p.seeds,
+        "passed": r.passed,
+        "hash": p.hash,
+        "checks": [
+            {
+                "kind": c.kind,
+                "name": c.name,
+                "passed": c.passed,
+                "residual": _number(c.outcome.residual),
+                "tolerance": _number(c.outcome.tolerance),
+                "detail": c.outcome.detail,
+                "control": {
+                    "variant": c.control,
+                    "rejected": not c.control_outcome.passed,
+                    "residual": _number(c.control_outcome.residual),
+                    "tolerance": _number(c.control_outcome.tolerance),
+                    "detail": c.control_outcome.detail,
+                },
+                "seconds": round(c.seconds, 3),
+            }
+            for c in r.checks
+        ],
+    }
+
+
+def summary_table(results: Iterable[PropositionResult]) -> str:
+    """Markdown table: id, title, kinds, worst residual against its tolerance, pass."""
+    rows = ["| id | title | kinds | worst residual / tolerance | passed |", "|---|---|---|---|---|"]
+    for r in results:
+        w = worst(r)
+        cell = f"{_fmt(w.outcome.residual)} / {_fmt(w.outcome.tolerance)}" if w else "–"
+        rows.append(
+            f"| {r.proposition.id} | {r.proposition.title} | {', '.join(r.proposition.kinds)} | "
+            f"{cell} | {_yes(r.passed)} |"
+        )
+    return "\n".join(rows)
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.2e}"
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+_TEX = {c: "\\" + c for c in "&%$#_{}"} | {"~": r"\textasciitilde{}", "^": r"\^{}", "\\": r"\textbackslash{}"}
+
+
+def _tex(text: str) -> str:
+    return "".join(_TEX.get(ch, ch) for ch in str(text))
+
+
+def resolve_ids(ids: Iterable[str] | None) -> list[str]:
+    """The requested ids in registry order (all when None); ValueError names unknown ones."""
+    if not ids:
+        return list(REGISTRY)
+    wanted = [i.upper() for i in ids]
+    unknown = [i for i in wanted if i not in REGISTRY]
+    if unknown:
+        raise ValueError(
+            f"unknown proposition id(s): {', '.join(unknown)}; known: {', '.join(REGISTRY)}"
+        )
+    return [i for i in REGISTRY if i in wanted]
+
+
+def certify(
+    ids: Iterable[str] | None = None, quick: bool = False, seed: int = 0, progress: bool = False
+) -> Certificate:
+    """Run every check of the chosen propositions (all by default) and its negative control."""
+    chosen = [REGISTRY[i] for i in resolve_ids(ids)]
+    ctx = Context(seed=seed, quick=quick)
+    results = [PropositionResult(p) for p in chosen]
+    jobs = [(r, c) for r in results for c in r.proposition.checks]
+    bar = tqdm(jobs, desc="certify", unit="check", disable=not progress, file=sys.stderr)
+    for result, check in bar:
+        bar.set_postfix_str(f"{result.proposition.id} {check.kind}")
+        result.checks.append(run_check(check, ctx))
+    return Certificate(results, seed, quick)

@@ -1,0 +1,103 @@
+"""The ``rattn`` command. Exit status: 0 all passed, 1 something failed, 2 bad usage or input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from proofs_checks.certificate import certify, resolve_ids, summary_table
+from proofs_checks.registry import REGISTRY
+
+BENCHMARKS = ("stiefel",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as exit status 2 through ``main``'s return value."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        raise _UsageError(f"{self.prog}: error: {message}")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rattn", description="Riemannian attention: checked propositions.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    cert = sub.add_parser("certify", help="run the registered propositions and write certificates")
+    add_certify_arguments(cert)
+
+    bench = sub.add_parser("bench", help="run a benchmark (not a test) and print its table")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("--d", type=int, default=512, help="rows of the frame (default 512)")
+    bench.add_argument("--r", type=int, default=64, help="columns of the frame (default 64)")
+    bench.add_argument("--repeats", type=int, default=30, help="timed rounds (default 30)")
+    bench.add_argument("--json", action="store_true", help="print one JSON document")
+    return parser
+
+
+def add_certify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ids", nargs="*", metavar="ID", help="proposition ids (default: all)")
+    parser.add_argument("--quick", action="store_true", help="fewer property examples")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every check (default 0)")
+    parser.add_argument(
+        "--out", default="certificate", help="directory for certificate.{json,md,tex}"
+    )
+    parser.add_argument("--list", action="store_true", help="list the propositions and exit")
+    parser.add_argument("--json", action="store_true", help="print the certificate as JSON")
+
+
+def run_certify(args: argparse.Namespace) -> int:
+    ids = resolve_ids(args.ids)
+    if args.list:
+        rows = [
+            {"id": i, "title": REGISTRY[i].title, "kinds": list(REGISTRY[i].kinds)} for i in ids
+        ]
+        if args.json:
+            print(json.dumps(rows, indent=2, ensure_ascii=False))
+        else:
+            for row in rows:
+                print(f"{row['id']:<6} {row['title']}  [{', '.join(row['kinds'])}]")
+        return 0
+    cert = certify(ids, quick=args.quick, seed=args.seed, progress=not args.json)
+    paths = cert.write(args.out)
+    if args.json:
+        print(cert.to_json())
+    else:
+        print(summary_table(cert.results))
+        print(f"\n{'PASSED' if cert.passed else 'FAILED'}; wrote {', '.join(map(str, paths))}")
+    return 0 if cert.passed else 1
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from proofs_checks.bench import bench_stiefel, format_bench
+
+    if not (1 <= args.r <= args.d):
+        raise ValueError(f"bench stiefel needs 1 ≤ r ≤ d, got d={args.d}, r={args.r}")
+    result = bench_stiefel(args.d, args.r, args.repeats, progress=not args.json)
+    print(json.dumps(result, indent=2) if args.json else format_bench(result))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rattn`` console script."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return {"certify": run_certify, "bench": run_bench}[args.command](args)
+    except _UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except ValueError as exc:  # bad input named by the library: report it, no traceback
+        print(f"rattn: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def certify_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m proofs_checks ARGS`` means ``rattn certify ARGS``."""
+    return main(["certify", *(sys.argv[1:] if argv is None else argv)])
