@@ -1,0 +1,157 @@
+"""Unit tests of reference.mp, the mpmath versions of the Stiefel operations.
+
+At p decimal digits the unit roundoff is u_p = ½·10^(1−p); every bound below is a small multiple
+of it, or of float64's U = 2^-53 when a float64 result is compared with a multi-precision one.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import pytest
+import scipy.linalg
+
+from reference import linalg, mp, optim
+from reference.stiefel import Stiefel
+
+U = np.finfo(np.float64).eps / 2  # unit roundoff, 1.1e-16
+
+
+def _well_conditioned(rng, d, r, lo=1.0, hi=1.5):
+    """A = P diag(σ) Qᵀ with σ ∈ [lo, hi] (κ ≤ hi/lo)."""
+    p = np.linalg.qr(rng.standard_normal((d, r)))[0]
+    q = np.linalg.qr(rng.standard_normal((r, r)))[0]
+    return (p * rng.uniform(lo, hi, r)) @ q.T
+
+
+def test_round_trip_is_exact():
+    a = np.random.default_rng(0).standard_normal((4, 3))
+    with mpmath.workdps(30):
+        b = mp.to_mp(a)
+        assert b.dtype == object and isinstance(b[0, 0], mpmath.mpf)
+        # A float64 has 53 bits, fewer than 30 digits hold: conversion both ways is exact.
+        assert np.array_equal(mp.to_float(b), a)
+        assert np.array_equal(mp.to_float(mp.eye(3)), np.eye(3))
+
+
+def test_elementary_ops_match_float64():
+    rng = np.random.default_rng(1)
+    a, w0 = rng.standard_normal((5, 5)), rng.standard_normal((5, 3))
+    w = scipy.linalg.polar(w0)[0]
+    z = rng.standard_normal((5, 3))
+    with mpmath.workdps(40):
+        am, wm, zm = mp.to_mp(a), mp.to_mp(w), mp.to_mp(z)
+        # sym/skew at 40 digits rounded to float64 are the correctly rounded averages, which
+        # float64 also computes exactly up to its own one rounding: ≤ U·|a_ij + a_ji|·2.
+        assert np.allclose(mp.to_float(mp.sym(am)), (a + a.T) / 2, rtol=2 * U, atol=0)
+        assert np.allclose(mp.to_float(mp.skew(am)), (a - a.T) / 2, rtol=2 * U, atol=0)
+        # Frobenius: float64 sum of 25 squares carries ≤ γ_25 relative error.
+        assert float(mp.frobenius(am)) == pytest.approx(np.linalg.norm(a), rel=30 * U)
+        # Projection: the float64 one carries ≲ 10·d·U·‖Z‖ (two short products).
+        pm = mp.to_float(mp.proj(wm, zm))
+        expected = z - w @ (w.T @ z + z.T @ w) / 2
+        assert np.max(np.abs(pm - expected)) < 10 * 5 * U * np.linalg.norm(z)
+
+
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_inv_sqrt_spd_at_50_digits(n):
+    rng = np.random.default_rng(2)
+    b = rng.standard_normal((n, n))
+    s = b @ b.T + n * np.eye(n)
+    with mpmath.workdps(50):
+        sm = mp.to_mp(s)
+        x = mp.inv_sqrt_spd(sm)
+        # X S X = I: eigsy at 50 digits is backward stable, so the residual is
+        # ≲ 10·n·κ(S)·u_50 with u_50 = 5e-50 and κ(S) < 100 here: < 1e-45.
+        res = mp.frobenius(x @ sm @ x - mp.eye(n))
+        assert res < mpmath.mpf("1e-45")
+        assert mp.frobenius(x - x.T) < mpmath.mpf("1e-45")
+    # Rounded to float64 it is the float64 result to ≲ 10·n·κ(S)·U.
+    tol = 10 * n * np.linalg.cond(s) * U
+    assert np.max(np.abs(mp.to_float(x) - linalg.inv_sqrt_spd(s))) < tol
+
+
+@pytest.mark.parametrize(("d", "r"), [(5, 3), (4, 4), (6, 1)])
+def test_polar_at_50_digits(d, r):
+    rng = np.random.default_rng(3)
+    a = _well_conditioned(rng, d, r)  # κ(A) ≤ 1.5
+    with mpmath.workdps(50):
+        p = mp.polar(mp.to_mp(a))
+        # ‖PᵀP − I‖ ≲ 10·d·κ(A)²·u_50 = 10·6·2.25·5e-50 < 1e-47; the brief's 1e-48 is met with
+        # room for these κ ≤ 1.5 inputs, and the bound below uses the derived 1e-47.
+        assert mp.frobenius(p.T @ p - mp.eye(r)) < mpmath.mpf("1e-47")
+        # Polar property: H = PᵀA is symmetric.
+        h = p.T @ mp.to_mp(a)
+        assert mp.frobenius(h - h.T) < mpmath.mpf("1e-47")
+    pf = mp.to_float(p)
+    # Against float64 (both the Gram route and the SVD route): their forward error
+    # ≲ 10·d·κ(A)²·U ≈ 1.5e-14 at d = 6, κ = 1.5.
+    tol = 10 * d * 2.25 * U
+    assert np.max(np.abs(pf - linalg.polar(a))) < tol
+    assert np.max(np.abs(pf - linalg.polar_svd(a))) < tol
+    assert np.max(np.abs(pf - scipy.linalg.polar(a)[0])) < tol
+
+
+def test_polar_residual_scales_with_precision():
+    """The orthonormality residual is rounding, not method error: it falls with the digits."""
+    a = _well_conditioned(np.random.default_rng(4), 5, 3)
+    res = {}
+    for digits in (20, 40):
+        with mpmath.workdps(digits):
+            p = mp.polar(mp.to_mp(a))
+            res[digits] = float(mp.frobenius(p.T @ p - mp.eye(3)))
+    # 10·d·κ²·u_p per precision: < 1e-17 at 20 digits, < 1e-37 at 40.
+    assert res[20] < 1e-17 and res[40] < 1e-37
+
+
+def _float_run(w0, grads, lr, betas, eps, delta, moment):
+    st = Stiefel(*w0.shape)
+    opt = optim.riemannian_adam(lr, betas, eps, trust_radius=delta, moment=moment)
+    state, w, ws, xis = opt.init(st, w0), w0, [w0], []
+    for g in grads:
+        xi, _ = opt.update(st, w, g, state)
+        w, state = opt.step(st, w, g, state)
+        ws.append(w)
+        xis.append(xi)
+    return ws, xis
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "moment"),
+    [(0.0, None, "frame"), (1e-8, 0.03, "frame"), (1e-3, None, "elementwise")],
+)
+def test_adam_trajectory_agrees_with_float64(eps, delta, moment):
+    rng = np.random.default_rng(5)
+    d, r, steps = 5, 2, 5
+    w0 = scipy.linalg.polar(rng.standard_normal((d, r)))[0]
+    grads = [rng.standard_normal((d, r)) for _ in range(steps)]
+    lr, betas = 0.05, (0.9, 0.99)
+    with mpmath.workdps(30):
+        traj = mp.adam_trajectory(w0, grads, lr, betas, eps, delta, moment)
+    ws, xis = _float_run(w0, grads, lr, betas, eps, delta, moment)
+    assert len(traj.points) == steps + 1 and len(traj.steps) == steps
+    # The 30-digit run is exact to float64. float64 rounds ~20 operations per step on numbers
+    # of size ≤ ‖W‖ + ‖ξ‖ ≈ 2 plus one polar (≲ 10·d·U), and errors propagate with factor
+    # ≲ 1 + ‖ξ‖: after t ≤ 5 steps, ≤ 5·(20 + 50)·U·2 ≈ 8e-14; use 1e-13.
+    for t in range(steps):
+        assert np.max(np.abs(mp.to_float(traj.steps[t]) - xis[t])) < 1e-13
+        assert np.max(np.abs(mp.to_float(traj.points[t + 1]) - ws[t + 1])) < 1e-13
+    if delta is not None:  # the cap was active at least once, and never exceeded
+        norms = [float(mp.frobenius(x)) for x in traj.steps]
+        assert max(norms) == pytest.approx(delta, rel=1e-25)
+
+
+def test_adam_trajectory_first_step_closed_form():
+    """t = 1, ε = 0: m̂ = g, √v̂ = RMS(g), so ξ₁ = −lr·g/RMS(g) and m̂₁ = g = P_W(G)."""
+    rng = np.random.default_rng(6)
+    w0 = scipy.linalg.polar(rng.standard_normal((4, 2)))[0]
+    g0 = rng.standard_normal((4, 2))
+    with mpmath.workdps(30):
+        traj = mp.adam_trajectory(w0, [g0], lr=0.1)
+        g = mp.proj(mp.to_mp(w0), mp.to_mp(g0))
+        rms = mp.frobenius(g) / mpmath.sqrt(g.size)
+        # Same operations in a different order at 30 digits: ≲ 20·u_30 relative, u_30 = 5e-30.
+        assert mp.frobenius(traj.steps[0] + mpmath.mpf("0.1") * g / rms) < mpmath.mpf("1e-27")
+        assert mp.frobenius(traj.m_hats[0] - g) < mpmath.mpf("1e-27")
+        w1 = traj.points[1]
+        assert mp.frobenius(w1.T @ w1 - mp.eye(2)) < mpmath.mpf("1e-27")
