@@ -133,9 +133,18 @@ class Certificate:
                 )
             lines.append("")
             for c in r.checks:
-                lines.append(f"- *{c.name}*: {c.outcome.detail}. Control: {c.control_outcome.detail}.")
+                lines.append(
+                    f"- *{c.name}*: {c.outcome.detail}. Control: {c.control_outcome.detail}."
+                )
             lines.append("")
-        lines += ["## Environment", "", "```json", json.dumps(self.environment, indent=2), "```", ""]
+        lines += [
+            "## Environment",
+            "",
+            "```json",
+            json.dumps(self.environment, indent=2),
+            "```",
+            "",
+        ]
         return "\n".join(lines)
 
     def to_latex(self) -> str:
@@ -169,7 +178,8 @@ class Certificate:
             out.append(r"\bottomrule\end{longtable}")
         versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
         out += [
-            rf"\noindent Python {_tex(env['python'])} on {_tex(env['platform'])}; {_tex(versions)}.",
+            rf"\noindent Python {_tex(env['python'])} on {_tex(env['platform'])}; "
+            rf"{_tex(versions)}.",
             r"\end{document}",
             "",
         ]
@@ -180,7 +190,11 @@ class Certificate:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         paths = []
-        for suffix, text in (("json", self.to_json()), ("md", self.to_markdown()), ("tex", self.to_latex())):
+        for suffix, text in (
+            ("json", self.to_json()),
+            ("md", self.to_markdown()),
+            ("tex", self.to_latex()),
+        ):
             path = out / f"certificate.{suffix}"
             path.write_text(text + ("\n" if suffix == "json" else ""), encoding="utf-8")
             paths.append(path)
@@ -240,7 +254,11 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "NO"
 
 
-_TEX = {c: "\\" + c for c in "&%$#_{}"} | {"~": r"\textasciitilde{}", "^": r"\^{}", "\\": r"\textbackslash{}"}
+_TEX = {c: "\\" + c for c in "&%$#_{}"} | {
+    "~": r"\textasciitilde{}",
+    "^": r"\^{}",
+    "\\": r"\textbackslash{}",
+}
 
 
 def _tex(text: str) -> str:

@@ -18,8 +18,8 @@ class Euclidean:
     moment_groups = ((0,),)
 
     def __init__(self, *shape: int):
-        if not shape or any(int(s) < 1 for s in shape):
-            raise ValueError(f"Euclidean space needs positive dimensions, got {shape}")
+        if not shape or not all(isinstance(s, int | np.integer) and s >= 1 for s in shape):
+            raise ValueError(f"Euclidean space needs positive integer dimensions, got {shape}")
         self.shape = tuple(int(s) for s in shape)
         self.dim = int(np.prod(self.shape))
 

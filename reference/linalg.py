@@ -66,21 +66,28 @@ def polar(a: Array) -> Array:
 
     The Gram AᵀA is the one actually formed, so rounding drift in A is corrected: the result is
     the nearest matrix with orthonormal columns, not a closed form that assumes structure of A.
-    Only an r×r eigendecomposition is needed. Its rounding error grows like κ(A)²·u, so for
-    κ(A) > ``POLAR_GRAM_MAX_COND`` the thin SVD is used instead (a retraction step has
-    κ(W + ξ) ≤ sqrt(1 + ‖ξ‖₂²) and always takes the Gram route). Raises ValueError when A is
-    rank deficient.
+    Only an r×r eigendecomposition is needed. A is first divided by its largest entry
+    (polar(sA) = polar(A) for s > 0), so the Gram neither overflows nor underflows. The rounding
+    error grows like κ(A)²·u, so for κ(A) > ``POLAR_GRAM_MAX_COND`` the thin SVD is used instead
+    (a retraction step has κ(W + ξ) ≤ sqrt(1 + ‖ξ‖₂²) and always takes the Gram route). Raises
+    ValueError when A is rank deficient. Stacks of matrices are handled slice by slice.
     """
-    gram = transpose(a) @ a
-    lam, q = np.linalg.eigh(sym(gram))
-    lo, hi = np.min(lam), np.max(lam)
+    scale = np.max(np.abs(a), axis=(-2, -1), keepdims=True)
+    if not np.all(np.isfinite(scale)):
+        raise ValueError("polar factor of a matrix with non-finite entries")
+    if np.any(scale == 0.0):
+        raise ValueError("polar factor of a rank-deficient matrix: the matrix is zero")
+    a = a / scale
+    lam, q = np.linalg.eigh(sym(transpose(a) @ a))
+    lo, hi = lam[..., 0], lam[..., -1]  # eigh sorts ascending
     # A column-rank test relative to the largest eigenvalue: κ(A)² must stay below 1/ε.
-    if lo <= np.finfo(np.float64).eps * hi * a.shape[-2]:
+    deficient = lo <= np.finfo(np.float64).eps * hi * a.shape[-2]
+    if np.any(deficient):
         raise ValueError(
             "polar factor of a rank-deficient matrix: smallest squared singular value "
-            f"{float(lo):.3e} against largest {float(hi):.3e}"
+            f"{float(np.min(lo / hi)):.3e} relative to the largest"
         )
-    if hi > POLAR_GRAM_MAX_COND**2 * lo:
+    if np.any(hi > POLAR_GRAM_MAX_COND**2 * lo):
         return polar_svd(a)
     return a @ ((q / np.sqrt(lam)[..., None, :]) @ transpose(q))
 

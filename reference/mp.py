@@ -84,6 +84,8 @@ def adam_trajectory(
     ξ ← ξ·min(1, Δ/‖ξ‖); W ← polar(W + ξ); m ← P_W(m). ``moment="elementwise"`` keeps one v per
     entry and projects the direction (the ablation arm).
     """
+    if moment not in ("frame", "elementwise"):
+        raise ValueError(f"unknown moment {moment!r}; choose 'frame' or 'elementwise'")
     b1, b2 = mpmath.mpf(betas[0]), mpmath.mpf(betas[1])
     lr, eps = mpmath.mpf(lr), mpmath.mpf(eps)
     w = to_mp(w0)

@@ -117,7 +117,7 @@ def scale_by_adam(
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
     for name, beta in (("beta1", b1), ("beta2", b2)):
-        if not 0.0 <= beta < 1.0:
+        if not 0.0 <= beta < 1.0:  # also refuses NaN
             raise ValueError(f"{name} must lie in [0, 1), got {beta}")
     if not eps >= 0.0:
         raise ValueError(f"eps must be ≥ 0, got {eps}")
@@ -222,8 +222,14 @@ def normalize_by_rms() -> Transform:
     return _stateless(update)
 
 
+def _check_decay(weight_decay: float) -> None:
+    if not (np.isfinite(weight_decay) and weight_decay >= 0.0):
+        raise ValueError(f"weight_decay must be a finite number ≥ 0, got {weight_decay}")
+
+
 def add_decayed_weights(weight_decay: float) -> Transform:
     """u ↦ u + λ·x on plain arrays (decoupled decay once scaled by −lr)."""
+    _check_decay(weight_decay)
     return _stateless(lambda geometry, x, u: tree_map(lambda ui, xi: ui + weight_decay * xi, u, x))
 
 
@@ -268,8 +274,7 @@ class Optimizer:
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.decay not in DECAY_MODES:
             raise ValueError(f"unknown decay mode {self.decay!r}; choose one of {DECAY_MODES}")
-        if self.weight_decay < 0.0:
-            raise ValueError(f"weight_decay must be ≥ 0, got {self.weight_decay}")
+        _check_decay(self.weight_decay)
         if self.decay == "fused" and self.lr * self.weight_decay >= 1.0:
             raise ValueError(f"fused decay needs lr·λ < 1, got {self.lr * self.weight_decay}")
 
@@ -282,6 +287,11 @@ class Optimizer:
 
     def update(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
         """The tangent step ξ at x and the chain's new state (before transport)."""
+        if isinstance(egrad, tuple) != isinstance(x, tuple):
+            raise ValueError(
+                f"gradient: expected {'a tuple' if isinstance(x, tuple) else 'one array'} "
+                f"like the point, got {'a tuple' if isinstance(egrad, tuple) else 'one array'}"
+            )
         check_shapes("gradient", [np.shape(p) for p in parts(x)], egrad)
         check_finite("gradient", egrad)
         if self.weight_decay > 0.0 and self.decay == "coupled":
@@ -320,6 +330,12 @@ _DECAY_MESSAGES = {
 
 
 # -- presets -----------------------------------------------------------------------------------
+def _two_betas(betas: tuple[float, float]) -> tuple[float, float]:
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    return float(betas[0]), float(betas[1])
+
+
 def riemannian_adam(
     lr: float,
     betas: tuple[float, float] = (0.9, 0.999),
@@ -331,7 +347,8 @@ def riemannian_adam(
     decay: str = "coupled",
 ) -> Optimizer:
     """Riemannian Adam of Stiefel attention: ξ = −lr·m̂/(√v̂ + ε), capped at ‖ξ‖ ≤ Δ per frame."""
-    steps = [scale_by_adam(betas[0], betas[1], eps, moment, reduction), scale(-lr)]
+    b1, b2 = _two_betas(betas)
+    steps = [scale_by_adam(b1, b2, eps, moment, reduction), scale(-lr)]
     if trust_radius is not None:
         steps.append(trust_region(trust_radius))
     return Optimizer(chain(*steps), lr, weight_decay, decay)
@@ -368,9 +385,10 @@ def adamw(
     weight_decay: float = 1e-2,
 ) -> Optimizer:
     """AdamW on plain arrays (torch's convention): x ← x − lr·(m̂/(√v̂ + ε) + λ·x), per entry."""
+    b1, b2 = _two_betas(betas)
     return _EuclideanOptimizer(
         chain(
-            scale_by_adam(betas[0], betas[1], eps, moment="elementwise"),
+            scale_by_adam(b1, b2, eps, moment="elementwise"),
             add_decayed_weights(weight_decay),
             scale(-lr),
         ),

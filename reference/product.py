@@ -21,6 +21,8 @@ class Product:
         self.factors = factors
         self.dim = sum(f.dim for f in factors)
         k = len(factors)
+        if all(hasattr(f, "project_point") for f in factors):  # a product of frames
+            self.project_point = lambda a: self._each("project_point", a)
         self.moment_groups = (tuple(range(k)),) if shared_moment else tuple((i,) for i in range(k))
 
     def __repr__(self) -> str:
@@ -57,9 +59,6 @@ class Product:
 
     def transport(self, x: Point, y: Point, u: Tangent) -> Tangent:
         return self._each("transport", x, y, u)
-
-    def project_point(self, a: Point) -> Point:
-        return self._each("project_point", a)
 
     def to_matrix(self, x: Point) -> tuple:
         return self._each("to_matrix", x)

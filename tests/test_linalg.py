@@ -190,15 +190,7 @@ def test_polar_batched():
     "scale",
     [
         1e-4,
-        pytest.param(
-            1e-9,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG reference/linalg.py polar: the rank test uses min/max eigenvalues "
-                "over the whole batch, so a well-conditioned slice 1e-9·A next to A is "
-                "reported 'rank-deficient'",
-            ),
-        ),
+        1e-9,
     ],
 )
 def test_polar_batched_slices_of_different_scale(scale):
@@ -221,12 +213,6 @@ def test_polar_rejects_rank_deficient(a):
         linalg.polar(a)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG reference/linalg.py polar: the Gram AᵀA under/overflows for a full-rank A "
-    "scaled by 1e-170 (ValueError 'rank-deficient') or 1e160 (overflow / LinAlgError), "
-    "although polar(sA) = polar(A) and polar_svd handles both",
-)
 @pytest.mark.parametrize("scale", [1e-170, 1e160])
 def test_polar_scale_invariance(scale):
     rng = np.random.default_rng(11)

@@ -15,7 +15,6 @@ import scipy.integrate
 import scipy.linalg
 
 import reference as ref
-from reference import linalg
 
 U = np.finfo(np.float64).eps / 2  # unit roundoff, 1.1e-16
 SHAPES = [(5, 1), (6, 3), (4, 4), (10, 4)]
@@ -248,11 +247,10 @@ def test_qr_equals_polar_for_r1(d):
     xi = 0.9 * (_tangent(w, np.random.default_rng(12)) if d > 1 else np.zeros((1, 1)))
     a = w + xi
     expected = a / np.linalg.norm(a)
-    # One norm and one division per entry: ≤ (d + 3)·U relative, entries ≤ 1.
-    for retraction in RETRACTIONS:
+    # One norm and one division per entry: ≤ (d + 3)·U relative, entries ≤ 1; ×10 for the
+    # Gram/SVD/Householder routes. (Exp is a different curve: the great circle, tested below.)
+    for retraction in ("polar", "polar_svd", "qr"):
         y = ref.Stiefel(d, 1, retraction=retraction).retract(w, xi)
-        if retraction == "exp":
-            continue  # the geodesic is a different curve (great circle at angle ‖ξ‖)
         assert np.max(np.abs(y - expected)) < 10 * (d + 3) * U
 
 
@@ -353,7 +351,8 @@ def test_check_point_reports_residual(delta):
     got = float(re.search(r"= ([0-9.]+e[-+][0-9]+) >", str(info.value)).group(1))
     # Printed with 4 significant digits: relative error ≤ 5e-4.
     assert got == pytest.approx(expected, rel=5e-4)
-    assert st.residual(bad) == pytest.approx(expected, rel=1e-12)
+    # Both are norms of the same 3×3 matrix (9 squares): ≤ 20·9·U relative apart.
+    assert st.residual(bad) == pytest.approx(expected, rel=20 * 9 * U)
     # With a loose enough tolerance it passes.
     st.check_point(bad, atol=2 * expected)
 
@@ -393,6 +392,7 @@ def test_euclidean_basics():
     assert np.array_equal(e.proj(x, u), u) and np.array_equal(e.egrad_to_rgrad(x, u), u)
     assert np.array_equal(e.retract(x, u), x + u)
     assert np.array_equal(e.transport(x, x + u, v), v)
+    # Sums of 6 products with |u_i v_i| < 10: ≤ 10·6·U·10 apart; the norm ≤ 10·6·U relative.
     assert e.inner(x, u, v) == pytest.approx(np.sum(u * v), abs=10 * 6 * U * 10)
     assert e.norm(x, u) == pytest.approx(np.sqrt(np.sum(u * u)), rel=10 * 6 * U)
     assert e.norm(x, e.random_tangent(x, rng)) == pytest.approx(1.0, abs=10 * 6 * U)
@@ -416,14 +416,17 @@ def test_product_basics():
     p.check_point(x)
     u, v = p.random_tangent(x, rng), p.random_tangent(x, rng)
     # Product metric: the sum of the factors' inner products; unit norm of random_tangent.
-    assert p.inner(x, u, v) == pytest.approx(sum(np.vdot(a, b) for a, b in zip(u, v)), abs=1e-14)
-    assert p.norm(x, u) == pytest.approx(1.0, abs=1e-14)  # ≤ 10·(10+3+16)·U rounded up
+    # Sums of 10 + 3 + 16 products of entries ≤ 1 (‖u‖ = ‖v‖ = 1): ≤ 10·29·U ≈ 3e-14.
+    tol = 10 * 29 * U
+    expected = sum(np.vdot(a, b) for a, b in zip(u, v, strict=True))
+    assert p.inner(x, u, v) == pytest.approx(expected, abs=tol)
+    assert p.norm(x, u) == pytest.approx(1.0, abs=tol)
     # Factor-wise operations.
     y = p.retract(x, u)
-    for fi, xi, ui, yi in zip(f, x, u, y):
+    for fi, xi, ui, yi in zip(f, x, u, y, strict=True):
         assert np.array_equal(yi, fi.retract(xi, ui))
     z = tuple(rng.standard_normal(np.shape(xi)) for xi in x)
-    for fi, xi, zi, pi in zip(f, x, z, p.proj(x, z)):
+    for fi, xi, zi, pi in zip(f, x, z, p.proj(x, z), strict=True):
         assert np.array_equal(pi, fi.proj(xi, zi))
     for zt in p.zero_tangent(x):
         assert not np.any(zt)
