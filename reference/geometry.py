@@ -1,7 +1,8 @@
 """The protocol every geometry implements, and helpers for tangent vectors stored as tuples.
 
-A point or a tangent vector is either one array (Stiefel, Euclidean) or a tuple of arrays (the
-factored geometries). The helpers below treat both uniformly as a tuple of *parts*.
+A point or a tangent vector is either one array (Stiefel, Euclidean), a tuple of arrays (the
+factored geometries) or a tuple of such tuples (products, block variants). The helpers below treat
+all of them uniformly through their *parts*: the arrays at the leaves, in depth-first order.
 """
 
 from __future__ import annotations
@@ -42,13 +43,27 @@ class Geometry(Protocol):
 
 
 def parts(u: Tangent) -> tuple[Array, ...]:
-    """The arrays making up a point or tangent vector."""
-    return tuple(u) if isinstance(u, tuple) else (u,)
+    """The arrays making up a point or tangent vector (its leaves, depth first)."""
+    if isinstance(u, tuple):
+        return tuple(a for item in u for a in parts(item))
+    return (u,)
 
 
 def like(template: Tangent, arrays: Sequence[Array]) -> Tangent:
-    """Pack arrays back into the structure of ``template`` (one array or a tuple)."""
-    return tuple(arrays) if isinstance(template, tuple) else arrays[0]
+    """Pack arrays back into the (possibly nested) tuple structure of ``template``."""
+    leaves = iter(arrays)
+
+    def build(t: Tangent) -> Tangent:
+        return tuple(build(item) for item in t) if isinstance(t, tuple) else next(leaves)
+
+    return build(template)
+
+
+def same_structure(a: Tangent, b: Tangent) -> bool:
+    """Whether two points/tangents nest tuples the same way (shapes aside)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(map(same_structure, a, b))
+    return not isinstance(a, tuple) and not isinstance(b, tuple)
 
 
 def tree_map(f: Callable[..., Array], u: Tangent, *rest: Tangent) -> Tangent:

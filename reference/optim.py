@@ -32,6 +32,7 @@ from reference.geometry import (
     check_shapes,
     like,
     parts,
+    same_structure,
     tree_map,
 )
 from reference.linalg import frobenius, rms
@@ -287,12 +288,9 @@ class Optimizer:
 
     def update(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
         """The tangent step ξ at x and the chain's new state (before transport)."""
-        if isinstance(egrad, tuple) != isinstance(x, tuple):
-            raise ValueError(
-                f"gradient: expected {'a tuple' if isinstance(x, tuple) else 'one array'} "
-                f"like the point, got {'a tuple' if isinstance(egrad, tuple) else 'one array'}"
-            )
         check_shapes("gradient", [np.shape(p) for p in parts(x)], egrad)
+        if not same_structure(x, egrad):
+            raise ValueError("gradient: its tuple structure differs from the point's")
         check_finite("gradient", egrad)
         if self.weight_decay > 0.0 and self.decay == "coupled":
             egrad = tree_map(lambda gi, xi: gi + self.weight_decay * xi, egrad, x)

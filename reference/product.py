@@ -1,4 +1,4 @@
-"""Products of geometries whose points are single arrays, e.g. a (W_Q, W_K) pair of frames."""
+"""Products of geometries, e.g. a (W_Q, W_K) pair of frames or the groups of a block variant."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ class Product:
     """M_1 × … × M_k with the product metric ⟨u, v⟩ = Σ_i ⟨u_i, v_i⟩_{M_i}.
 
     A point is the tuple (x_1, …, x_k) of the factors' points, a tangent vector the tuple of the
-    factors' tangent vectors. Each factor is a frame with its own second moment unless
-    ``shared_moment`` is set, in which case one scalar moment (and one trust region) covers all.
+    factors' tangent vectors. Each factor keeps its own moment groups (a Stiefel factor is one
+    frame) unless ``shared_moment`` is set, in which case one scalar moment (and one trust region)
+    covers all.
     """
 
     def __init__(self, *factors: Geometry, shared_moment: bool = False):
@@ -20,10 +21,13 @@ class Product:
             raise ValueError("a product needs at least one factor")
         self.factors = factors
         self.dim = sum(f.dim for f in factors)
-        k = len(factors)
         if all(hasattr(f, "project_point") for f in factors):  # a product of frames
             self.project_point = lambda a: self._each("project_point", a)
-        self.moment_groups = (tuple(range(k)),) if shared_moment else tuple((i,) for i in range(k))
+        groups, offset = [], 0
+        for f in factors:
+            groups += [tuple(offset + i for i in g) for g in f.moment_groups]
+            offset += 1 + max(i for g in f.moment_groups for i in g)
+        self.moment_groups = (tuple(range(offset)),) if shared_moment else tuple(groups)
 
     def __repr__(self) -> str:
         return " × ".join(map(repr, self.factors))
