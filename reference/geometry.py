@@ -42,6 +42,38 @@ class Geometry(Protocol):
     def check_point(self, x: Point) -> None: ...
 
 
+class FactoredGeometry(Geometry, Protocol):
+    """The ten low-rank geometries (DESIGN §4.1–4.4) add what the checks and the block variants
+    need. Every point represents W = A Bᵀ for a *pair* of factors (A ∈ R^{m×r}, B ∈ R^{n×r}); the
+    Euclidean gradients taken by ``egrad_to_rgrad`` and ``proj`` are with respect to the stored
+    factors, in the layout of the point. Nothing here forms an m×n matrix except ``to_matrix``,
+    ``tangent_to_matrix`` and ``egrad_from_matrix``, which exist for checks only.
+
+    name: the key in ``reference.GEOMETRIES``.
+    embedded: True when tangent vectors are represented in the matrix space (R1, P1): ``proj``
+        then maps a factor-space *gradient* to the tangent vector; False when tangent vectors live
+        in factor space (R2, P2, P3): ``proj`` is then the metric-orthogonal projection of a
+        factor-space vector onto the (horizontal) tangent space, idempotent on that space.
+    quotient: True for R2 and P2 (points are equivalence classes of factors).
+    retraction_order: 2 where a second-order retraction is claimed, else 1.
+    """
+
+    name: str
+    embedded: bool
+    quotient: bool
+    retraction_order: int
+
+    def pair(self, x: Point) -> tuple[Array, Array]:
+        """(A, B) with to_matrix(x) = A Bᵀ (e.g. (U S, V) for (U, S, V))."""
+        ...
+
+    def egrad_from_pair(self, x: Point, g_pair: tuple[Array, Array]) -> Tangent:
+        """Chain rule: the factor gradient of f(x) = F(A Bᵀ) from (∂F/∂A, ∂F/∂B) = (G B, Gᵀ A)."""
+        ...
+
+    def egrad_from_matrix(self, x: Point, g: Array) -> Tangent: ...
+
+
 def parts(u: Tangent) -> tuple[Array, ...]:
     """The arrays making up a point or tangent vector (its leaves, depth first)."""
     if isinstance(u, tuple):
@@ -83,3 +115,20 @@ def check_finite(name: str, value: Tangent) -> None:
     bad = sum(int(np.size(p) - np.count_nonzero(np.isfinite(p))) for p in parts(value))
     if bad:
         raise ValueError(f"{name}: {bad} non-finite entries (NaN or inf)")
+
+
+class PairMixin:
+    """What every factored geometry derives from ``pair`` and ``egrad_from_pair``."""
+
+    def to_matrix(self, x: Point) -> Array:
+        """W = A Bᵀ (checks only: forms an m×n matrix)."""
+        a, b = self.pair(x)
+        return a @ b.T
+
+    def egrad_from_matrix(self, x: Point, g: Array) -> Tangent:
+        """The factor gradient of F(A Bᵀ) for G = ∇F (checks only: takes an m×n matrix)."""
+        a, b = self.pair(x)
+        return self.egrad_from_pair(x, (g @ b, g.T @ a))
+
+    def norm(self, x: Point, u: Tangent) -> float:
+        return float(np.sqrt(max(self.inner(x, u, u), 0.0)))
