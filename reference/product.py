@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.geometry import Geometry, Point, Tangent
+from reference.geometry import Geometry, Point, Tangent, tree_map
 
 
 class Product:
@@ -41,7 +41,7 @@ class Product:
     def random_tangent(self, x: Point, rng: np.random.Generator) -> Tangent:
         u = tuple(f.random_tangent(xi, rng) for f, xi in zip(self.factors, x, strict=True))
         n = self.norm(x, u)
-        return tuple(ui / n for ui in u)
+        return tree_map(lambda p: p / n, u)
 
     def zero_tangent(self, x: Point) -> Tangent:
         return self._each("zero_tangent", x)

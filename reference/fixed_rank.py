@@ -1,0 +1,353 @@
+"""Fixed-rank matrices M_r = {W ∈ R^{m×n} : rank W = r}: embedded (R1) and quotient (R2) geometries.
+
+Both work from the stored factors only: no method forms an m×n matrix except the checks-only
+``to_matrix``, ``tangent_to_matrix`` and ``egrad_from_matrix``; each call costs O((m+n)r² + r³).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.linalg
+
+from reference.geometry import PairMixin, Point, Tangent, check_finite, check_shapes
+from reference.linalg import Array, frobenius, qr_signfixed, transpose
+from reference.stiefel import DEFAULT_ATOL
+
+
+def _check_sizes(m: int, n: int, r: int) -> None:
+    for name, v in (("m", m), ("n", n), ("r", r)):
+        if not isinstance(v, int | np.integer) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if r > min(m, n):
+        raise ValueError(f"rank r must satisfy r ≤ min(m, n), got r={r} > min({m}, {n})")
+
+
+def _rank_check(name: str, a: Array) -> None:
+    """Raise ValueError unless the factor has full column rank (σ_min/σ_max above r·ε)."""
+    s = np.linalg.svd(a, compute_uv=False)
+    ratio = s[-1] / s[0] if s[0] > 0 else 0.0
+    if ratio <= a.shape[1] * np.finfo(np.float64).eps:
+        raise ValueError(f"rank-deficient factor {name}: σ_min/σ_max = {ratio:.3e}")
+
+
+def _basis(u: Array, z: Array) -> tuple[Array, ...]:
+    """The sign-fixed QR [U, Z] = [Q1, Q2] [[R11, R12], [0, R22]].
+
+    Q = [Q1, Q2] is orthonormal to rounding even when U has drifted, and U = Q1 R11,
+    Z = Q1 R12 + Q2 R22 hold exactly (to rounding), so a retraction built on Q corrects drift
+    instead of carrying it; where Z's part ⊥ U is rank deficient, Q2's extra columns are still
+    orthonormal and ⊥ Q1.
+    """
+    r = u.shape[1]
+    q, rr = qr_signfixed(np.hstack([u, z]))
+    return q[:, :r], q[:, r:], rr[:r, :r], rr[:r, r:], rr[r:, r:]
+
+
+class FixedRankEmbedded(PairMixin):
+    """R1: rank-r matrices as a submanifold of R^{m×n} with the Frobenius metric (Vandereycken).
+
+    A point is (U, S, V) with U ∈ St(m, r), V ∈ St(n, r) and S an invertible r×r matrix (not
+    necessarily diagonal): W = U S Vᵀ. A tangent vector is (M, U_p, V_p) with UᵀU_p = 0, VᵀV_p = 0,
+    representing ξ = U M Vᵀ + U_p Vᵀ + U V_pᵀ; the metric ‖M‖² + ‖U_p‖² + ‖V_p‖² is the Frobenius
+    norm of ξ. Euclidean gradients are (G_U, G_S, G_V) with respect to the stored factors.
+
+    Args:
+        retraction: "projection" (default; the rank-r truncated SVD of W + ξ, second order) or
+            "qr" (a first-order retraction by QR of the updated factors, kept as a control).
+    """
+
+    name = "fixed_rank_embedded"
+    embedded = True
+    quotient = False
+    moment_groups = ((0, 1, 2),)
+
+    def __init__(self, m: int, n: int, r: int, retraction: str = "projection"):
+        _check_sizes(m, n, r)
+        if retraction not in ("projection", "qr"):
+            raise ValueError(f"unknown retraction {retraction!r}; choose 'projection' or 'qr'")
+        self.m, self.n, self.r = int(m), int(n), int(r)
+        self.retraction = retraction
+        self.retraction_order = 2 if retraction == "projection" else 1
+        self.dim = (self.m + self.n - self.r) * self.r
+
+    def __repr__(self) -> str:
+        return f"FixedRankEmbedded({self.m}, {self.n}, {self.r}, retraction={self.retraction!r})"
+
+    def random_point(self, rng: np.random.Generator) -> Point:
+        """Haar U, V and S = Q1 diag(s) Q2ᵀ with s log-uniform in [1, e] (κ(S) ≤ e)."""
+        u = qr_signfixed(rng.standard_normal((self.m, self.r)))[0]
+        v = qr_signfixed(rng.standard_normal((self.n, self.r)))[0]
+        q1 = qr_signfixed(rng.standard_normal((self.r, self.r)))[0]
+        q2 = qr_signfixed(rng.standard_normal((self.r, self.r)))[0]
+        s = (q1 * np.exp(rng.uniform(0.0, 1.0, self.r))) @ q2.T
+        return (u, s, v)
+
+    def random_tangent(self, x: Point, rng: np.random.Generator) -> Tangent:
+        z = tuple(rng.standard_normal(np.shape(p)) for p in x)
+        t = self.proj(x, z)
+        return tuple(p / self.norm(x, t) for p in t)
+
+    def zero_tangent(self, x: Point) -> Tangent:
+        u, _, v = x
+        return (np.zeros((self.r, self.r)), np.zeros_like(u), np.zeros_like(v))
+
+    def inner(self, x: Point, a: Tangent, b: Tangent) -> float:
+        """⟨ξ, η⟩ = tr(M_ξᵀM_η) + tr(U_pξᵀU_pη) + tr(V_pξᵀV_pη) (the three terms are orthogonal)."""
+        return float(sum(np.vdot(p, q) for p, q in zip(a, b, strict=True)))
+
+    def proj(self, x: Point, z: Tangent) -> Tangent:
+        """From a factor-space vector z = (z_U, z_S, z_V) (a gradient layout):
+        M = z_S, U_p = (I − UUᵀ) z_U S^{-ᵀ}, V_p = (I − VVᵀ) z_V S^{-1}.
+
+        For the factor gradient of F(U S Vᵀ) this is the orthogonal projection of G_W onto T_W.
+        """
+        u, s, v = x
+        z_u, z_s, z_v = z
+        a = np.linalg.solve(s, transpose(z_u)).T  # z_U S^{-ᵀ}
+        b = np.linalg.solve(transpose(s), transpose(z_v)).T  # z_V S^{-1}
+        return (z_s, a - u @ (transpose(u) @ a), b - v @ (transpose(v) @ b))
+
+    egrad_to_rgrad = proj
+
+    def retract(self, x: Point, xi: Tangent) -> Point:
+        """R_W(ξ) by the retraction chosen at construction.
+
+        "projection": with [U, U_p] = [Q1, Q2][[R11, R12], [0, R22]] and likewise
+        [V, V_p] = [P1, P2][[T11, T12], [0, T22]] (``_basis``), W + ξ = [Q1, Q2] K [P1, P2]ᵀ with
+        K = [[R11(S + M)T11ᵀ + R12 T11ᵀ + R11 T12ᵀ, R11 T22ᵀ], [R22 T11ᵀ, 0]]; K = Y Σ Zᵀ
+        truncated to r gives (U', S', V') = ([Q1, Q2] Y_r, Σ_r, [P1, P2] Z_r), the best rank-r
+        approximation, with orthonormal factors even if U, V had drifted.
+        "qr": A = U(S + M) + U_p = Q_A R_A, B = V + V_p S^{-ᵀ} = Q_B R_B, (Q_A, R_A R_Bᵀ, Q_B);
+        A Bᵀ = W + ξ + O(‖ξ‖²).
+        """
+        u, s, v = x
+        m_, u_p, v_p = xi
+        if self.retraction == "qr":
+            qa, ra = qr_signfixed(u @ (s + m_) + u_p)
+            qb, rb = qr_signfixed(v + np.linalg.solve(s, transpose(v_p)).T)
+            y = (qa, ra @ transpose(rb), qb)
+        else:
+            q1, q2, r11, r12, r22 = _basis(u, u_p)
+            p1, p2, t11, t12, t22 = _basis(v, v_p)
+            top = r11 @ (s + m_) @ t11.T + r12 @ t11.T + r11 @ t12.T
+            core = np.block(
+                [[top, r11 @ t22.T], [r22 @ t11.T, np.zeros((r22.shape[0], t22.shape[0]))]]
+            )
+            yk, sig, zkt = np.linalg.svd(core)
+            r = self.r
+            y = (np.hstack([q1, q2]) @ yk[:, :r], np.diag(sig[:r]), np.hstack([p1, p2]) @ zkt[:r].T)
+        self._check_rank(y[1])
+        return y
+
+    def _check_rank(self, s: Array) -> None:
+        sv = np.linalg.svd(s, compute_uv=False)
+        if not sv[-1] > self.r * np.finfo(np.float64).eps * sv[0]:
+            raise ValueError(
+                f"the step leaves the rank-{self.r} manifold: σ_r/σ_1 = {sv[-1] / sv[0]:.3e} "
+                "(step too long; use a trust region)"
+            )
+
+    def transport(self, x: Point, y: Point, xi: Tangent) -> Tangent:
+        """Projection at y of the old tangent matrix ξ = L Rᵀ, L = [U M + U_p, U], R = [V, V_p]:
+        M' = U'ᵀ L (Rᵀ V'), U_p' = L (Rᵀ V') − U' M', V_p' = R (Lᵀ U') − V' M'ᵀ."""
+        u, _, v = x
+        m_, u_p, v_p = xi
+        u2, _, v2 = y
+        left, right = np.hstack([u @ m_ + u_p, u]), np.hstack([v, v_p])
+        zv, ztu = left @ (transpose(right) @ v2), right @ (transpose(left) @ u2)
+        m2 = transpose(u2) @ zv
+        return (m2, zv - u2 @ m2, ztu - v2 @ transpose(m2))
+
+    def pair(self, x: Point) -> tuple[Array, Array]:
+        """(A, B) = (U S, V)."""
+        u, s, v = x
+        return u @ s, v
+
+    def egrad_from_pair(self, x: Point, g_pair: tuple[Array, Array]) -> Tangent:
+        """For f(U, S, V) = F(A = U S, B = V): (G_U, G_S, G_V) = (G_A Sᵀ, Uᵀ G_A, G_B)."""
+        u, s, _ = x
+        g_a, g_b = g_pair
+        return (g_a @ transpose(s), transpose(u) @ g_a, g_b)
+
+    def tangent_to_matrix(self, x: Point, xi: Tangent) -> Array:
+        """U M Vᵀ + U_p Vᵀ + U V_pᵀ (checks only)."""
+        u, _, v = x
+        m_, u_p, v_p = xi
+        return (u @ m_ + u_p) @ transpose(v) + u @ transpose(v_p)
+
+    def check_point(self, x: Point) -> None:
+        """Shapes, finiteness, orthonormal U and V (residual ≤ √ε), invertible S."""
+        if not isinstance(x, tuple) or len(x) != 3:
+            raise ValueError("a fixed-rank embedded point is a tuple (U, S, V)")
+        check_shapes("point (U, S, V)", [(self.m, self.r), (self.r, self.r), (self.n, self.r)], x)
+        check_finite("point (U, S, V)", x)
+        for name, f in (("U", x[0]), ("V", x[2])):
+            res = frobenius(transpose(f) @ f - np.eye(self.r))
+            if res > DEFAULT_ATOL:
+                raise ValueError(
+                    f"factor {name} is not orthonormal: ‖{name}ᵀ{name} − I‖ = {res:.3e}"
+                )
+        _rank_check("S", x[1])
+
+
+class FixedRankQuotient(PairMixin):
+    """R2: rank-r matrices as the quotient (R_*^{m×r} × R_*^{n×r}) / GL(r), W = A Bᵀ.
+
+    A point is (A, B), both of full column rank, standing for its class {(AM, BM^{-ᵀ})}. A
+    tangent vector is a horizontal (ξ_A, ξ_B) in factor layout. Metrics (both GL(r)-invariant):
+    "preconditioned" (default) g = tr(BᵀB ξ_Aᵀη_A) + tr(AᵀA ξ_Bᵀη_B), and "balanced"
+    g = tr((AᵀA)^{-1}ξ_Aᵀη_A) + tr((BᵀB)^{-1}ξ_Bᵀη_B). The vertical space is {(AΩ, −BΩᵀ)}.
+    Rounding grows like κ(A)²κ(B)².
+
+    Args:
+        metric: "preconditioned" or "balanced".
+        rebalance: after the additive retraction, move to the representative with AᵀA = BᵀB
+            (W unchanged); the transport then lifts the old tangent matrix, so the optimizer state
+            keeps representing the same dW whatever representative is stored.
+    """
+
+    name = "fixed_rank_quotient"
+    embedded = False
+    quotient = True
+    retraction_order = 1
+    moment_groups = ((0, 1),)
+
+    def __init__(
+        self, m: int, n: int, r: int, metric: str = "preconditioned", rebalance: bool = False
+    ):
+        _check_sizes(m, n, r)
+        if metric not in ("preconditioned", "balanced"):
+            raise ValueError(f"unknown metric {metric!r}; choose 'preconditioned' or 'balanced'")
+        self.m, self.n, self.r = int(m), int(n), int(r)
+        self.metric, self.rebalance = metric, bool(rebalance)
+        self.dim = (self.m + self.n - self.r) * self.r
+
+    def __repr__(self) -> str:
+        return (
+            f"FixedRankQuotient({self.m}, {self.n}, {self.r}, metric={self.metric!r}, "
+            f"rebalance={self.rebalance})"
+        )
+
+    def random_point(self, rng: np.random.Generator) -> Point:
+        """Gaussian A, B scaled by 1/√m and 1/√n (full rank almost surely)."""
+        return (
+            rng.standard_normal((self.m, self.r)) / np.sqrt(self.m),
+            rng.standard_normal((self.n, self.r)) / np.sqrt(self.n),
+        )
+
+    def random_tangent(self, x: Point, rng: np.random.Generator) -> Tangent:
+        t = self.proj(x, tuple(rng.standard_normal(np.shape(p)) for p in x))
+        return tuple(p / self.norm(x, t) for p in t)
+
+    def zero_tangent(self, x: Point) -> Tangent:
+        return tuple(np.zeros_like(p) for p in x)
+
+    def _weights(self, x: Point) -> tuple[Array, Array]:
+        """The r×r matrices (W_A, W_B) with g = tr(W_A ξ_Aᵀη_A) + tr(W_B ξ_Bᵀη_B)."""
+        a, b = x
+        if self.metric == "preconditioned":
+            return transpose(b) @ b, transpose(a) @ a
+        return np.linalg.inv(transpose(a) @ a), np.linalg.inv(transpose(b) @ b)
+
+    def inner(self, x: Point, xi: Tangent, eta: Tangent) -> float:
+        """g = tr(W_A ξ_Aᵀη_A) + tr(W_B ξ_Bᵀη_B) with the metric's weights (class docstring)."""
+        wa, wb = self._weights(x)
+        return float(np.vdot(xi[0] @ wa, eta[0]) + np.vdot(xi[1] @ wb, eta[1]))
+
+    def proj(self, x: Point, eta: Tangent) -> Tangent:
+        """Metric-orthogonal projection onto the horizontal space: (η_A + AΩ, η_B − BΩᵀ) with
+        preconditioned: Ω = ½(η_BᵀB (BᵀB)^{-1} − (AᵀA)^{-1}Aᵀη_A);
+        balanced: PΩ + ΩP = BᵀB C AᵀA, P = BᵀB AᵀA, C = (BᵀB)^{-1}η_BᵀB − Aᵀη_A(AᵀA)^{-1}."""
+        a, b = x
+        e_a, e_b = eta
+        ata, btb = transpose(a) @ a, transpose(b) @ b
+        if self.metric == "preconditioned":
+            omega = 0.5 * (
+                np.linalg.solve(btb, transpose(b) @ e_b).T
+                - np.linalg.solve(ata, transpose(a) @ e_a)
+            )
+        else:
+            c = (
+                np.linalg.solve(btb, transpose(e_b) @ b)
+                - np.linalg.solve(ata, transpose(e_a) @ a).T
+            )
+            p = btb @ ata
+            omega = scipy.linalg.solve_sylvester(p, p, btb @ c @ ata)
+        return (e_a + a @ omega, e_b - b @ transpose(omega))
+
+    def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
+        """preconditioned: (G_A (BᵀB)^{-1}, G_B (AᵀA)^{-1}); balanced: (G_A AᵀA, G_B BᵀB).
+        Both are horizontal for a loss of A Bᵀ."""
+        a, b = x
+        g_a, g_b = egrad
+        ata, btb = transpose(a) @ a, transpose(b) @ b
+        if self.metric == "preconditioned":
+            return (np.linalg.solve(btb, transpose(g_a)).T, np.linalg.solve(ata, transpose(g_b)).T)
+        return (g_a @ ata, g_b @ btb)
+
+    def retract(self, x: Point, xi: Tangent) -> Point:
+        """(A + ξ_A, B + ξ_B), then (with ``rebalance``) the balanced representative of that
+        class: A' = Q_A Y Σ^{1/2}, B' = Q_B Z Σ^{1/2} from A = Q_A R_A, B = Q_B R_B and
+        R_A R_Bᵀ = Y Σ Zᵀ."""
+        y = (x[0] + xi[0], x[1] + xi[1])
+        if self.rebalance:
+            qa, ra = qr_signfixed(y[0])
+            qb, rb = qr_signfixed(y[1])
+            yk, sig, zkt = np.linalg.svd(ra @ transpose(rb))
+            root = np.sqrt(sig)
+            y = (qa @ (yk * root), qb @ (transpose(zkt) * root))
+        for name, f in zip("AB", y, strict=True):
+            try:
+                _rank_check(name, f)
+            except ValueError as exc:
+                raise ValueError(f"the step leaves the rank-{self.r} manifold: {exc}") from None
+        return y
+
+    def transport(self, x: Point, y: Point, xi: Tangent) -> Tangent:
+        """Horizontal projection at y of the factor-space vector ξ (DESIGN §4.2). With
+        ``rebalance``, the stored factors of y are not x + ξ, so instead the old tangent matrix
+        ζ = ξ_A Bᵀ + A ξ_Bᵀ (factored) is projected onto T_y M_r and lifted horizontally:
+        preconditioned: ξ_A' = ζB'(B'ᵀB')^{-1} − ½ P_{A'} ζ B'(B'ᵀB')^{-1}, likewise ξ_B'."""
+        if not self.rebalance:
+            return self.proj(y, xi)
+        a, b = x
+        a2, b2 = y
+        left, right = np.hstack([xi[0], a]), np.hstack([b, xi[1]])  # ζ = left rightᵀ
+        zb = left @ (transpose(right) @ b2)  # ζ B'
+        zta = right @ (transpose(left) @ a2)  # ζᵀ A'
+        ata, btb = transpose(a2) @ a2, transpose(b2) @ b2
+        ga, gb = np.linalg.solve(btb, transpose(zb)).T, np.linalg.solve(ata, transpose(zta)).T
+        core = np.linalg.solve(ata, transpose(a2) @ ga)  # (AᵀA)^{-1}Aᵀ ζ B (BᵀB)^{-1}
+        lift = (ga - 0.5 * a2 @ core, gb - 0.5 * b2 @ transpose(core))
+        return self.proj(y, lift)  # already horizontal for "preconditioned"; exact for both
+
+    def pair(self, x: Point) -> tuple[Array, Array]:
+        return x
+
+    def egrad_from_pair(self, x: Point, g_pair: tuple[Array, Array]) -> Tangent:
+        return tuple(g_pair)
+
+    def tangent_to_matrix(self, x: Point, xi: Tangent) -> Array:
+        """ξ_A Bᵀ + A ξ_Bᵀ (checks only)."""
+        return xi[0] @ transpose(x[1]) + x[0] @ transpose(xi[1])
+
+    def vertical(self, x: Point, omega: Array) -> Tangent:
+        """The vertical vector (AΩ, −BΩᵀ) for an r×r Ω."""
+        return (x[0] @ omega, -x[1] @ transpose(omega))
+
+    def act(self, x: Point, g: Array) -> Point:
+        """The group action (A, B)·M = (A M, B M^{-ᵀ}) of M ∈ GL(r)."""
+        return (x[0] @ g, np.linalg.solve(g, transpose(x[1])).T)
+
+    def act_tangent(self, x: Point, g: Array, xi: Tangent) -> Tangent:
+        """Its differential on tangent vectors: (ξ_A M, ξ_B M^{-ᵀ})."""
+        return self.act(xi, g)
+
+    def check_point(self, x: Point) -> None:
+        """Shapes, finiteness and full column rank of A and B."""
+        if not isinstance(x, tuple) or len(x) != 2:
+            raise ValueError("a fixed-rank quotient point is a tuple (A, B)")
+        check_shapes("point (A, B)", [(self.m, self.r), (self.n, self.r)], x)
+        check_finite("point (A, B)", x)
+        _rank_check("A", x[0])
+        _rank_check("B", x[1])
