@@ -32,6 +32,9 @@ class Stiefel:
         metric: "embedded" (default) or "canonical".
     """
 
+    name = "stiefel"
+    embedded = False  # tangent vectors live in R^{d×r}, the same space as points and gradients
+    quotient = False
     moment_groups = ((0,),)
 
     def __init__(self, d: int, r: int, retraction: str = "polar", metric: str = "embedded"):
@@ -49,6 +52,8 @@ class Stiefel:
             raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
         self.d, self.r = int(d), int(r)
         self.retraction, self.metric = retraction, metric
+        #: 2 for polar and exp; QR is first order (for r = 1 it coincides with polar).
+        self.retraction_order = 1 if retraction == "qr" and r > 1 else 2
         self.dim = self.d * self.r - self.r * (self.r + 1) // 2
         self.shape = (self.d, self.r)
 
@@ -131,6 +136,10 @@ class Stiefel:
 
     def tangent_to_matrix(self, x: Array, u: Array) -> Array:
         return u
+
+    def egrad_from_matrix(self, x: Array, g: Array) -> Array:
+        """The point is its own matrix, so the Euclidean gradient is G itself."""
+        return g
 
     def residual(self, x: Array) -> float:
         """‖WᵀW − I_r‖, the distance of the Gram from the identity."""

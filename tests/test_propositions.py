@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+import reference as ref
 from proofs_checks import REGISTRY
 from proofs_checks.registry import Check, Context, Outcome, Proposition, run_check
 
@@ -26,10 +27,14 @@ def test_check_passes_and_rejects_its_control(proposition: Proposition, check: C
     assert result.passed
 
 
-def test_the_ra_ids_are_registered_with_their_required_kinds() -> None:
+def test_the_ids_are_registered_with_their_required_kinds() -> None:
     assert [f"RA-{i}" for i in range(1, 8)] == [i for i in REGISTRY if i.startswith("RA-")]
     for pid, p in REGISTRY.items():
-        assert {"float64", "mpmath", "property"} <= set(p.kinds), pid
+        if pid.startswith("RA-"):
+            assert {"float64", "mpmath", "property"} <= set(p.kinds), pid
+    geo_ids = {i.removeprefix("GEO-") for i in REGISTRY if i.startswith("GEO-")}
+    assert geo_ids == {"stiefel", *ref.GEOMETRIES}
+    assert len(ref.GEOMETRIES) == 10
     assert "symbolic" in REGISTRY["RA-3"].kinds
     assert "symbolic" in REGISTRY["RA-5"].kinds
 

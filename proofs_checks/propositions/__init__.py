@@ -1,11 +1,11 @@
-"""The registered propositions; importing this package registers them all."""
+"""The registered propositions; importing this package registers them, in citation order."""
 
-from proofs_checks.propositions import (  # noqa: F401  (imported for registration)
-    ra1_steepest_descent,
-    ra2_scale_independence,
-    ra3_conditioning,
-    ra4_equivariance,
-    ra5_decay,
-    ra6_gauge,
-    ra7_degree,
-)
+# ruff: noqa: I001, F401  (the import order is the registry's order; imported for registration)
+from proofs_checks.propositions import ra1_steepest_descent
+from proofs_checks.propositions import ra2_scale_independence
+from proofs_checks.propositions import ra3_conditioning
+from proofs_checks.propositions import ra4_equivariance
+from proofs_checks.propositions import ra5_decay
+from proofs_checks.propositions import ra6_gauge
+from proofs_checks.propositions import ra7_degree
+from proofs_checks.propositions import geo

@@ -1,0 +1,326 @@
+"""GEO-stiefel and GEO-<name> for the ten geometries: DESIGN §6's laws with negative controls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import reference as ref
+from proofs_checks import geometry_laws as law
+from proofs_checks.bounds import frame_error
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+
+#: Sizes: St(7, 3); plain (m, n, r) = (6, 5, 2); block variants (3, 4, 2) with two query heads
+#: sharing one key head (stacked 6×4), so that the block variant differs from the plain one.
+STIEFEL = (7, 3)
+PLAIN = (6, 5, 2)
+BLOCK = (3, 4, 2)
+LONG_STEPS, QUICK_STEPS = 1000, 200
+
+
+def _eye_minus(f: np.ndarray, z: np.ndarray) -> np.ndarray:
+    return z - f @ (f.T @ z)
+
+
+def _stiefel_proj(f: np.ndarray, z: np.ndarray) -> np.ndarray:
+    return z - f @ ref.linalg.sym(f.T @ z)
+
+
+def _canonical(f: np.ndarray, g: np.ndarray) -> np.ndarray:
+    return g - f @ g.T @ f
+
+
+# Each geometry's deliberately wrong variants, as replacement methods (self, …).
+BROKEN: dict[str, dict[str, Callable]] = {
+    "stiefel": {
+        "proj": lambda self, x, z: _eye_minus(x, z),
+        "egrad_to_rgrad": lambda self, x, g: _canonical(x, g),
+        "retract": lambda self, x, u: x + u,
+    },
+    "fixed_rank_embedded": {
+        "proj": lambda self, x, z: (np.zeros_like(z[1]), *type(self).proj(self, x, z)[1:]),
+        "egrad_to_rgrad": lambda self, x, z: (z[1], _eye_minus(x[0], z[0]), _eye_minus(x[2], z[2])),
+        "retract": lambda self, x, u: (
+            x[0] + u[1] @ np.linalg.inv(x[1]),
+            x[1] + u[0],
+            x[2] + u[2] @ np.linalg.inv(x[1]).T,
+        ),
+    },
+    "fixed_rank_quotient": {
+        "proj": lambda self, x, z: z,
+        "egrad_to_rgrad": lambda self, x, g: self.proj(x, g),
+        "retract": lambda self, x, u: (
+            x[0] + u[0],
+            np.hstack([(x[1] + u[1])[:, :-1], np.zeros((x[1].shape[0], 1))]),
+        ),
+        "not_a_retraction": lambda self, x, u: (x[0] + u[0], x[1]),
+        "inner": lambda self, x, a, b: float(np.vdot(a[0], b[0]) + np.vdot(a[1], b[1])),
+    },
+    "partial_isometry_embedded": {
+        "proj": lambda self, x, z: (x[0].T @ z[0], _eye_minus(x[0], z[0]), _eye_minus(x[1], z[1])),
+        "egrad_to_rgrad": lambda self, x, z: (
+            x[0].T @ z[0] - z[0].T @ x[0],
+            _eye_minus(x[0], z[0]),
+            _eye_minus(x[1], z[1]),
+        ),
+        "retract": lambda self, x, u: (
+            x[0] + u[1] + 0.5 * x[0] @ u[0],
+            x[1] + u[2] - 0.5 * x[1] @ u[0],
+        ),
+    },
+    "partial_isometry_quotient": {
+        "proj": lambda self, x, z: (_stiefel_proj(x[0], z[0]), _stiefel_proj(x[1], z[1])),
+        "egrad_to_rgrad": lambda self, x, g: (_canonical(x[0], g[0]), _canonical(x[1], g[1])),
+        "retract": lambda self, x, u: (x[0] + u[0], x[1] + u[1]),
+        "inner": lambda self, x, a, b: float(
+            sum(np.vdot(p * np.arange(1, p.shape[1] + 1), q) for p, q in zip(a, b, strict=True))
+        ),
+    },
+    "stiefel_pair": {
+        "proj": lambda self, x, z: (_eye_minus(x[0], z[0]), _eye_minus(x[1], z[1])),
+        "egrad_to_rgrad": lambda self, x, g: (_canonical(x[0], g[0]), _canonical(x[1], g[1])),
+        "retract": lambda self, x, u: (x[0] + u[0], x[1] + u[1]),
+    },
+}
+
+CONTROL_TEXT = {
+    "stiefel": "P_W(Z) = Z − W WᵀZ (no sym)",
+    "fixed_rank_embedded": "M dropped from the projection",
+    "fixed_rank_quotient": "no horizontal correction (identity)",
+    "partial_isometry_embedded": "Ω = UᵀZ_U (no skew)",
+    "partial_isometry_quotient": "no vertical correction (Stiefel projections only)",
+    "stiefel_pair": "P_U(Z) = Z − U UᵀZ (no sym)",
+}
+RGRAD_TEXT = {
+    "stiefel": "the canonical-metric formula G − WGᵀW",
+    "fixed_rank_embedded": "U_p, V_p without the S^{-ᵀ}, S^{-1} weights",
+    "fixed_rank_quotient": "the metric forgotten (horizontal projection of G)",
+    "partial_isometry_embedded": "Ω = UᵀG_U − G_UᵀU (skew without ½)",
+    "partial_isometry_quotient": "the canonical-metric formula per factor",
+    "stiefel_pair": "the canonical-metric formula per factor",
+}
+RENORM_TEXT = {
+    "fixed_rank_quotient": "a step that loses a rank direction (last column of B zeroed)",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # "stiefel" or a GEOMETRIES key
+    make: Callable[..., Any]  # make(**kwargs) at the check sizes
+
+    @property
+    def base(self) -> str:
+        return self.name.removeprefix("block_")
+
+
+def _sizes(name: str) -> tuple[int, ...]:
+    return STIEFEL if name == "stiefel" else BLOCK if name.startswith("block_") else PLAIN
+
+
+def _case(name: str) -> Case:
+    if name == "stiefel":
+        return Case(name, lambda **kw: ref.Stiefel(*STIEFEL, **kw))
+    return Case(name, lambda **kw: ref.GEOMETRIES[name](*_sizes(name), **kw))
+
+
+def _point(case: Case, ctx: Context) -> tuple[Any, Any]:
+    geo = case.make()
+    return geo, geo.random_point(np.random.default_rng(ctx.seed))
+
+
+def _broken(case: Case, method: str, key: str | None = None) -> Any:
+    return law.patched(case.make(), **{method: BROKEN[case.base][key or method]})
+
+
+def check_projector(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """The projection is idempotent and self-adjoint in the metric, as a whole operator on
+        the ambient space (factor space, or R^{m×n} when embedded); bound ``law_tolerance``.
+        Control: an oblique projection P + P(C⊙(I − P))."""
+        geo, x = _point(case, ctx)
+        res, detail = law.projector_law(geo, x, oblique=wrong)
+        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+
+    return run
+
+
+def check_range(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """Every projected vector satisfies the tangent space's own linear constraints and the
+        projection has rank dim; bound ``law_tolerance``. Control: the projection without its
+        sym/skew (or correction) term."""
+        geo, x = _point(case, ctx)
+        if wrong:
+            geo = _broken(case, "proj")
+        res, detail = law.range_law(geo, x)
+        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+
+    return run
+
+
+def check_gradient(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """Taylor test of the Riemannian gradient of f = F∘to_matrix (F smooth and nonlinear):
+        |f(R(tξ)) − f − t·g(grad f, ξ)| on t = 1e-8…1, slope of the best 10-point window above
+        the rounding floor in [1.9, 2.1]. Residual |slope − 2|, tolerance 0.1. Control: a wrong
+        Riemannian gradient (slope 1)."""
+        geo, x = _point(case, ctx)
+        if wrong:
+            geo = _broken(case, "egrad_to_rgrad")
+        slope, detail = law.gradient_slope(geo, x, ctx.seed)
+        return Outcome.bound(0.0 if slope is None else abs(slope - 2.0), 0.1, detail)
+
+    return run
+
+
+def check_retraction(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """R_x(0) = x (within ``law_tolerance``); D(t) = R_x(tξ) − x − tξ has slope ≥ 1.9 (first
+        order) and, where second order is claimed, its tangential part slope ≥ 2.9 (or the
+        errors sit at the rounding floor: an exact model). Residual: the worst shortfall,
+        tolerance 0. Control: a first-order retraction where second order is claimed, else a
+        map that is not a retraction."""
+        geo, x = _point(case, ctx)
+        order = geo.retraction_order
+        if wrong:
+            geo = (
+                case.make(retraction="qr")
+                if order == 2
+                else _broken(case, "retract", "not_a_retraction")
+            )
+        s1, s2, zero, detail = law.retraction_slopes(geo, x, ctx.seed)
+        shortfall = max(0.0, 1.9 - s1) if s1 is not None else 0.0
+        if order == 2 and s2 is not None:
+            shortfall = max(shortfall, 2.9 - s2)
+        if zero > law.law_tolerance(geo, x):
+            shortfall = np.inf
+        return Outcome.bound(shortfall, 0.0, f"claimed order {order}; {detail}")
+
+    return run
+
+
+def check_transport(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """T_{x→y}(u) lands in the tangent space at y = R_x(0.3ξ); bound ``law_tolerance``.
+        Control: no transport (u reused at y)."""
+        geo, x = _point(case, ctx)
+        res, detail = law.transport_law(geo, x, ctx.seed, identity=wrong)
+        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+
+    return run
+
+
+def check_quotient(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """The loss is constant on the fibre x·M, the Riemannian gradient is horizontal, and the
+        metric is invariant under the group action; bound ``law_tolerance``. Control: a metric
+        that is not invariant."""
+        geo, x = _point(case, ctx)
+        if wrong:
+            geo = _broken(case, "inner")
+        res, detail = law.quotient_law(geo, x, ctx.seed)
+        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+
+    return run
+
+
+def check_constraints(case: Case) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """After 1000 steps (200 quick) of riemannian_adam the point keeps its rank, orthonormal
+        factors and unit singular values. Each retraction re-orthonormalises from what it
+        formed, so rounding does not accumulate: bound 3·frame_error(k, r) for the largest
+        stacked size k. Control: a retraction without re-normalisation."""
+        geo, x = _point(case, ctx)
+        if wrong:
+            geo = _broken(case, "retract")
+        res, detail = law.long_run(geo, x, ctx.seed, QUICK_STEPS if ctx.quick else LONG_STEPS)
+        k = max(max(np.shape(p)) for p in ref.geometry.parts(x))
+        return Outcome.bound(
+            res, 3 * frame_error(k, min(np.shape(p)[-1] for p in ref.geometry.parts(x))), detail
+        )
+
+    return run
+
+
+def _register(name: str) -> None:
+    case = _case(name)
+    geo = case.make()
+    base = case.base
+    checks = [
+        Check(
+            "float64",
+            "projection is an orthogonal projector",
+            check_projector(case),
+            "oblique projection",
+        ),
+        Check(
+            "float64",
+            "projection range is the tangent space",
+            check_range(case),
+            CONTROL_TEXT[base],
+        ),
+        Check(
+            "float64", "Riemannian gradient: Taylor slope 2", check_gradient(case), RGRAD_TEXT[base]
+        ),
+        Check(
+            "float64",
+            f"retraction: R(0) = x, order {geo.retraction_order}",
+            check_retraction(case),
+            "QR retraction (first order)"
+            if geo.retraction_order == 2
+            else "(A + ξ_A, B): not a retraction",
+        ),
+        Check(
+            "float64", "transport lands in the tangent space", check_transport(case), "no transport"
+        ),
+    ]
+    if getattr(geo, "quotient", False):
+        checks.append(
+            Check(
+                "float64",
+                "quotient: fibre, horizontal gradient, invariant metric",
+                check_quotient(case),
+                "a non-invariant metric",
+            )
+        )
+    checks.append(
+        Check(
+            "float64",
+            "constraints preserved over 1000 steps",
+            check_constraints(case),
+            RENORM_TEXT.get(base, "additive step without re-orthonormalisation"),
+        )
+    )
+    tex_name = name.replace("_", r"\_")
+    register(
+        Proposition(
+            id=f"GEO-{name}",
+            title=f"Geometry laws: {name}",
+            statement=(
+                rf"For \texttt{{{tex_name}}} ({geo!r}): the projection is the "
+                r"metric-orthogonal projector onto the (horizontal) tangent space, "
+                r"$\operatorname{grad} f$ is the Riemannian gradient, $R_x(0)=x$ and $R$ is a "
+                rf"retraction of order {geo.retraction_order}, transport lands in the tangent "
+                r"space"
+                + (
+                    ", the loss and the metric are invariant along the fibre"
+                    if geo.quotient
+                    else ""
+                )
+                + r", and the constraints hold after 1000 steps."
+            ),
+            hypotheses=(
+                f"sizes {_sizes(name)}",
+                "F(W) = ⟨C, W⟩ + ½‖W‖² + 0.3 Σ cos(2W_ij) for the Taylor tests",
+            ),
+            checks=tuple(checks),
+        )
+    )
+
+
+for _name in ["stiefel", *ref.GEOMETRIES]:
+    _register(_name)
