@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from proofs_checks.certificate import certify, resolve_ids, summary_table
 from proofs_checks.registry import REGISTRY
 
-BENCHMARKS = ("stiefel",)
+BENCHMARKS = ("stiefel", "geometries")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,9 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="run a benchmark (not a test) and print its table")
     bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("--d", type=int, default=512, help="rows of the frame (default 512)")
-    bench.add_argument("--r", type=int, default=64, help="columns of the frame (default 64)")
-    bench.add_argument("--repeats", type=int, default=30, help="timed rounds (default 30)")
+    bench.add_argument("--d", type=int, default=512, help="stiefel: frame rows (default 512)")
+    bench.add_argument(
+        "--r", type=int, default=64, help="stiefel: columns; geometries: rank (default 64)"
+    )
+    bench.add_argument("--m", type=int, default=512, help="geometries: rows (default 512)")
+    bench.add_argument("--n", type=int, default=512, help="geometries: columns (default 512)")
+    bench.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed rounds (default 30 for stiefel, 10 for geometries)",
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -75,11 +84,26 @@ def run_certify(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from proofs_checks.bench import bench_stiefel, format_bench
+    from proofs_checks.bench import (
+        bench_geometries,
+        bench_stiefel,
+        format_bench,
+        format_geometries,
+    )
 
+    if args.name == "geometries":
+        if not (1 <= args.r <= min(args.m, args.n)):
+            raise ValueError(
+                f"bench geometries needs 1 ≤ r ≤ min(m, n), got m={args.m}, n={args.n}, r={args.r}"
+            )
+        repeats = 10 if args.repeats is None else args.repeats
+        result = bench_geometries(args.m, args.n, args.r, repeats, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_geometries(result))
+        return 0
     if not (1 <= args.r <= args.d):
         raise ValueError(f"bench stiefel needs 1 ≤ r ≤ d, got d={args.d}, r={args.r}")
-    result = bench_stiefel(args.d, args.r, args.repeats, progress=not args.json)
+    repeats = 30 if args.repeats is None else args.repeats
+    result = bench_stiefel(args.d, args.r, repeats, progress=not args.json)
     print(json.dumps(result, indent=2) if args.json else format_bench(result))
     return 0
 

@@ -45,6 +45,8 @@ class Euclidean:
     def proj(self, x: Array, z: Array) -> Array:
         return z
 
+    proj_tangent = proj
+
     def egrad_to_rgrad(self, x: Array, egrad: Array) -> Array:
         return egrad
 

@@ -109,6 +109,13 @@ class FixedRankEmbedded(PairMixin):
 
     egrad_to_rgrad = proj
 
+    def proj_tangent(self, x: Point, xi: Tangent) -> Tangent:
+        """(M, U_p, V_p) ↦ (M, (I − UUᵀ)U_p, (I − VVᵀ)V_p): the orthogonal projection in the
+        tangent layout (the three parts are orthogonal components of ξ)."""
+        u, _, v = x
+        m_, u_p, v_p = xi
+        return (m_, u_p - u @ (transpose(u) @ u_p), v_p - v @ (transpose(v) @ v_p))
+
     def retract(self, x: Point, xi: Tangent) -> Point:
         """R_W(ξ) by the retraction chosen at construction.
 
@@ -274,6 +281,9 @@ class FixedRankQuotient(PairMixin):
             p = btb @ ata
             omega = scipy.linalg.solve_sylvester(p, p, btb @ c @ ata)
         return (e_a + a @ omega, e_b - b @ transpose(omega))
+
+    def proj_tangent(self, x: Point, xi: Tangent) -> Tangent:
+        return self.proj(x, xi)
 
     def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
         """preconditioned: (G_A (BᵀB)^{-1}, G_B (AᵀA)^{-1}); balanced: (G_A AᵀA, G_B BᵀB).

@@ -36,6 +36,7 @@ from reference.geometry import (
     tree_map,
 )
 from reference.linalg import frobenius, rms
+from reference.product import Product
 
 MOMENTS = ("frame", "elementwise")
 REDUCTIONS = ("mean", "sum")
@@ -153,7 +154,7 @@ def scale_by_adam(
                 np.divide(mi / c1, sv / c2 + eps, out=np.zeros_like(mi), where=(sv / c2 + eps) > 0)
                 for mi, sv in zip(parts(m), sqrt_v, strict=True)
             ]
-            direction = geometry.proj(x, like(m, ratios))
+            direction = geometry.proj_tangent(x, like(m, ratios))
         return direction, AdamState(t, m, sqrt_v)
 
     def transport(geometry: Geometry, x: Point, y: Point, state: AdamState) -> AdamState:
@@ -280,8 +281,10 @@ class Optimizer:
             raise ValueError(f"fused decay needs lr·λ < 1, got {self.lr * self.weight_decay}")
 
     def init(self, geometry: Geometry, x: Point) -> Any:
-        """Validate the starting point and return the initial state."""
+        """Validate the starting point (and the decay mode for this geometry); initial state."""
         geometry.check_point(x)
+        if self.weight_decay > 0.0 and self.decay != "coupled":
+            _check_decay_mode(self.decay, geometry)
         if self.weight_decay > 0.0 and hasattr(geometry, "project_point"):
             warnings.warn(_DECAY_MESSAGES[self.decay], FrameDecayWarning, stacklevel=2)
         return self.transform.init(geometry, x)
@@ -307,14 +310,25 @@ class Optimizer:
         shrink = 1.0 - self.lr * self.weight_decay
         if self.weight_decay == 0.0 or self.decay == "coupled":
             return geometry.retract(x, xi)
-        nearest = getattr(geometry, "project_point", None)
+        nearest = getattr(geometry, "project_point", lambda y: y)  # plain arrays stay as they are
         if self.decay == "after":
-            y = tree_map(lambda p: shrink * p, geometry.retract(x, xi))
-            return nearest(y) if nearest else y
-        start = tree_map(lambda p: shrink * p, x)
-        if nearest:
-            return nearest(tree_map(np.add, start, xi))
-        return geometry.retract(start, xi)
+            return nearest(tree_map(lambda p: shrink * p, geometry.retract(x, xi)))
+        return nearest(tree_map(lambda p, u: shrink * p + u, x, xi))
+
+
+def _check_decay_mode(decay: str, geometry: Geometry) -> None:
+    """ "after" and "fused" scale the stored point, which means decay only for plain arrays and
+    frames (points whose factors are orthonormal); "fused" also adds ξ to the point, so tangent
+    vectors must live in the point's space (not the ``embedded`` layouts of R1/P1)."""
+    plain = isinstance(geometry, Euclidean) or (
+        isinstance(geometry, Product) and all(isinstance(f, Euclidean) for f in geometry.factors)
+    )
+    frames = hasattr(geometry, "project_point")
+    if not (plain or frames) or (decay == "fused" and getattr(geometry, "embedded", False)):
+        raise ValueError(
+            f"decay={decay!r} is not defined on {geometry!r}: scaling its stored factors is not "
+            "scaling W; use decay='coupled' (decay of the factors through the gradient)"
+        )
 
 
 _DECAY_MESSAGES = {

@@ -170,7 +170,8 @@ class PartialIsometryEmbedded(_FramePair):
     Args:
         m, n: the matrix size; r: the rank, 1 ≤ r ≤ min(m, n).
         retraction: "projection" (default; the nearest partial isometry to W + ξ, second order)
-            or "qr" (per-factor sign-fixed QR, first order; a negative control).
+            or "qr" (per-factor sign-fixed QR, first order; a negative control. It is second
+            order in the two cases r = 1 and m = n = r, see ``retract``).
     """
 
     name = "partial_isometry_embedded"
@@ -226,24 +227,34 @@ class PartialIsometryEmbedded(_FramePair):
         P_W(Z) = U skew(UᵀZV) Vᵀ + (I − UUᵀ) Z VVᵀ + UUᵀ Z (I − VVᵀ)
                = Z − (I − UUᵀ) Z (I − VVᵀ) − U sym(UᵀZV) Vᵀ.
 
-        A three-part z = (Ω̃, Ũ_p, Ṽ_p) in tangent layout (but not tangent, e.g. after the
-        elementwise Adam ablation rescaled its entries) is read as the matrix
-        Z = U Ω̃ Vᵀ + Ũ_p Vᵀ + U Ṽ_pᵀ and projected the same way:
-        Ω = skew(Ω̃ + UᵀŨ_p + Ṽ_pᵀV), U_p = (I − UUᵀ) Ũ_p, V_p = (I − VVᵀ) Ṽ_p.
+        A tangent-layout vector (three parts) is refused: that is ``proj_tangent``'s job.
         """
-        uu, vv = x
-        if isinstance(z, tuple) and len(z) == 3:
-            omega_t, up_t, vp_t = z
-            a, b = transpose(uu) @ up_t, transpose(vv) @ vp_t
-            return skew(omega_t + a + transpose(b)), up_t - uu @ a, vp_t - vv @ b
         if not (isinstance(z, tuple) and len(z) == 2):
             raise ValueError(
-                f"{self.name}.proj takes a factor-space vector (z_U, z_V) or a tangent-layout "
-                f"(Ω, U_p, V_p), got {type(z).__name__}"
+                f"{self.name}.proj takes a factor-space vector (z_U, z_V) in the point's layout, "
+                f"got {type(z).__name__}"
+                + (
+                    f" with {len(z)} parts (use proj_tangent for (Ω, U_p, V_p))"
+                    if isinstance(z, tuple)
+                    else ""
+                )
             )
+        uu, vv = x
         zu, zv = z
         a, b = transpose(uu) @ zu, transpose(vv) @ zv
         return skew(a), zu - uu @ a, zv - vv @ b
+
+    def proj_tangent(self, x: Point, u: Tangent) -> Tangent:
+        """Orthogonal projection of a tangent-layout (Ω̃, Ũ_p, Ṽ_p) (e.g. a tangent vector rescaled
+        entrywise by the elementwise Adam ablation) onto the tangent space, in the layout's own
+        metric ‖Ω‖² + ‖U_p‖² + ‖V_p‖²: part by part,
+
+            Ω = skew(Ω̃),  U_p = (I − UUᵀ) Ũ_p,  V_p = (I − VVᵀ) Ṽ_p.
+
+        The identity on tangent vectors (as ``FixedRankEmbedded.proj_tangent`` for R1)."""
+        uu, vv = x
+        omega, up, vp = u
+        return skew(omega), up - uu @ (transpose(uu) @ up), vp - vv @ (transpose(vv) @ vp)
 
     def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
         """proj(x, (G_U, G_V)): for G_U = G_W V, G_V = G_Wᵀ U it is P_W(G_W), the Riemannian
@@ -272,8 +283,9 @@ class PartialIsometryEmbedded(_FramePair):
         in UᵀU and VᵀV is corrected at every step instead of accumulating.
 
         "qr": U' = qf(U + U_p + ½UΩ), V' = qf(V + V_p − ½VΩ), qf the sign-fixed QR factor. Then
-        U'V'ᵀ = W + ξ + O(‖ξ‖²): first order (for r = 1, where Ω = 0, it normalises each factor
-        and is second order).
+        U'V'ᵀ = W + ξ + O(‖ξ‖²): first order. Two exceptions are second order: r = 1 (Ω = 0, so
+        each factor is just normalised), and m = n = r (U_p = V_p = 0; I ± ½Ω have the same Gram
+        I − ¼Ω², so U'V'ᵀ = U (I + ½Ω)(I − ½Ω)^{-1} Vᵀ, the Cayley transform).
         """
         uu, vv = x
         omega, up, vp = u
@@ -405,6 +417,10 @@ class PartialIsometryQuotient(_FactorSpaceMixin, _FramePair):
         omega = 0.5 * skew(transpose(uu) @ a + transpose(vv) @ b)
         return a - uu @ omega, b - vv @ omega
 
+    def proj_tangent(self, x: Point, u: Tangent) -> Tangent:
+        """Tangent vectors live in factor space, so this is ``proj``."""
+        return self.proj(x, u)
+
     def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
         """(P_U(G_U), P_V(G_V)). For a loss F(U Vᵀ) this is horizontal with no further projection:
         skew(UᵀP_U(G_U) + VᵀP_V(G_V)) = skew(UᵀG_W V) + skew(VᵀG_WᵀU) = 0. (For a loss that is
@@ -440,6 +456,7 @@ class StiefelPair(_FactorSpaceMixin, _FramePair):
     name = "stiefel_pair"
     embedded = False
     quotient = False
+    moment_groups = ((0,), (1,))  # each frame its own scalar moment (set from ``product`` too)
     _retractions = FACTOR_RETRACTIONS
 
     def __init__(self, m: int, n: int, r: int, retraction: str = "polar"):
@@ -458,6 +475,10 @@ class StiefelPair(_FactorSpaceMixin, _FramePair):
     def proj(self, x: Point, z: Tangent) -> Tangent:
         """(P_U(z_U), P_V(z_V)), P_W(Z) = Z − W sym(WᵀZ): per-factor Stiefel projection."""
         return self.product.proj(x, z)
+
+    def proj_tangent(self, x: Point, u: Tangent) -> Tangent:
+        """Tangent vectors live in factor space, so this is ``proj``."""
+        return self.product.proj(x, u)
 
     def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
         """(P_U(G_U), P_V(G_V)), the Riemannian gradient of each frame (embedded metric)."""

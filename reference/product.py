@@ -55,6 +55,9 @@ class Product:
     def proj(self, x: Point, z: Tangent) -> Tangent:
         return self._each("proj", x, z)
 
+    def proj_tangent(self, x: Point, u: Tangent) -> Tangent:
+        return self._each("proj_tangent", x, u)
+
     def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
         return self._each("egrad_to_rgrad", x, egrad)
 

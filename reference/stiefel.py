@@ -95,6 +95,8 @@ class Stiefel:
         """
         return z - x @ sym(transpose(x) @ z)
 
+    proj_tangent = proj
+
     def egrad_to_rgrad(self, x: Array, egrad: Array) -> Array:
         """P_W(G) (embedded metric) or G − W Gᵀ W (canonical metric)."""
         if self.metric == "canonical":
