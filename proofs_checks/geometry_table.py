@@ -1,4 +1,4 @@
-"""``rattn geometries``: the ten design points (and St(d, r)) and their measured retraction order."""
+"""``rattn geometries``: the ten design points and St(d, r), with measured retraction order."""
 
 from __future__ import annotations
 
