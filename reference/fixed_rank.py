@@ -10,7 +10,7 @@ import numpy as np
 import scipy.linalg
 
 from reference.geometry import PairMixin, Point, Tangent, check_finite, check_shapes
-from reference.linalg import Array, frobenius, qr_signfixed, transpose
+from reference.linalg import Array, frobenius, polar, qr_signfixed, transpose
 from reference.stiefel import DEFAULT_ATOL
 
 
@@ -28,19 +28,6 @@ def _rank_check(name: str, a: Array) -> None:
     ratio = s[-1] / s[0] if s[0] > 0 else 0.0
     if ratio <= a.shape[1] * np.finfo(np.float64).eps:
         raise ValueError(f"rank-deficient factor {name}: σ_min/σ_max = {ratio:.3e}")
-
-
-def _basis(u: Array, z: Array) -> tuple[Array, ...]:
-    """The sign-fixed QR [U, Z] = [Q1, Q2] [[R11, R12], [0, R22]].
-
-    Q = [Q1, Q2] is orthonormal to rounding even when U has drifted, and U = Q1 R11,
-    Z = Q1 R12 + Q2 R22 hold exactly (to rounding), so a retraction built on Q corrects drift
-    instead of carrying it; where Z's part ⊥ U is rank deficient, Q2's extra columns are still
-    orthonormal and ⊥ Q1.
-    """
-    r = u.shape[1]
-    q, rr = qr_signfixed(np.hstack([u, z]))
-    return q[:, :r], q[:, r:], rr[:r, :r], rr[:r, r:], rr[r:, r:]
 
 
 class FixedRankEmbedded(PairMixin):
@@ -103,8 +90,8 @@ class FixedRankEmbedded(PairMixin):
         """
         u, s, v = x
         z_u, z_s, z_v = z
-        a = np.linalg.solve(s, transpose(z_u)).T  # z_U S^{-ᵀ}
-        b = np.linalg.solve(transpose(s), transpose(z_v)).T  # z_V S^{-1}
+        s_inv = np.linalg.inv(s)  # r×r once, then two m×r·r×r products (forward error κ(S)·u)
+        a, b = z_u @ transpose(s_inv), z_v @ s_inv
         return (z_s, a - u @ (transpose(u) @ a), b - v @ (transpose(v) @ b))
 
     egrad_to_rgrad = proj
@@ -119,11 +106,11 @@ class FixedRankEmbedded(PairMixin):
     def retract(self, x: Point, xi: Tangent) -> Point:
         """R_W(ξ) by the retraction chosen at construction.
 
-        "projection": with [U, U_p] = [Q1, Q2][[R11, R12], [0, R22]] and likewise
-        [V, V_p] = [P1, P2][[T11, T12], [0, T22]] (``_basis``), W + ξ = [Q1, Q2] K [P1, P2]ᵀ with
-        K = [[R11(S + M)T11ᵀ + R12 T11ᵀ + R11 T12ᵀ, R11 T22ᵀ], [R22 T11ᵀ, 0]]; K = Y Σ Zᵀ
-        truncated to r gives (U', S', V') = ([Q1, Q2] Y_r, Σ_r, [P1, P2] Z_r), the best rank-r
-        approximation, with orthonormal factors even if U, V had drifted.
+        "projection": with U_p = Q_U R_U and V_p = Q_V R_V (thin QR; Q_U ⊥ U as U_p ⊥ U),
+        W + ξ = [U, Q_U] K [V, Q_V]ᵀ with K = [[S + M, R_Vᵀ], [R_U, 0]]; K = Y Σ Zᵀ truncated to r
+        gives ([U, Q_U] Y_r, Σ_r, [V, Q_V] Z_r), the best rank-r approximation. Each new factor
+        then goes through ``linalg.polar`` (Gram formed as computed), which changes W only at the
+        rounding level but removes orthonormality drift instead of letting it accumulate.
         "qr": A = U(S + M) + U_p = Q_A R_A, B = V + V_p S^{-ᵀ} = Q_B R_B, (Q_A, R_A R_Bᵀ, Q_B);
         A Bᵀ = W + ξ + O(‖ξ‖²).
         """
@@ -134,15 +121,16 @@ class FixedRankEmbedded(PairMixin):
             qb, rb = qr_signfixed(v + np.linalg.solve(s, transpose(v_p)).T)
             y = (qa, ra @ transpose(rb), qb)
         else:
-            q1, q2, r11, r12, r22 = _basis(u, u_p)
-            p1, p2, t11, t12, t22 = _basis(v, v_p)
-            top = r11 @ (s + m_) @ t11.T + r12 @ t11.T + r11 @ t12.T
-            core = np.block(
-                [[top, r11 @ t22.T], [r22 @ t11.T, np.zeros((r22.shape[0], t22.shape[0]))]]
-            )
+            qu, ru = np.linalg.qr(u_p)
+            qv, rv = np.linalg.qr(v_p)
+            core = np.block([[s + m_, transpose(rv)], [ru, np.zeros((ru.shape[0], rv.shape[0]))]])
             yk, sig, zkt = np.linalg.svd(core)
             r = self.r
-            y = (np.hstack([q1, q2]) @ yk[:, :r], np.diag(sig[:r]), np.hstack([p1, p2]) @ zkt[:r].T)
+            y = (
+                polar(u @ yk[:r, :r] + qu @ yk[r:, :r]),
+                np.diag(sig[:r]),
+                polar(v @ transpose(zkt[:r, :r]) + qv @ transpose(zkt[:r, r:])),
+            )
         self._check_rank(y[1])
         return y
 
