@@ -129,7 +129,7 @@ class Certificate:
                 lines.append(
                     f"| {c.kind} | {c.name} | {_fmt(c.outcome.residual)} | "
                     f"{_fmt(c.outcome.tolerance)} | {_yes(c.outcome.passed)} | {c.control} | "
-                    f"{_yes(not c.control_outcome.passed)} |"
+                    f"{_yes(c.control_rejected)} |"
                 )
             lines.append("")
             for c in r.checks:
@@ -173,7 +173,7 @@ class Certificate:
                 out.append(
                     rf"{c.kind} & {_tex(c.name)} & {_fmt(c.outcome.residual)} & "
                     rf"{_fmt(c.outcome.tolerance)} & {_yes(c.outcome.passed)} / "
-                    rf"{_yes(not c.control_outcome.passed)} \\"
+                    rf"{_yes(c.control_rejected)} \\"
                 )
             out.append(r"\bottomrule\end{longtable}")
         versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
@@ -221,7 +221,7 @@ def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
                 "detail": c.outcome.detail,
                 "control": {
                     "variant": c.control,
-                    "rejected": not c.control_outcome.passed,
+                    "rejected": c.control_rejected,
                     "residual": _number(c.control_outcome.residual),
                     "tolerance": _number(c.control_outcome.tolerance),
                     "detail": c.control_outcome.detail,
@@ -269,12 +269,13 @@ def resolve_ids(ids: Iterable[str] | None) -> list[str]:
     """The requested ids in registry order (all when None); ValueError names unknown ones."""
     if not ids:
         return list(REGISTRY)
-    wanted = [i.upper() for i in ids]
-    unknown = [i for i in wanted if i not in REGISTRY]
+    by_folded = {k.casefold(): k for k in REGISTRY}
+    unknown = [i for i in ids if i.casefold() not in by_folded]
     if unknown:
         raise ValueError(
             f"unknown proposition id(s): {', '.join(unknown)}; known: {', '.join(REGISTRY)}"
         )
+    wanted = {by_folded[i.casefold()] for i in ids}
     return [i for i in REGISTRY if i in wanted]
 
 

@@ -65,11 +65,6 @@ def _orthonormality(w: np.ndarray) -> float:
     return frobenius(w.T @ w - np.eye(w.shape[1]))
 
 
-def _rank_defect(a: np.ndarray) -> float:
-    s = np.linalg.svd(a, compute_uv=False)
-    return 0.0 if s[-1] > a.shape[1] * np.finfo(float).eps * s[0] else 1.0
-
-
 def _tangency(geo: Any, x: Any, u: Any) -> float:
     name = base_name(geo)
     if name == "stiefel":
@@ -105,22 +100,47 @@ def tangency(geo: Any, x: Any, u: Any) -> float:
     return per_group(geo, _tangency, x, u) / max(size, np.finfo(float).tiny)
 
 
+def law_u() -> float:
+    return float(np.finfo(float).eps) / 2
+
+
+def _rounding_scale(a: np.ndarray) -> float:
+    """u·κ(a) (inf for a rank-deficient factor): how much a solve with a amplifies rounding."""
+    s = np.linalg.svd(a, compute_uv=False)
+    return law_u() * s[0] / s[-1] if s[-1] > 0 else np.inf
+
+
 def _constraints(geo: Any, x: Any) -> float:
     name = base_name(geo)
     if name == "stiefel":
         return _orthonormality(x)
     if name == "fixed_rank_embedded":
-        return _orthonormality(x[0]) + _orthonormality(x[2]) + _rank_defect(x[1])
+        return _orthonormality(x[0]) + _orthonormality(x[2])
     if name == "fixed_rank_quotient":
-        return _rank_defect(x[0]) + _rank_defect(x[1])
+        return 0.0
     u, v = x  # the partial isometries: orthonormal factors, unit singular values
     sv = np.linalg.svd(u @ v.T, compute_uv=False)[: u.shape[1]]
     return _orthonormality(u) + _orthonormality(v) + float(np.max(np.abs(sv - 1.0)))
 
 
 def constraints(geo: Any, x: Any) -> float:
-    """Orthonormality residuals, unit singular values and rank defects (0 or 1) of a point."""
+    """Orthonormality residuals and unit singular values of a point (0 for R2)."""
     return per_group(geo, _constraints, x)
+
+
+def _rank_scale(geo: Any, x: Any) -> float:
+    name = base_name(geo)
+    if name == "fixed_rank_embedded":
+        return _rounding_scale(x[1])
+    if name == "fixed_rank_quotient":
+        return _rounding_scale(x[0]) ** 2 * _rounding_scale(x[1]) ** 2 / law_u() ** 3
+    return 0.0
+
+
+def rank_scale(geo: Any, x: Any) -> float:
+    """The rounding scale of the rank condition: u·κ(S) (R1), u·κ(A)²κ(B)² (R2), inf when the
+    rank is lost, 0 where orthonormal factors carry the rank."""
+    return max(per_group(geo, _rank_scale, x), 0.0)
 
 
 # -- conditioning and tolerances ------------------------------------------------------------------
@@ -337,16 +357,19 @@ def quotient_law(geo: Any, x: Any, seed: int) -> tuple[float, str]:
     )
 
 
-def long_run(geo: Any, x: Any, seed: int, steps: int) -> tuple[float, str]:
+def long_run(geo: Any, x: Any, seed: int, steps: int) -> tuple[float, float, str]:
     """``steps`` steps of riemannian_adam (lr 1e-2, Δ = 0.1) on Gaussian factor gradients; the
-    constraint residual of the last point."""
+    constraint residual and the rank scale of the last point (inf, inf if a step refused it)."""
     rng = np.random.default_rng(seed + 5)
     opt = ref.optim.riemannian_adam(lr=1e-2, trust_radius=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         state = opt.init(geo, x)
-        for _ in range(steps):
+        for k in range(steps):
             g = tree_map(lambda p: rng.standard_normal(p.shape), x)
-            x, state = opt.step(geo, x, g, state)
-    res = constraints(geo, x)
-    return res, f"constraint residual after {steps} steps {res:.1e}"
+            try:
+                x, state = opt.step(geo, x, g, state)
+            except ValueError as exc:  # the optimizer refused the point: a measured violation
+                return np.inf, np.inf, f"step {k} refused the point: {exc}"
+    res, scale = constraints(geo, x), rank_scale(geo, x)
+    return res, scale, f"after {steps} steps: constraint residual {res:.1e}, rank scale {scale:.1e}"

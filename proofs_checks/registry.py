@@ -34,6 +34,7 @@ class Outcome:
     residual: float | None
     tolerance: float | None
     detail: str
+    crashed: bool = False
 
     @classmethod
     def bound(cls, residual: float, tolerance: float, detail: str) -> Outcome:
@@ -68,13 +69,24 @@ class Proposition:
 
     @property
     def hash(self) -> str:
-        """SHA-256 of the statement, the hypotheses and the source of every check."""
+        """SHA-256 of the id, statement and hypotheses, the source of every check function and
+        of the modules the checks are defined in, and of the shared check machinery (bounds,
+        harness, laws, registry), so that any change to what is checked changes the hash."""
         h = hashlib.sha256()
         for text in (self.id, self.statement, *self.hypotheses):
             h.update(text.encode())
+        modules = {inspect.getmodule(c.run) for c in self.checks}
         for check in self.checks:
             h.update(inspect.getsource(check.run).encode())
+        for module in sorted(modules | _shared_modules(), key=lambda m: m.__name__):
+            h.update(inspect.getsource(module).encode())
         return h.hexdigest()
+
+
+def _shared_modules() -> set:
+    from proofs_checks import bounds, geometry_laws, harness, registry
+
+    return {bounds, geometry_laws, harness, registry}
 
 
 @dataclass
@@ -87,9 +99,14 @@ class CheckResult:
     seconds: float = 0.0
 
     @property
+    def control_rejected(self) -> bool:
+        """The same check measured the wrong variant and failed it (a crash is no rejection)."""
+        return not self.control_outcome.passed and not self.control_outcome.crashed
+
+    @property
     def passed(self) -> bool:
         """The implementation passes and the deliberately wrong variant is rejected."""
-        return self.outcome.passed and not self.control_outcome.passed
+        return self.outcome.passed and self.control_rejected
 
 
 @dataclass
@@ -103,11 +120,12 @@ class PropositionResult:
 
 
 def _guarded(check: Check, ctx: Context, wrong: bool) -> Outcome:
-    """Run one side of a check; an exception is a failure that names itself, never a crash."""
+    """Run one side of a check. An exception is reported, never raised, and is marked
+    ``crashed``: a crash neither passes a check nor counts as rejecting a control."""
     try:
         return check.run(ctx, wrong)
     except Exception as exc:  # a crashing check must be reported, not abort the certificate
-        return Outcome(False, None, None, f"raised {type(exc).__name__}: {exc}")
+        return Outcome(False, None, None, f"raised {type(exc).__name__}: {exc}", crashed=True)
 
 
 def run_check(check: Check, ctx: Context) -> CheckResult:

@@ -21,7 +21,7 @@ CASES = [
 def test_check_passes_and_rejects_its_control(proposition: Proposition, check: Check) -> None:
     result = run_check(check, Context(seed=0, quick=True))
     assert result.outcome.passed, result.outcome.detail
-    assert not result.control_outcome.passed, (
+    assert result.control_rejected, (
         f"control not rejected: {result.control_outcome.detail}"
     )
     assert result.passed
@@ -61,6 +61,17 @@ def test_a_check_whose_control_passes_is_a_failure() -> None:
     vacuous = Check("float64", "vacuous", _always(True), "nothing")
     result = run_check(vacuous, Context())
     assert result.outcome.passed and result.control_outcome.passed and not result.passed
+
+
+def test_a_crashing_control_is_not_a_rejection() -> None:
+    def crash_on_control(ctx, wrong):
+        if wrong:
+            raise ValueError("boom")
+        return Outcome(True, 0.0, 1.0, "fine")
+
+    result = run_check(Check("float64", "c", crash_on_control, "x"), Context())
+    assert result.outcome.passed and result.control_outcome.crashed
+    assert not result.control_rejected and not result.passed
 
 
 def test_a_crashing_check_is_reported_not_raised() -> None:
