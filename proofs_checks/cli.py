@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from proofs_checks.certificate import certify, resolve_ids, summary_table
 from proofs_checks.registry import REGISTRY
@@ -31,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cert = sub.add_parser("certify", help="run the registered propositions and write certificates")
     add_certify_arguments(cert)
+
+    geos = sub.add_parser("geometries", help="list the ten geometries with measured orders")
+    geos.add_argument("--m", type=int, default=8, help="rows (default 8)")
+    geos.add_argument("--n", type=int, default=6, help="columns (default 6)")
+    geos.add_argument("--r", type=int, default=2, help="rank (default 2)")
+    geos.add_argument("--json", action="store_true", help="print one JSON document")
 
     bench = sub.add_parser("bench", help="run a benchmark (not a test) and print its table")
     bench.add_argument("name", choices=BENCHMARKS)
@@ -63,6 +70,8 @@ def add_certify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_certify(args: argparse.Namespace) -> int:
     ids = resolve_ids(args.ids)
+    if args.seed < 0:
+        raise ValueError(f"--seed must be ≥ 0, got {args.seed}")
     if args.list:
         rows = [
             {"id": i, "title": REGISTRY[i].title, "kinds": list(REGISTRY[i].kinds)} for i in ids
@@ -73,6 +82,10 @@ def run_certify(args: argparse.Namespace) -> int:
             for row in rows:
                 print(f"{row['id']:<6} {row['title']}  [{', '.join(row['kinds'])}]")
         return 0
+    try:  # refuse an unusable output directory before the checks run, not after
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write certificates to {args.out!r}: {exc.strerror}") from None
     cert = certify(ids, quick=args.quick, seed=args.seed, progress=not args.json)
     paths = cert.write(args.out)
     if args.json:
@@ -81,6 +94,16 @@ def run_certify(args: argparse.Namespace) -> int:
         print(summary_table(cert.results))
         print(f"\n{'PASSED' if cert.passed else 'FAILED'}; wrote {', '.join(map(str, paths))}")
     return 0 if cert.passed else 1
+
+
+def run_geometries(args: argparse.Namespace) -> int:
+    from proofs_checks.geometry_table import describe, format_table
+
+    if not (1 <= args.r <= min(args.m, args.n)):
+        raise ValueError(f"needs 1 ≤ r ≤ min(m, n), got m={args.m}, n={args.n}, r={args.r}")
+    rows = describe(args.m, args.n, args.r)
+    print(json.dumps(rows, indent=2, ensure_ascii=False) if args.json else format_table(rows))
+    return 0
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -113,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        return {"certify": run_certify, "bench": run_bench}[args.command](args)
+        commands = {"certify": run_certify, "geometries": run_geometries, "bench": run_bench}
+        return commands[args.command](args)
     except _UsageError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -43,9 +43,13 @@ def frobenius(a: Array) -> float:
 
 
 def rms(a: Array) -> float:
-    """RMS(A) = ‖A‖/sqrt(number of entries), scaled so any finite float64 input is safe."""
+    """RMS(A) = sqrt(mean A_ij²), as s·sqrt(mean (A_ij/s)²) with s = max|A_ij|: no finite
+    float64 input overflows (unlike ‖A‖/sqrt(n), whose ‖A‖ can exceed the largest float)."""
     a = np.ravel(a)
-    return frobenius(a) / np.sqrt(a.size) if a.size else 0.0
+    s = float(np.max(np.abs(a))) if a.size else 0.0
+    if s == 0.0 or not np.isfinite(s):
+        return s
+    return s * float(np.sqrt(np.mean(np.square(a / s))))
 
 
 def inv_sqrt_spd(s: Array) -> Array:

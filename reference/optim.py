@@ -35,7 +35,7 @@ from reference.geometry import (
     same_structure,
     tree_map,
 )
-from reference.linalg import frobenius, rms
+from reference.linalg import frobenius
 from reference.product import Product
 
 MOMENTS = ("frame", "elementwise")
@@ -76,13 +76,44 @@ def _scale_groups(geometry: Geometry, u: Tangent, scales: list[float]) -> Tangen
     return like(u, out)
 
 
-def _frame_norm(arrays: list[np.ndarray]) -> float:
-    """‖(A_1, …, A_k)‖ over the parts of one frame, without overflow or underflow."""
-    return frobenius(np.concatenate([np.ravel(a) for a in arrays]))
+def _max_abs(u: Tangent) -> float:
+    return max((float(np.max(np.abs(p))) for p in parts(u) if np.size(p)), default=0.0)
 
 
-def _frame_rms(arrays: list[np.ndarray]) -> float:
-    return rms(np.concatenate([np.ravel(a) for a in arrays]))
+def _metric_norm(geometry: Geometry, x: Point, u: Tangent) -> float:
+    """‖u‖_x in the geometry's metric, as s·‖u/s‖_x with s = max|u| (no overflow/underflow)."""
+    s = _max_abs(u)
+    return 0.0 if s == 0.0 else s * geometry.norm(x, tree_map(lambda p: p / s, u))
+
+
+def _frame_norms(geometry: Geometry, x: Point, u: Tangent) -> list[float]:
+    """The norm of each frame of u in the metric, so every scalar the rules compute from a
+    frame (moment, cap, normalisation) is independent of how the point is represented (e.g.
+    of the GL(r) representative of a quotient point). Frames of a product are its factors'
+    frames; several frames of one plain geometry (a Stiefel pair) carry the Frobenius norm."""
+    if len(geometry.moment_groups) == 1:
+        return [_metric_norm(geometry, x, u)]
+    if isinstance(geometry, Product):
+        return [
+            n
+            for f, xi, ui in zip(geometry.factors, x, u, strict=True)
+            for n in _frame_norms(f, xi, ui)
+        ]
+    return [frobenius(np.concatenate([np.ravel(p) for p in gs])) for gs in _groups(geometry, u)]
+
+
+def _frame_sizes(geometry: Geometry, u: Tangent) -> list[int]:
+    return [sum(np.size(p) for p in gs) for gs in _groups(geometry, u)]
+
+
+def _frame_rms(geometry: Geometry, x: Point, u: Tangent) -> list[float]:
+    """RMS(g) = ‖g‖/sqrt(entries) per frame, as s·RMS(g/s) with s = max|g|: finite for every
+    finite g (‖g‖ itself may exceed the largest float64)."""
+    s = _max_abs(u)
+    if s == 0.0:
+        return [0.0] * len(geometry.moment_groups)
+    norms = _frame_norms(geometry, x, tree_map(lambda p: p / s, u))
+    return [s * n / np.sqrt(k) for n, k in zip(norms, _frame_sizes(geometry, u), strict=True)]
 
 
 def _safe_ratio(num: float, den: float) -> float:
@@ -121,9 +152,9 @@ def scale_by_adam(
     for name, beta in (("beta1", b1), ("beta2", b2)):
         if not 0.0 <= beta < 1.0:  # also refuses NaN
             raise ValueError(f"{name} must lie in [0, 1), got {beta}")
-    if not eps >= 0.0:
-        raise ValueError(f"eps must be ≥ 0, got {eps}")
-    root = _frame_rms if reduction == "mean" else _frame_norm
+    if not (_is_real(eps) and 0.0 <= eps < np.inf):
+        raise ValueError(f"eps must be a finite number ≥ 0, got {eps!r}")
+    root = _frame_rms if reduction == "mean" else _frame_norms
     rb2, r1mb2 = np.sqrt(b2), np.sqrt(1.0 - b2)
 
     def init(geometry: Geometry, x: Point) -> AdamState:
@@ -140,8 +171,8 @@ def scale_by_adam(
         c1, c2 = 1.0 - b1**t, np.sqrt(1.0 - b2**t)
         if moment == "frame":
             sqrt_v = tuple(
-                float(np.hypot(rb2 * sv, r1mb2 * root(gs)))
-                for sv, gs in zip(state.sqrt_v, _groups(geometry, g), strict=True)
+                float(np.hypot(rb2 * sv, r1mb2 * rg))
+                for sv, rg in zip(state.sqrt_v, root(geometry, x, g), strict=True)
             )
             scales = [_safe_ratio(1.0 / c1, sv / c2 + eps) for sv in sqrt_v]
             direction = _scale_groups(geometry, m, scales)
@@ -194,7 +225,7 @@ def trust_region(radius: float) -> Transform:
         raise ValueError(f"trust_radius must be > 0, got {radius}")
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
-        norms = [_frame_norm(gs) for gs in _groups(geometry, u)]
+        norms = _frame_norms(geometry, x, u)
         return _scale_groups(geometry, u, [min(1.0, radius / n) if n > 0 else 1.0 for n in norms])
 
     return _stateless(update)
@@ -202,13 +233,11 @@ def trust_region(radius: float) -> Transform:
 
 def normalize_by_max(c: float) -> Transform:
     """Per frame, M ↦ M / max(‖M‖, c): a step of length min(1, ‖M‖/c)."""
-    if not c > 0.0:
-        raise ValueError(f"c must be > 0, got {c}")
+    if not (_is_real(c) and 0.0 < c < np.inf):
+        raise ValueError(f"c must be a finite number > 0, got {c!r}")
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
-        return _scale_groups(
-            geometry, u, [1.0 / max(_frame_norm(gs), c) for gs in _groups(geometry, u)]
-        )
+        return _scale_groups(geometry, u, [1.0 / max(n, c) for n in _frame_norms(geometry, x, u)])
 
     return _stateless(update)
 
@@ -217,15 +246,17 @@ def normalize_by_rms() -> Transform:
     """Per frame, g ↦ g / RMS(g), with 0/0 := 0."""
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
-        return _scale_groups(
-            geometry, u, [_safe_ratio(1.0, _frame_rms(gs)) for gs in _groups(geometry, u)]
-        )
+        return _scale_groups(geometry, u, [_safe_ratio(1.0, r) for r in _frame_rms(geometry, x, u)])
 
     return _stateless(update)
 
 
+def _is_real(v: Any) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
+
+
 def _check_decay(weight_decay: float) -> None:
-    if not (np.isfinite(weight_decay) and weight_decay >= 0.0):
+    if not (_is_real(weight_decay) and np.isfinite(weight_decay) and weight_decay >= 0.0):
         raise ValueError(f"weight_decay must be a finite number ≥ 0, got {weight_decay}")
 
 
@@ -272,7 +303,7 @@ class Optimizer:
     decay: str = "coupled"
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.lr) and self.lr > 0.0):
+        if not (_is_real(self.lr) and np.isfinite(self.lr) and self.lr > 0.0):
             raise ValueError(f"lr must be a positive finite number, got {self.lr}")
         if self.decay not in DECAY_MODES:
             raise ValueError(f"unknown decay mode {self.decay!r}; choose one of {DECAY_MODES}")
@@ -291,6 +322,7 @@ class Optimizer:
 
     def update(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
         """The tangent step ξ at x and the chain's new state (before transport)."""
+        geometry.check_point(x)
         check_shapes("gradient", [np.shape(p) for p in parts(x)], egrad)
         if not same_structure(x, egrad):
             raise ValueError("gradient: its tuple structure differs from the point's")
@@ -300,10 +332,14 @@ class Optimizer:
         return self.transform.update(geometry, x, geometry.egrad_to_rgrad(x, egrad), state)
 
     def step(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
-        """One update from a Euclidean (factor) gradient: returns (new point, new state)."""
-        xi, state = self.update(geometry, x, egrad, state)
+        """One update from a Euclidean (factor) gradient: returns (new point, new state).
+
+        Raises ValueError (and returns nothing, so the caller's state stays as it was) when the
+        gradient or the point is bad, or when the step would produce a non-finite point."""
+        xi, new_state = self.update(geometry, x, egrad, state)
         y = self.move(geometry, x, xi)
-        return y, self.transform.transport(geometry, x, y, state)
+        check_finite("the point after this step", y)
+        return y, self.transform.transport(geometry, x, y, new_state)
 
     def move(self, geometry: Geometry, x: Point, xi: Tangent) -> Point:
         """Retract along ξ, with decay applied as ``decay`` says."""
@@ -343,8 +379,8 @@ _DECAY_MESSAGES = {
 
 # -- presets -----------------------------------------------------------------------------------
 def _two_betas(betas: tuple[float, float]) -> tuple[float, float]:
-    if len(betas) != 2:
-        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    if not (isinstance(betas, tuple | list) and len(betas) == 2 and all(map(_is_real, betas))):
+        raise ValueError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
     return float(betas[0]), float(betas[1])
 
 

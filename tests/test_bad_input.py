@@ -93,8 +93,8 @@ def test_product_needs_a_factor():
         ({"betas": (1.0, 0.999)}, "beta1 must lie in"),
         ({"betas": (0.9, -0.1)}, "beta2 must lie in"),
         ({"betas": (NAN, 0.999)}, "beta1 must lie in"),
-        ({"eps": -1e-8}, "eps must be ≥ 0"),
-        ({"eps": NAN}, "eps must be ≥ 0"),
+        ({"eps": -1e-8}, "eps must be a finite number ≥ 0"),
+        ({"eps": NAN}, "eps must be a finite number ≥ 0"),
         ({"trust_radius": 0.0}, "trust_radius must be > 0"),
         ({"trust_radius": NAN}, "trust_radius must be > 0"),
         ({"weight_decay": -0.1}, "weight_decay must be a finite number ≥ 0"),
@@ -124,7 +124,7 @@ def test_bad_learning_rate(make, lr):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"beta": 1.0}, "beta must lie in"), ({"c": 0.0}, "c must be > 0"), ({"c": -1}, "c must")],
+    [({"beta": 1.0}, "beta must lie in"), ({"c": 0.0}, "c must be a finite number > 0"), ({"c": -1}, "c must")],
 )
 def test_riemannian_momentum_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -54,3 +54,40 @@ def test_bench_stiefel_small(capsys) -> None:
     doc = json.loads(capsys.readouterr().out)
     names = [row["name"] for row in doc["rows"]]
     assert any("Gram" in n for n in names) and any("SVD" in n for n in names)
+
+
+def test_geometries_lists_the_ten_and_stiefel(capsys) -> None:
+    assert main(["geometries", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 11 and rows[0]["name"] == "stiefel"
+    second = [r for r in rows if r["retraction_order"] == 2]
+    assert all(r["measured_slope"] >= 2.9 for r in second)
+    assert main(["geometries", "--r", "9"]) == 2
+
+
+def test_certify_everything_from_the_command_line(tmp_path, capsys) -> None:
+    """The README's main job, every id (mixed-case GEO ids included), through the CLI."""
+    assert main(["certify", "--quick", "--json", "--out", str(tmp_path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] and any(p["id"] == "GEO-block_stiefel_pair" for p in doc["propositions"])
+    assert main(["certify", "geo-STIEFEL", "--list"]) == 0
+
+
+def test_bad_seed_and_output_are_bad_input(tmp_path, capsys) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["certify", "RA-1", "--out", str(blocker)]) == 2
+    assert main(["certify", "RA-1", "--seed", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write certificates" in err and "--seed must be ≥ 0" in err
+
+
+def test_bench_geometries_small(capsys) -> None:
+    assert (
+        main(
+            ["bench", "geometries", "--m", "8", "--n", "6", "--r", "2", "--repeats", "2", "--json"]
+        )
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert {"fixed_rank_embedded", "block_stiefel_pair"} <= {row["name"] for row in doc["rows"]}

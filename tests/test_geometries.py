@@ -97,7 +97,9 @@ def test_mha_block_variant_equals_the_plain_one(base: str) -> None:
         for g in grads:
             y, s = opt.step(plain, y, g[h], s)
         for a, b in zip(parts(x[h]), parts(y), strict=True):
-            np.testing.assert_array_equal(a, b)
+            # Same arithmetic up to where frame norms are scaled before summing: 5 steps of
+            # per-step rounding (GEO's frame_error ≈ 1e-14 at these sizes) bound the gap.
+            np.testing.assert_allclose(a, b, rtol=0, atol=5 * frame_error(5, 2))
 
 
 def test_gqa_shared_key_receives_the_sum_of_its_blocks() -> None:

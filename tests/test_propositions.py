@@ -21,9 +21,7 @@ CASES = [
 def test_check_passes_and_rejects_its_control(proposition: Proposition, check: Check) -> None:
     result = run_check(check, Context(seed=0, quick=True))
     assert result.outcome.passed, result.outcome.detail
-    assert result.control_rejected, (
-        f"control not rejected: {result.control_outcome.detail}"
-    )
+    assert result.control_rejected, f"control not rejected: {result.control_outcome.detail}"
     assert result.passed
 
 
