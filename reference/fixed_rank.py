@@ -192,13 +192,10 @@ class FixedRankQuotient(PairMixin):
     tangent vector is a horizontal (ξ_A, ξ_B) in factor layout. Metrics (both GL(r)-invariant):
     "preconditioned" (default) g = tr(BᵀB ξ_Aᵀη_A) + tr(AᵀA ξ_Bᵀη_B), and "balanced"
     g = tr((AᵀA)^{-1}ξ_Aᵀη_A) + tr((BᵀB)^{-1}ξ_Bᵀη_B). The vertical space is {(AΩ, −BΩᵀ)}.
-    Rounding grows like κ(A)²κ(B)².
+    Rounding grows like κ(A)²κ(B)², so points with κ(A)²κ(B)²·u > 1e-8 are refused.
 
     Args:
         metric: "preconditioned" or "balanced".
-        rebalance: after the additive retraction, move to the representative with AᵀA = BᵀB
-            (W unchanged); the transport then lifts the old tangent matrix, so the optimizer state
-            keeps representing the same dW whatever representative is stored.
     """
 
     name = "fixed_rank_quotient"
@@ -207,21 +204,16 @@ class FixedRankQuotient(PairMixin):
     retraction_order = 1
     moment_groups = ((0, 1),)
 
-    def __init__(
-        self, m: int, n: int, r: int, metric: str = "preconditioned", rebalance: bool = False
-    ):
+    def __init__(self, m: int, n: int, r: int, metric: str = "preconditioned"):
         _check_sizes(m, n, r)
         if metric not in ("preconditioned", "balanced"):
             raise ValueError(f"unknown metric {metric!r}; choose 'preconditioned' or 'balanced'")
         self.m, self.n, self.r = int(m), int(n), int(r)
-        self.metric, self.rebalance = metric, bool(rebalance)
+        self.metric = metric
         self.dim = (self.m + self.n - self.r) * self.r
 
     def __repr__(self) -> str:
-        return (
-            f"FixedRankQuotient({self.m}, {self.n}, {self.r}, metric={self.metric!r}, "
-            f"rebalance={self.rebalance})"
-        )
+        return f"FixedRankQuotient({self.m}, {self.n}, {self.r}, metric={self.metric!r})"
 
     def random_point(self, rng: np.random.Generator) -> Point:
         """Gaussian A, B scaled by 1/√m and 1/√n (full rank almost surely)."""
@@ -275,25 +267,21 @@ class FixedRankQuotient(PairMixin):
 
     def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
         """preconditioned: (G_A (BᵀB)^{-1}, G_B (AᵀA)^{-1}); balanced: (G_A AᵀA, G_B BᵀB).
-        Both are horizontal for a loss of A Bᵀ."""
+        Both are horizontal for a loss of A Bᵀ; the horizontal projection that follows only
+        matters for a loss that is not constant on the fibres (e.g. coupled decay of A and B)."""
         a, b = x
         g_a, g_b = egrad
         ata, btb = transpose(a) @ a, transpose(b) @ b
         if self.metric == "preconditioned":
-            return (np.linalg.solve(btb, transpose(g_a)).T, np.linalg.solve(ata, transpose(g_b)).T)
-        return (g_a @ ata, g_b @ btb)
+            raw = (np.linalg.solve(btb, transpose(g_a)).T, np.linalg.solve(ata, transpose(g_b)).T)
+        else:
+            raw = (g_a @ ata, g_b @ btb)
+        return self.proj(x, raw)
 
     def retract(self, x: Point, xi: Tangent) -> Point:
-        """(A + ξ_A, B + ξ_B), then (with ``rebalance``) the balanced representative of that
-        class: A' = Q_A Y Σ^{1/2}, B' = Q_B Z Σ^{1/2} from A = Q_A R_A, B = Q_B R_B and
-        R_A R_Bᵀ = Y Σ Zᵀ."""
+        """(A + ξ_A, B + ξ_B). No rebalancing: the optimizer's stored tangent state would have to
+        be mapped by the same GL(r) element, which the transport cannot see."""
         y = (x[0] + xi[0], x[1] + xi[1])
-        if self.rebalance:
-            qa, ra = qr_signfixed(y[0])
-            qb, rb = qr_signfixed(y[1])
-            yk, sig, zkt = np.linalg.svd(ra @ transpose(rb))
-            root = np.sqrt(sig)
-            y = (qa @ (yk * root), qb @ (transpose(zkt) * root))
         for name, f in zip("AB", y, strict=True):
             try:
                 _rank_check(name, f)
@@ -302,22 +290,8 @@ class FixedRankQuotient(PairMixin):
         return y
 
     def transport(self, x: Point, y: Point, xi: Tangent) -> Tangent:
-        """Horizontal projection at y of the factor-space vector ξ (DESIGN §4.2). With
-        ``rebalance``, the stored factors of y are not x + ξ, so instead the old tangent matrix
-        ζ = ξ_A Bᵀ + A ξ_Bᵀ (factored) is projected onto T_y M_r and lifted horizontally:
-        preconditioned: ξ_A' = ζB'(B'ᵀB')^{-1} − ½ P_{A'} ζ B'(B'ᵀB')^{-1}, likewise ξ_B'."""
-        if not self.rebalance:
-            return self.proj(y, xi)
-        a, b = x
-        a2, b2 = y
-        left, right = np.hstack([xi[0], a]), np.hstack([b, xi[1]])  # ζ = left rightᵀ
-        zb = left @ (transpose(right) @ b2)  # ζ B'
-        zta = right @ (transpose(left) @ a2)  # ζᵀ A'
-        ata, btb = transpose(a2) @ a2, transpose(b2) @ b2
-        ga, gb = np.linalg.solve(btb, transpose(zb)).T, np.linalg.solve(ata, transpose(zta)).T
-        core = np.linalg.solve(ata, transpose(a2) @ ga)  # (AᵀA)^{-1}Aᵀ ζ B (BᵀB)^{-1}
-        lift = (ga - 0.5 * a2 @ core, gb - 0.5 * b2 @ transpose(core))
-        return self.proj(y, lift)  # already horizontal for "preconditioned"; exact for both
+        """Horizontal projection at y of the factor-space vector ξ (DESIGN §4.2)."""
+        return self.proj(y, xi)
 
     def pair(self, x: Point) -> tuple[Array, Array]:
         return x
@@ -337,15 +311,18 @@ class FixedRankQuotient(PairMixin):
         """The group action (A, B)·M = (A M, B M^{-ᵀ}) of M ∈ GL(r)."""
         return (x[0] @ g, np.linalg.solve(g, transpose(x[1])).T)
 
-    def act_tangent(self, x: Point, g: Array, xi: Tangent) -> Tangent:
-        """Its differential on tangent vectors: (ξ_A M, ξ_B M^{-ᵀ})."""
-        return self.act(xi, g)
-
     def check_point(self, x: Point) -> None:
-        """Shapes, finiteness and full column rank of A and B."""
+        """Shapes, finiteness, full column rank, and κ(A)²κ(B)²·u ≤ 1e-8: beyond it the
+        metric's r×r solves would lose more than 8 digits."""
         if not isinstance(x, tuple) or len(x) != 2:
             raise ValueError("a fixed-rank quotient point is a tuple (A, B)")
         check_shapes("point (A, B)", [(self.m, self.r), (self.n, self.r)], x)
         check_finite("point (A, B)", x)
         _rank_check("A", x[0])
         _rank_check("B", x[1])
+        ka, kb = np.linalg.cond(x[0]), np.linalg.cond(x[1])
+        if (ka * kb) ** 2 * np.finfo(np.float64).eps / 2 > 1e-8:
+            raise ValueError(
+                f"ill-conditioned factors: κ(A) = {ka:.3e}, κ(B) = {kb:.3e}, so κ(A)²κ(B)²·u "
+                f"= {(ka * kb) ** 2 * np.finfo(np.float64).eps / 2:.1e} > 1e-8"
+            )

@@ -52,19 +52,6 @@ def rms(a: Array) -> float:
     return s * float(np.sqrt(np.mean(np.square(a / s))))
 
 
-def inv_sqrt_spd(s: Array) -> Array:
-    """S^{-1/2} for a symmetric positive definite S, from S = Q diag(λ) Qᵀ: Q diag(λ^{-1/2}) Qᵀ.
-
-    Raises ValueError when S is not positive definite (smallest eigenvalue ≤ 0).
-    """
-    lam, q = np.linalg.eigh(sym(s))
-    if np.any(lam <= 0.0):
-        raise ValueError(
-            f"matrix is not positive definite: smallest eigenvalue {float(np.min(lam)):.3e}"
-        )
-    return (q / np.sqrt(lam)[..., None, :]) @ transpose(q)
-
-
 def polar(a: Array) -> Array:
     """Orthonormal polar factor of a full-column-rank A: A (AᵀA)^{-1/2}.
 

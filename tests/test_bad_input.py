@@ -124,7 +124,11 @@ def test_bad_learning_rate(make, lr):
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"beta": 1.0}, "beta must lie in"), ({"c": 0.0}, "c must be a finite number > 0"), ({"c": -1}, "c must")],
+    [
+        ({"beta": 1.0}, "beta must lie in"),
+        ({"c": 0.0}, "c must be a finite number > 0"),
+        ({"c": -1}, "c must"),
+    ],
 )
 def test_riemannian_momentum_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):

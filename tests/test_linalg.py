@@ -103,48 +103,6 @@ def test_rms(scale):
     assert linalg.rms(np.zeros((0,))) == 0.0
 
 
-# -- inv_sqrt_spd ------------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [1, 3, 8])
-def test_inv_sqrt_spd_closed_form(n):
-    rng = np.random.default_rng(6)
-    q = linalg.haar_orthogonal(n, rng)
-    lam = rng.uniform(1.0, 4.0, n)  # κ(S) ≤ 4
-    s = (q * lam) @ q.T
-    x = linalg.inv_sqrt_spd(s)
-    expected = (q / np.sqrt(lam)) @ q.T
-    # eigh is backward stable (‖ΔS‖ ≤ c·n·U‖S‖, c ≈ 10), and the derivative of S ↦ S^{-1/2} has
-    # norm ≤ ½‖S^{-1}‖^{3/2} ≤ ½: error ≲ 10·n·U·‖S‖ ≤ 10·8·U·4·√8 ≈ 1e-13 at n = 8.
-    tol = 1e-13
-    assert np.max(np.abs(x - expected)) < tol
-    # Independent of the eigendecomposition: X S X = I and X = Xᵀ.
-    assert np.max(np.abs(x @ s @ x - np.eye(n))) < tol
-    assert np.max(np.abs(x - x.T)) < tol
-    # SciPy's Schur-based fractional power computes the same thing another way.
-    assert np.max(np.abs(x - scipy.linalg.fractional_matrix_power(s, -0.5).real)) < tol
-
-
-def test_inv_sqrt_spd_batched():
-    rng = np.random.default_rng(7)
-    b = rng.standard_normal((3, 4, 4))
-    s = b @ np.swapaxes(b, -1, -2) + 4 * np.eye(4)
-    x = linalg.inv_sqrt_spd(s)
-    for k in range(3):
-        # ‖XSX − I‖ ≲ c·n·κ(S)·U with c ≈ 10 (backward-stable eigh, then two products).
-        tol = 10 * 4 * np.linalg.cond(s[k]) * U
-        assert np.max(np.abs(x[k] @ s[k] @ x[k] - np.eye(4))) < tol
-        # The batched result is the per-slice one (the same bound, twice).
-        assert np.max(np.abs(x[k] - linalg.inv_sqrt_spd(s[k]))) < 2 * tol
-
-
-@pytest.mark.parametrize(
-    "s", [np.diag([1.0, -1.0]), np.diag([2.0, 0.0]), np.array([[1.0, 2.0], [2.0, 1.0]])]
-)
-def test_inv_sqrt_spd_rejects_non_pd(s):
-    # Eigenvalues: {1, -1}, {2, 0}, {3, -1}: none of these is positive definite.
-    with pytest.raises(ValueError, match="not positive definite"):
-        linalg.inv_sqrt_spd(s)
-
-
 # -- polar -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(("d", "r"), [(8, 3), (5, 5), (6, 1)])
 def test_polar_against_scipy_and_svd(d, r):
