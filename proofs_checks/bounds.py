@@ -97,3 +97,16 @@ def gram_tolerance(d: int, r: int, norm_xi: float, u: float = FLOAT64_U) -> floa
     """
     products = gamma(d, u) * ((np.sqrt(r) + norm_xi) ** 2 + norm_xi**2)
     return products + frame_error(d, r, u) + tangent_error(d, r, norm_xi, u)
+
+
+def relative_tolerance(d: int, r: int, spread: float = 1.0, u: float = FLOAT64_U) -> float:
+    """Bound on ‖a − b‖/‖b‖ for two evaluations of one frame rule's step whose inputs differ by
+    an exact positive factor (b = c^k × the other evaluation in exact arithmetic).
+
+    Each evaluation may project G (two products: ≤ (2γ_d + 2γ_r)·√r·‖G‖ absolute error), which
+    relative to the step's size ‖P_W G‖ is amplified by spread = ‖G‖/‖P_W G‖ (0 when both
+    evaluations start from the same projected vector), and applies at most three scalar factors
+    entrywise plus one comparison value (≤ 6u relative). Two evaluations:
+    2·(spread·(2γ_d + 2γ_r)·√r + 6u).
+    """
+    return 2 * (spread * (2 * gamma(d, u) + 2 * gamma(r, u)) * np.sqrt(r) + 6 * u)

@@ -86,6 +86,19 @@ BROKEN: dict[str, dict[str, Callable]] = {
     },
 }
 
+# The optional metrics are certified too, under their own ids; only their wrong gradients differ.
+BROKEN["stiefel-canonical"] = {
+    **BROKEN["stiefel"],
+    "egrad_to_rgrad": lambda self, x, g: _stiefel_proj(x, g),
+}
+BROKEN["fixed_rank_quotient-balanced"] = BROKEN["fixed_rank_quotient"]
+VARIANTS = {
+    "stiefel-canonical": lambda **kw: ref.Stiefel(*STIEFEL, metric="canonical", **kw),
+    "fixed_rank_quotient-balanced": lambda **kw: ref.GEOMETRIES["fixed_rank_quotient"](
+        *PLAIN, metric="balanced", **kw
+    ),
+}
+
 CONTROL_TEXT = {
     "stiefel": "P_W(Z) = Z − W WᵀZ (no sym)",
     "fixed_rank_embedded": "M dropped from the projection",
@@ -94,6 +107,8 @@ CONTROL_TEXT = {
     "partial_isometry_quotient": "no vertical correction (Stiefel projections only)",
     "stiefel_pair": "P_U(Z) = Z − U UᵀZ (no sym)",
 }
+CONTROL_TEXT["stiefel-canonical"] = CONTROL_TEXT["stiefel"]
+CONTROL_TEXT["fixed_rank_quotient-balanced"] = CONTROL_TEXT["fixed_rank_quotient"]
 RGRAD_TEXT = {
     "stiefel": "the canonical-metric formula G − WGᵀW",
     "fixed_rank_embedded": "U_p, V_p without the S^{-ᵀ}, S^{-1} weights",
@@ -102,8 +117,11 @@ RGRAD_TEXT = {
     "partial_isometry_quotient": "the canonical-metric formula per factor",
     "stiefel_pair": "the canonical-metric formula per factor",
 }
+RGRAD_TEXT["stiefel-canonical"] = "the embedded-metric formula P_W(G)"
+RGRAD_TEXT["fixed_rank_quotient-balanced"] = RGRAD_TEXT["fixed_rank_quotient"]
 RENORM_TEXT = {
     "fixed_rank_quotient": "a step that loses a rank direction (last column of B zeroed)",
+    "fixed_rank_quotient-balanced": "a step that loses a rank direction (last column of B zeroed)",
 }
 
 
@@ -118,10 +136,14 @@ class Case:
 
 
 def _sizes(name: str) -> tuple[int, ...]:
-    return STIEFEL if name == "stiefel" else BLOCK if name.startswith("block_") else PLAIN
+    if name.split("-")[0] == "stiefel":
+        return STIEFEL
+    return BLOCK if name.startswith("block_") else PLAIN
 
 
 def _case(name: str) -> Case:
+    if name in VARIANTS:
+        return Case(name, VARIANTS[name])
     if name == "stiefel":
         return Case(name, lambda **kw: ref.Stiefel(*STIEFEL, **kw))
     return Case(name, lambda **kw: ref.GEOMETRIES[name](*_sizes(name), **kw))
@@ -303,12 +325,13 @@ def _register(name: str) -> None:
         )
     )
     tex_name = name.replace("_", r"\_")
+    tex_repr = repr(geo).replace("_", r"\_")
     register(
         Proposition(
             id=f"GEO-{name}",
             title=f"Geometry laws: {name}",
             statement=(
-                rf"For \texttt{{{tex_name}}} ({geo!r}): the projection is the "
+                rf"For \texttt{{{tex_name}}} (\texttt{{{tex_repr}}}): the projection is the "
                 r"metric-orthogonal projector onto the (horizontal) tangent space, "
                 r"$\operatorname{grad} f$ is the Riemannian gradient, $R_x(0)=x$ and $R$ is a "
                 rf"retraction of order {geo.retraction_order}, transport lands in the tangent "
@@ -329,5 +352,5 @@ def _register(name: str) -> None:
     )
 
 
-for _name in ["stiefel", *ref.GEOMETRIES]:
+for _name in ["stiefel", *ref.GEOMETRIES, *VARIANTS]:
     _register(_name)

@@ -7,7 +7,7 @@ import numpy as np
 import sympy as sp
 from hypothesis import strategies as st
 
-from proofs_checks.bounds import cosine_tolerance, gamma
+from proofs_checks.bounds import cosine_tolerance, tangent_error
 from proofs_checks.harness import (
     cos_residual,
     frame_problem,
@@ -67,7 +67,7 @@ def float64_direction(ctx: Context, wrong: bool) -> Outcome:
 def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
     """With β1 = 0 the unit step η = ξ/‖ξ‖ attains ⟨−G, η⟩ = ‖P_W(G)‖, and 1024 random unit
     tangents ν never exceed it. Residual: max relative gap and excess. Bound: the cosine bound
-    plus the tangency error of η (2γ_d·r), both relative to ‖P_W G‖ and scaled by ‖G‖/‖P_W G‖."""
+    plus the tangency error of the unit η (``tangent_error``), scaled by ‖G‖/‖P_W G‖."""
     moment = "elementwise" if wrong else "frame"
     prob = frame_problem(D, R, STEPS, ctx.seed)
     geometry = prob.geometry
@@ -81,7 +81,7 @@ def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
         nu = geometry.proj(s.w, rng.standard_normal((256 if ctx.quick else 1024, D, R)))
         nu /= np.linalg.norm(nu, axis=(1, 2), keepdims=True)
         res = max(res, (float(np.max(np.einsum("kij,ij->k", nu, -g))) - best) / best)
-        tol = min(tol, (cosine_tolerance(D * R) + 2 * gamma(D) * R) * frobenius(g) / best)
+        tol = min(tol, (cosine_tolerance(D * R) + tangent_error(D, R, 1.0)) * frobenius(g) / best)
     return Outcome.bound(res, tol, "β1 = 0: |⟨−G, ξ/‖ξ‖⟩ − ‖P_W G‖| and random tangents' excess")
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import sympy as sp
 from hypothesis import strategies as st
 
-from proofs_checks.bounds import cosine_tolerance, trajectory_tolerance
+from proofs_checks.bounds import relative_tolerance, trajectory_tolerance
 from proofs_checks.harness import (
     frame_problem,
     ladder,
@@ -78,7 +78,8 @@ def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
 def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
     """With ε > 0, from the same state and without the cap: ‖ξ_ε − ξ_0‖ = ‖ξ_0‖·ε/(√v̂ + ε).
     Checked along a trajectory for gradient RMS 10^-12…1 (ε/(√v̂ + ε) from ~1 to ~1e-8), relative
-    to ‖ξ_0‖; bound ``cosine_tolerance(d·r)`` (entrywise rescaling by one scalar, then norms).
+    to ‖ξ_0‖; both steps scale the same m̂, so the bound is ``relative_tolerance`` with
+    spread 0.
     Control: ε inside the square root, ξ = −lr·m̂/sqrt(v̂ + ε)."""
     res = 0.0
     zero, with_eps = adam(eps=0.0, radius=None), adam(eps=EPS, radius=None)
@@ -96,7 +97,9 @@ def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
                 xie = with_eps.update(prob.geometry, s.w, g, s.prior)[0]
             n0 = frobenius(xi0)
             res = max(res, abs(frobenius(xie - xi0) - n0 * EPS / (sqrt_v_hat + EPS)) / n0)
-    return Outcome.bound(res, cosine_tolerance(D * R), "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖")
+    return Outcome.bound(
+        res, relative_tolerance(D, R, spread=0.0), "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖"
+    )
 
 
 def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:

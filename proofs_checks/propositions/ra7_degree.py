@@ -8,7 +8,7 @@ import sympy as sp
 from hypothesis import strategies as st
 
 import reference as ref
-from proofs_checks.bounds import cosine_tolerance
+from proofs_checks.bounds import relative_tolerance
 from proofs_checks.harness import frame_problem, ladder, property_check, seeds, shapes, vanishes
 from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
@@ -57,6 +57,12 @@ def symbolic_degree(ctx: Context, wrong: bool) -> Outcome:
     return Outcome(not left, float(len(left)), 0.0, f"identities left nonzero: {left or 'none'}")
 
 
+def spread(prob) -> float:
+    """‖G‖/‖P_W G‖, the amplification of projection rounding (see ``relative_tolerance``)."""
+    g = prob.grads[0]
+    return frobenius(g) / frobenius(prob.geometry.proj(prob.w0, g))
+
+
 def degree_gap(d: int, r: int, seed: int, c: float, degrees: dict[str, int]) -> tuple[float, str]:
     """max over rules of ‖ξ(cG) − c^k ξ(G)‖/‖c^k ξ(G)‖ for one step from a fresh state, and the
     measured degrees log(‖ξ(cG)‖/‖ξ(G)‖)/log c."""
@@ -75,18 +81,16 @@ def degree_gap(d: int, r: int, seed: int, c: float, degrees: dict[str, int]) -> 
 
 
 def float64_degree(ctx: Context, wrong: bool) -> Outcome:
-    """At St(64, 16), c = 1e3 and 1e-3: relative gap ≤ ``cosine_tolerance(d·r)`` (one scalar
-    factor applied entrywise, then norms)."""
+    """At St(64, 16), c = 1e3 and 1e-3: relative gap ≤ ``relative_tolerance(d, r)``."""
     results = [degree_gap(D, R, ctx.seed, c, claimed(wrong)) for c in (1e3, 1e-3)]
     res = max(r for r, _ in results)
-    return Outcome.bound(
-        res, cosine_tolerance(D * R), f"measured degrees at c = 1e3: {results[0][1]}"
-    )
+    tol = relative_tolerance(D, R, spread(frame_problem(D, R, 1, ctx.seed)))
+    return Outcome.bound(res, tol, f"measured degrees at c = 1e3: {results[0][1]}")
 
 
 def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
     """At St(6, 3) with c = 1e3 at 30 and 60 digits: rsgd ξ = −lr·P_W(cG) and the Adam step of
-    the mpmath trajectory (ε = 0), relative gap ≤ ``cosine_tolerance(d·r, u)``."""
+    the mpmath trajectory (ε = 0), relative gap ≤ ``relative_tolerance(d, r, u)``."""
     prob = frame_problem(MP_D, MP_R, 1, ctx.seed)
     degrees = claimed(wrong)
 
@@ -104,17 +108,20 @@ def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
         )
 
     return ladder(
-        measure, lambda u: cosine_tolerance(MP_D * MP_R, u), "relative gap ξ(cG) vs c^k ξ(G)"
+        measure,
+        lambda u: relative_tolerance(MP_D, MP_R, spread(prob), u),
+        "relative gap ξ(cG) vs c^k ξ(G)",
     )
 
 
 def property_degree(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds and c = 10^[-100, 100] (St(1, 1) excluded: its
-    only tangent vector is 0): relative gap ≤ ``cosine_tolerance(d·r)``."""
+    only tangent vector is 0): relative gap ≤ ``relative_tolerance(d, r)``."""
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed, c_exp = example
-        return degree_gap(d, r, seed, 10.0**c_exp, claimed(wrong))[0], cosine_tolerance(d * r)
+        tol = relative_tolerance(d, r, spread(frame_problem(d, r, 1, seed)))
+        return degree_gap(d, r, seed, 10.0**c_exp, claimed(wrong))[0], tol
 
     strategy = st.tuples(
         shapes().filter(lambda s: s[0] > 1),
