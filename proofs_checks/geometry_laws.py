@@ -20,7 +20,7 @@ import reference as ref
 from proofs_checks.bounds import gamma
 from reference.blocks import BlockGeometry
 from reference.geometry import like, parts, tree_map
-from reference.linalg import frobenius, skew, sym
+from reference.linalg import frobenius, orthonormality_residual, skew, sym
 
 #: Taylor grid (Manopt's): t = 10^-8 … 1, 51 points; a window is 10 consecutive points.
 TAYLOR_T = np.logspace(-8, 0, 51)
@@ -59,10 +59,6 @@ def per_group(geo: Any, fn: Callable, x: Any, *rest: Any) -> float:
 # -- independent tests of tangency and of the constraints -----------------------------------------
 def _stiefel_tangency(w: np.ndarray, u: np.ndarray) -> float:
     return frobenius(sym(w.T @ u))
-
-
-def _orthonormality(w: np.ndarray) -> float:
-    return frobenius(w.T @ w - np.eye(w.shape[1]))
 
 
 def _tangency(geo: Any, x: Any, u: Any) -> float:
@@ -113,14 +109,14 @@ def _rounding_scale(a: np.ndarray) -> float:
 def _constraints(geo: Any, x: Any) -> float:
     name = base_name(geo)
     if name == "stiefel":
-        return _orthonormality(x)
+        return orthonormality_residual(x)
     if name == "fixed_rank_embedded":
-        return _orthonormality(x[0]) + _orthonormality(x[2])
+        return orthonormality_residual(x[0]) + orthonormality_residual(x[2])
     if name == "fixed_rank_quotient":
         return 0.0
     u, v = x  # the partial isometries: orthonormal factors, unit singular values
     sv = np.linalg.svd(u @ v.T, compute_uv=False)[: u.shape[1]]
-    return _orthonormality(u) + _orthonormality(v) + float(np.max(np.abs(sv - 1.0)))
+    return orthonormality_residual(u) + orthonormality_residual(v) + float(np.max(np.abs(sv - 1.0)))
 
 
 def constraints(geo: Any, x: Any) -> float:

@@ -10,7 +10,7 @@ import numpy as np
 import scipy.linalg
 
 from reference.geometry import PairMixin, Point, Tangent, check_finite, check_shapes
-from reference.linalg import Array, frobenius, polar, qr_signfixed, transpose
+from reference.linalg import Array, orthonormality_residual, polar, qr_signfixed, transpose
 from reference.stiefel import DEFAULT_ATOL
 
 
@@ -177,7 +177,7 @@ class FixedRankEmbedded(PairMixin):
         check_shapes("point (U, S, V)", [(self.m, self.r), (self.r, self.r), (self.n, self.r)], x)
         check_finite("point (U, S, V)", x)
         for name, f in (("U", x[0]), ("V", x[2])):
-            res = frobenius(transpose(f) @ f - np.eye(self.r))
+            res = orthonormality_residual(f)
             if res > DEFAULT_ATOL:
                 raise ValueError(
                     f"factor {name} is not orthonormal: ‖{name}ᵀ{name} − I‖ = {res:.3e}"

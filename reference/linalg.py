@@ -52,6 +52,11 @@ def rms(a: Array) -> float:
     return s * float(np.sqrt(np.mean(np.square(a / s))))
 
 
+def orthonormality_residual(a: Array) -> float:
+    """‖AᵀA − I_r‖ (Frobenius): how far the columns of A are from orthonormal."""
+    return frobenius(transpose(a) @ a - np.eye(a.shape[-1]))
+
+
 def polar(a: Array) -> Array:
     """Orthonormal polar factor of a full-column-rank A: A (AᵀA)^{-1/2}.
 

@@ -64,11 +64,6 @@ def _validate(cls_name: str, m: int, n: int, r: int, retraction: str, allowed: t
         )
 
 
-def _frame_residual(a: Array) -> float:
-    """‖AᵀA − I_r‖ (Frobenius)."""
-    return frobenius(transpose(a) @ a - np.eye(a.shape[-1]))
-
-
 class _FramePair(PairMixin):
     """What the three geometries share: points (U, V), their validation, and W = U Vᵀ."""
 
@@ -83,7 +78,8 @@ class _FramePair(PairMixin):
         _validate(type(self).__name__, m, n, r, retraction, self._retractions)
         self.m, self.n, self.r = int(m), int(n), int(r)
         self.retraction = retraction
-        self.retraction_order = 1 if retraction == "qr" else 2
+        # QR per factor is first order for r ≥ 2 and coincides with polar for r = 1.
+        self.retraction_order = 1 if retraction == "qr" and self.r > 1 else 2
         # The frames' own geometries (embedded metric); P2 and P3 retract with them factor by
         # factor, P1 uses them only for points and residuals.
         factor_retraction = retraction if retraction in FACTOR_RETRACTIONS else "polar"
@@ -119,7 +115,7 @@ class _FramePair(PairMixin):
 
     def residuals(self, x: Point) -> tuple[float, float]:
         """(‖UᵀU − I_r‖, ‖VᵀV − I_r‖)."""
-        return _frame_residual(x[0]), _frame_residual(x[1])
+        return linalg.orthonormality_residual(x[0]), linalg.orthonormality_residual(x[1])
 
     def check_point(self, x: Point, atol: float = DEFAULT_ATOL) -> None:
         """Raise ValueError unless x is a tuple (U, V) of finite arrays of shapes (m, r), (n, r)

@@ -145,7 +145,7 @@ class Stiefel:
 
     def residual(self, x: Array) -> float:
         """‖WᵀW − I_r‖, the distance of the Gram from the identity."""
-        return frobenius(transpose(x) @ x - np.eye(self.r))
+        return linalg.orthonormality_residual(x)
 
     def check_point(self, x: Array, atol: float = DEFAULT_ATOL) -> None:
         """Raise ValueError unless x has shape (d, r), is finite and ‖xᵀx − I‖ ≤ atol."""

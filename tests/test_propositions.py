@@ -31,7 +31,12 @@ def test_the_ids_are_registered_with_their_required_kinds() -> None:
         if pid.startswith("RA-"):
             assert {"float64", "mpmath", "property"} <= set(p.kinds), pid
     geo_ids = {i.removeprefix("GEO-") for i in REGISTRY if i.startswith("GEO-")}
-    assert geo_ids == {"stiefel", *ref.GEOMETRIES, "stiefel-canonical", "fixed_rank_quotient-balanced"}
+    assert geo_ids == {
+        "stiefel",
+        *ref.GEOMETRIES,
+        "stiefel-canonical",
+        "fixed_rank_quotient-balanced",
+    }
     assert len(ref.GEOMETRIES) == 10
     assert "symbolic" in REGISTRY["RA-3"].kinds
     assert "symbolic" in REGISTRY["RA-5"].kinds
