@@ -145,3 +145,30 @@ def test_grouping_all_couples_every_head() -> None:
         warnings.simplefilter("error")
         x = geo.random_point(np.random.default_rng(0))
     assert [p.shape for p in parts(x)] == [(6, 2), (8, 2)]
+
+
+@pytest.mark.parametrize(
+    "make_geo",
+    [
+        lambda: ref.FixedRankQuotient(6, 5, 2),
+        lambda: ref.FixedRankQuotient(6, 5, 2, metric="balanced"),
+        lambda: ref.PartialIsometryQuotient(6, 5, 2),
+    ],
+    ids=["R2-preconditioned", "R2-balanced", "P2"],
+)
+def test_quotient_steps_do_not_depend_on_the_representative(make_geo) -> None:
+    """Adam from x and from x·M (same W, same gradient of F(W)) reaches the same W: every
+    per-frame scalar uses the metric norm, which is invariant. 10 steps; the per-step rounding
+    is GEO's law_tolerance (which carries κ(A)²κ(B)² for R2), so 10·law_tolerance bounds it."""
+    geo, rng = make_geo(), np.random.default_rng(6)
+    x = geo.random_point(rng)
+    g = law.random_group_element(geo, rng)
+    f, grad = law.smooth_loss(7)
+    ends = []
+    for start in (x, geo.act(x, g)):
+        opt = ref.optim.riemannian_adam(1e-2, trust_radius=0.1)
+        y, state = start, opt.init(geo, start)
+        for _ in range(10):
+            y, state = opt.step(geo, y, geo.egrad_from_matrix(y, grad(geo.to_matrix(y))), state)
+        ends.append(geo.to_matrix(y))
+    assert np.linalg.norm(ends[0] - ends[1]) <= 10 * law.law_tolerance(geo, x)
