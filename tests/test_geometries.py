@@ -163,7 +163,7 @@ def test_quotient_steps_do_not_depend_on_the_representative(make_geo) -> None:
     geo, rng = make_geo(), np.random.default_rng(6)
     x = geo.random_point(rng)
     g = law.random_group_element(geo, rng)
-    f, grad = law.smooth_loss(7)
+    _f, grad = law.smooth_loss(7)
     ends = []
     for start in (x, geo.act(x, g)):
         opt = ref.optim.riemannian_adam(1e-2, trust_radius=0.1)
