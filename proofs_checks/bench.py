@@ -148,6 +148,20 @@ def _check_repeats(repeats: object) -> None:
         raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
 
 
+def _import_pymanopt(notes: list[str]) -> Any:
+    """pymanopt (with its manifolds) when importable; otherwise None and a note, never a failure."""
+    try:
+        import pymanopt
+        import pymanopt.manifolds
+    except ImportError:
+        notes.append(PYMANOPT_MISSING)
+    except Exception as exc:  # a broken installation must not break the benchmark
+        notes.append(f"pymanopt failed to import ({type(exc).__name__}: {exc}): peer rows skipped")
+    else:
+        return pymanopt
+    return None
+
+
 def bench_stiefel(
     d: int = 512, r: int = 64, repeats: int = 30, seed: int = 0, *, progress: bool = True
 ) -> dict[str, Any]:
@@ -197,17 +211,10 @@ def bench_stiefel(
         SVD_ROW: (lambda: ref.linalg.polar_svd(w + xi), True),
     }
     notes: list[str] = []
-    pymanopt_version: str | None = None
-    try:
-        import pymanopt
-        from pymanopt.manifolds import Stiefel as PymanoptStiefel
-    except ImportError:
-        notes.append(PYMANOPT_MISSING)
-    except Exception as exc:  # a broken installation must not break the benchmark
-        notes.append(f"pymanopt failed to import ({type(exc).__name__}: {exc}): peer rows skipped")
-    else:
-        pymanopt_version = getattr(pymanopt, "__version__", "unknown")
-        peer = PymanoptStiefel(st.d, st.r)
+    pymanopt = _import_pymanopt(notes)
+    pymanopt_version = getattr(pymanopt, "__version__", "unknown") if pymanopt else None
+    if pymanopt:
+        peer = pymanopt.manifolds.Stiefel(st.d, st.r)
         candidates["pymanopt Stiefel retraction"] = (lambda: peer.retraction(w, xi), True)
         candidates["pymanopt Stiefel projection"] = (lambda: peer.projection(w, z), False)
         notes.append(
@@ -478,18 +485,11 @@ def bench_geometries(
         f"A step: rgrad = egrad_to_rgrad(x, G) for a Gaussian G in the point's layout, "
         f"ξ = rgrad/‖rgrad‖, y = retract(x, {STEP_SCALE:g}·ξ), transport(x, y, ξ).",
     ]
-    pymanopt_version: str | None = None
+    pymanopt = _import_pymanopt(notes)
+    pymanopt_version = getattr(pymanopt, "__version__", "unknown") if pymanopt else None
     peer_cls = None
-    try:
-        import pymanopt
-        from pymanopt.manifolds import FixedRankEmbedded as PeerFixedRank
-    except ImportError:
-        notes.append(PYMANOPT_MISSING)
-    except Exception as exc:  # a broken installation must not break the benchmark
-        notes.append(f"pymanopt failed to import ({type(exc).__name__}: {exc}): peer rows skipped")
-    else:
-        pymanopt_version = getattr(pymanopt, "__version__", "unknown")
-        peer_cls = PeerFixedRank
+    if pymanopt:
+        peer_cls = pymanopt.manifolds.FixedRankEmbedded
         inputs = _diagonal_r1_inputs(m, n, r, rng)
         peer = peer_cls(m, n, r)
         fns[R1_SAME_INPUT_ROW] = _geometry_step(inputs["geo"], inputs["x"], inputs["g"])
