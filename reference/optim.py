@@ -113,7 +113,7 @@ def _frame_rms(geometry: Geometry, x: Point, u: Tangent) -> list[float]:
     if s == 0.0:
         return [0.0] * len(geometry.moment_groups)
     norms = _frame_norms(geometry, x, tree_map(lambda p: p / s, u))
-    return [s * n / np.sqrt(k) for n, k in zip(norms, _frame_sizes(geometry, u), strict=True)]
+    return [s * (n / np.sqrt(k)) for n, k in zip(norms, _frame_sizes(geometry, u), strict=True)]
 
 
 def _safe_ratio(num: float, den: float) -> float:

@@ -1,0 +1,221 @@
+"""The Stiefel manifold St(d, r) in torch, batched over leading dimensions (DESIGN §4.0, §7).
+
+Mirrors ``reference/stiefel.py`` method for method. A tensor of shape (..., d, r) is a batch of
+frames, one frame per trailing d×r matrix (e.g. layers × heads × d × r); every per-frame scalar
+(a norm, an inner product, a residual) comes back as a tensor of shape (...,).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from torch_port import linalg
+from torch_port.linalg import Tensor, frobenius, sym, transpose
+
+RETRACTIONS = ("polar", "polar_svd", "qr", "exp")
+METRICS = ("embedded", "canonical")
+
+
+def default_atol(dtype: torch.dtype) -> float:
+    """Default tolerance of ``check_point``/``check_tangent``: sqrt(ε) of the frame's dtype
+    (1.5e-8 for float64, as the reference; 3.5e-4 for float32). Frames made or moved by this
+    library sit far below it (float32: ~1e-6), so it flags a real violation, never rounding."""
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
+class Stiefel:
+    """St(d, r) with 1 ≤ r ≤ d, for batches of frames.
+
+    A point is a real floating tensor W of shape (..., d, r) whose every trailing matrix has
+    WᵀW = I_r. A tangent vector at W is a tensor ξ of the same shape with Wᵀξ + ξᵀW = 0 frame by
+    frame. The metric is the embedded one, ⟨ξ, η⟩ = tr(ξᵀη), or optionally the canonical one,
+    ⟨ξ, η⟩ = tr(ξᵀ(I − ½WWᵀ)η). Euclidean gradients are ∂f/∂W in the layout of W.
+
+    Args:
+        d: ambient dimension (rows).
+        r: number of orthonormal columns, 1 ≤ r ≤ d.
+        retraction: "polar" (default; (W + ξ)(Gram)^{-1/2} with the Gram actually formed, in
+            float64 for low-precision frames; second order), "polar_svd" (the same map through
+            the SVD), "qr" (sign-fixed QR, first order for r ≥ 2) or "exp" (the exponential map
+            of the embedded metric).
+        metric: "embedded" (default) or "canonical".
+    """
+
+    name = "stiefel"
+    embedded = False
+    quotient = False
+
+    def __init__(self, d: int, r: int, retraction: str = "polar", metric: str = "embedded"):
+        if not (isinstance(d, int) and isinstance(r, int)) or isinstance(d, bool):
+            raise TypeError(f"St(d, r) needs integer d and r, got d={d!r}, r={r!r}")
+        if r < 1 or d < 1:
+            raise ValueError(f"St(d, r) needs d ≥ 1 and r ≥ 1, got d={d}, r={r}")
+        if r > d:
+            raise ValueError(
+                f"St(d, r) needs r ≤ d (at most d orthonormal columns), got r={r} > d={d}"
+            )
+        if retraction not in RETRACTIONS:
+            raise ValueError(f"unknown retraction {retraction!r}; choose one of {RETRACTIONS}")
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
+        self.d, self.r = int(d), int(r)
+        self.retraction, self.metric = retraction, metric
+        self.retraction_order = 1 if retraction == "qr" and r > 1 else 2
+        self.dim = self.d * self.r - self.r * (self.r + 1) // 2
+        self.shape = (self.d, self.r)
+
+    def __repr__(self) -> str:
+        return (
+            f"Stiefel({self.d}, {self.r}, retraction={self.retraction!r}, metric={self.metric!r})"
+        )
+
+    # -- points and tangent vectors ------------------------------------------------------------
+    def random_point(
+        self,
+        generator: torch.Generator | None = None,
+        batch_shape: Sequence[int] = (),
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> Tensor:
+        """Q of the sign-fixed QR of a Gaussian (Haar on St(d, r)), one per frame of the batch.
+
+        Drawn and factorised in float64, then cast to ``dtype``."""
+        z = torch.randn(
+            (*batch_shape, *self.shape), generator=generator, dtype=torch.float64, device=device
+        )
+        return linalg.qr_signfixed(z)[0].to(dtype)
+
+    def random_tangent(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """A unit-norm tangent vector per frame: P_W(Z)/‖P_W(Z)‖ for a Gaussian Z."""
+        z = torch.randn(x.shape, generator=generator, dtype=x.dtype, device=x.device)
+        u = self.proj(x, z)
+        return u / self.norm(x, u)[..., None, None]
+
+    def zero_tangent(self, x: Tensor) -> Tensor:
+        return torch.zeros_like(x)
+
+    def inner(self, x: Tensor, u: Tensor, v: Tensor) -> Tensor:
+        """tr(uᵀv) (embedded) or tr(uᵀv) − ½ tr((Wᵀu)ᵀ(Wᵀv)) (canonical), per frame."""
+        value = torch.sum(u * v, dim=(-2, -1))
+        if self.metric == "canonical":
+            xt = transpose(x)
+            value = value - 0.5 * torch.sum((xt @ u) * (xt @ v), dim=(-2, -1))
+        return value
+
+    def norm(self, x: Tensor, u: Tensor) -> Tensor:
+        """‖u‖ per frame: the scaled Frobenius norm (embedded), sqrt(max(⟨u, u⟩, 0)) (canonical)."""
+        if self.metric == "embedded":
+            return frobenius(u)
+        return torch.sqrt(torch.clamp(self.inner(x, u, u), min=0.0))
+
+    def frame_norm(self, x: Tensor, u: Tensor) -> Tensor:
+        """‖u‖ per frame as s·‖u/s‖ with s = max|u| (0 for u = 0): the norm the update rules use
+        (reference ``optim._metric_norm``), free of overflow and underflow in either metric. In
+        the embedded metric it is ``norm`` itself (the inner rescaling by max|u/s| = 1 is exact)."""
+        if self.metric == "embedded":
+            return frobenius(u)
+        s = linalg.max_abs(u)
+        safe = torch.where(s == 0, torch.ones_like(s), s)
+        return torch.where(s == 0, s, s * self.norm(x, u / safe[..., None, None]))
+
+    # -- projections and gradients -------------------------------------------------------------
+    def proj(self, x: Tensor, z: Tensor) -> Tensor:
+        """P_W(Z) = Z − W sym(WᵀZ), frame by frame (orthogonal in both metrics)."""
+        return z - x @ sym(transpose(x) @ z)
+
+    proj_tangent = proj
+
+    def egrad_to_rgrad(self, x: Tensor, egrad: Tensor) -> Tensor:
+        """P_W(G) (embedded metric) or G − W Gᵀ W (canonical metric)."""
+        if self.metric == "canonical":
+            return egrad - x @ transpose(egrad) @ x
+        return self.proj(x, egrad)
+
+    # -- retractions and transport -------------------------------------------------------------
+    def retract(self, x: Tensor, u: Tensor) -> Tensor:
+        """R_W(ξ) by the retraction chosen at construction, frame by frame."""
+        if self.retraction == "polar":
+            return linalg.polar(x + u)
+        if self.retraction == "polar_svd":
+            return linalg.polar_svd(x + u)
+        if self.retraction == "qr":
+            return linalg.qr_signfixed(x + u)[0]
+        return self.exp(x, u)
+
+    def exp(self, x: Tensor, u: Tensor) -> Tensor:
+        """Geodesic of the embedded metric at t = 1 (Edelman, Arias & Smith 1998, eq. 2.45):
+
+        Exp_W(ξ) = [W, ξ] expm([[A, −S], [I, A]]) [I; 0] expm(−A),  A = Wᵀξ, S = ξᵀξ.
+        """
+        a, s = transpose(x) @ u, transpose(u) @ u
+        eye = linalg.eye_like(a).expand_as(a)
+        block = torch.cat([torch.cat([a, -s], dim=-1), torch.cat([eye, a], dim=-1)], dim=-2)
+        return torch.cat([x, u], dim=-1) @ linalg.expm(block)[..., : self.r] @ linalg.expm(-a)
+
+    def transport(self, x: Tensor, y: Tensor, u: Tensor) -> Tensor:
+        """Vector transport by projection: P_Y(ξ)."""
+        return self.proj(y, u)
+
+    def project_point(self, a: Tensor) -> Tensor:
+        """The nearest frame to each full-rank matrix of a batch in Frobenius norm: polar(A)."""
+        return linalg.polar(a)
+
+    # -- matrices and validation ---------------------------------------------------------------
+    def to_matrix(self, x: Tensor) -> Tensor:
+        return x
+
+    def tangent_to_matrix(self, x: Tensor, u: Tensor) -> Tensor:
+        return u
+
+    def egrad_from_matrix(self, x: Tensor, g: Tensor) -> Tensor:
+        return g
+
+    def residual(self, x: Tensor) -> Tensor:
+        """‖WᵀW − I_r‖ per frame, measured in float64 from the stored entries."""
+        return linalg.orthonormality_residual(x)
+
+    def _check_layout(self, what: str, x: Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{what}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.ndim < 2 or tuple(x.shape[-2:]) != self.shape:
+            raise ValueError(
+                f"{what}: expected shape (..., {self.d}, {self.r}), got {tuple(x.shape)}"
+            )
+        if not x.dtype.is_floating_point:
+            raise TypeError(f"{what}: expected a real floating dtype, got {x.dtype}")
+        bad = int((~torch.isfinite(x)).sum())
+        if bad:
+            raise ValueError(f"{what}: {bad} non-finite entries (NaN or inf)")
+
+    def check_point(self, x: Tensor, atol: float | None = None) -> None:
+        """Raise ValueError unless x has shape (..., d, r), is finite and every frame has
+        ‖WᵀW − I‖ ≤ atol (default sqrt(ε) of x's dtype); the message gives the measured
+        residual of the worst frame, its index and how many frames are off."""
+        self._check_layout("Stiefel point", x)
+        atol = default_atol(x.dtype) if atol is None else float(atol)
+        res = self.residual(x)
+        off = res > atol
+        count = int(off.sum())
+        if count:
+            worst = int(torch.argmax(res.reshape(-1)))
+            index = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), res.shape))
+            raise ValueError(
+                f"point is off St({self.d}, {self.r}): ‖WᵀW − I‖ = "
+                f"{float(res.reshape(-1)[worst]):.3e} > {atol:.1e} (frame {index}; "
+                f"{count} of {res.numel()} frames off)"
+            )
+
+    def check_tangent(self, x: Tensor, u: Tensor, atol: float | None = None) -> None:
+        """Raise ValueError unless ‖Wᵀξ + ξᵀW‖ ≤ atol·max(1, ‖ξ‖) in every frame."""
+        self._check_layout("Stiefel tangent", u)
+        atol = default_atol(u.dtype) if atol is None else float(atol)
+        x64, u64 = x.to(torch.float64), u.to(torch.float64)
+        res = frobenius(2.0 * sym(transpose(x64) @ u64))
+        bound = atol * torch.clamp(frobenius(u64), min=1.0)
+        if bool((res > bound).any()):
+            raise ValueError(
+                f"vector is not tangent at W: ‖Wᵀξ + ξᵀW‖ = {float(res.max()):.3e} (worst frame)"
+            )
