@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proofs_checks.certificate import certify, resolve_ids, summary_table
+from proofs_checks.rank import add_rank_arguments, run_rank_command
 from proofs_checks.registry import REGISTRY
 
 BENCHMARKS = ("stiefel", "geometries")
@@ -38,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     geos.add_argument("--n", type=int, default=6, help="columns (default 6)")
     geos.add_argument("--r", type=int, default=2, help="rank (default 2)")
     geos.add_argument("--json", action="store_true", help="print one JSON document")
+
+    rank = sub.add_parser("rank", help="estimate the intrinsic rank of sequences before training")
+    add_rank_arguments(rank)
 
     bench = sub.add_parser("bench", help="run a benchmark (not a test) and print its table")
     bench.add_argument("name", choices=BENCHMARKS)
@@ -136,7 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-        commands = {"certify": run_certify, "geometries": run_geometries, "bench": run_bench}
+        commands = {
+            "certify": run_certify,
+            "geometries": run_geometries,
+            "bench": run_bench,
+            "rank": run_rank_command,
+        }
         return commands[args.command](args)
     except _UsageError as exc:
         print(exc, file=sys.stderr)

@@ -164,3 +164,21 @@ def vanishes(expr: Any) -> bool:
         terms = e.args if isinstance(e, sp.MatAdd) else (e,)
         return all(sp.simplify(t.as_coeff_mmul()[0]) == 0 for t in terms)
     return False
+
+
+def gaussian_expectation(expr: Any, variables: Sequence[Any]) -> Any:
+    """E[expr] for independent standard normal ``variables`` (a scalar or a SymPy matrix): expand
+    into monomials and replace each z^k by its moment E[z^k] = (k − 1)!! for even k, 0 for odd
+    k. Exact, since the joint moments of independent N(0, 1) factorise."""
+    import sympy as sp
+
+    if isinstance(expr, sp.MatrixBase):
+        return expr.applyfunc(lambda e: gaussian_expectation(e, variables))
+    poly = sp.Poly(sp.expand(expr), *variables)
+    total = sp.Integer(0)
+    for monom, coeff in poly.terms():
+        moment = sp.Integer(1)
+        for k in monom:
+            moment *= 0 if k % 2 else sp.factorial2(k - 1)
+        total += coeff * moment
+    return sp.expand(total)

@@ -9,3 +9,6 @@ from proofs_checks.propositions import ra5_decay
 from proofs_checks.propositions import ra6_gauge
 from proofs_checks.propositions import ra7_degree
 from proofs_checks.propositions import geo
+from proofs_checks.propositions import eb_static
+from proofs_checks.propositions import eb_exchangeability
+from proofs_checks.propositions import eb_pooled

@@ -1,0 +1,357 @@
+"""``rattn rank DATA.npz``: the intrinsic rank of a user's sequences, estimated before training.
+
+DATA.npz holds X of shape (S, n, d) (S sequences of n tokens) and Y of shape (S, n, d_v) (the
+outputs of the token-mixing layer to be sized). Each attention kind has its own pre-training
+estimator (``reference.capacity``; docs/entropic_bound.md):
+
+- ``static``: the token Gram Σ_s Y_sY_sᵀ/(S·d_v); recommended rank = the count of its eigenvalues
+  above the noise's Tracy–Widom edge (``token_gram_count``);
+- ``linear``: the pooled token regression ŷ = C x (value map unknown; EB-7);
+- ``softmax``: the first-order estimator, y_i regressed on [x_i, x̄] (its x_i block).
+
+For ``linear`` and ``softmax`` the recommended rank is the largest-gap rank of the coefficient's
+singular values with the floor max(standard error, σ₁/n): the sampling error, and the O(1/n)
+finite-n tail of EB-7, cannot make a gap. Every estimator of ``capacity.estimate_all`` is
+reported with the caveats that apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from reference import capacity
+
+ATTENTION = ("linear", "softmax", "static")
+#: Spectrum values shown in the text table (all of them go to the JSON document and the plot).
+SHOWN = 12
+
+
+# ---------------------------------------------------------------------------------------------
+# Input
+# ---------------------------------------------------------------------------------------------
+def load_sequences(
+    path: str | Path, x_key: str = "X", y_key: str = "Y"
+) -> tuple[np.ndarray, np.ndarray]:
+    """X (S, n, d) and Y (S, n, d_v) from a .npz archive, as float64. Raises ValueError naming
+    the problem and the measured value: missing file or key, not an archive, non-numeric or
+    non-finite data, wrong number of axes, mismatched (S, n)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"cannot read {str(path)!r}: no such file")
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"cannot read {str(path)!r} as a .npz archive: {exc}") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError(f"{str(path)!r} holds a single array, not a .npz archive with X and Y")
+    with data:
+        arrays = {}
+        for role, key, option in (("X", x_key, "--x"), ("Y", y_key, "--y")):
+            if key not in data.files:
+                raise ValueError(
+                    f"{str(path)!r} has no array {key!r} for {role} (arrays: "
+                    f"{', '.join(map(repr, sorted(data.files))) or 'none'}); "
+                    f"choose one with {option}"
+                )
+            try:
+                arrays[role] = data[key]
+            except ValueError as exc:  # object arrays need pickle, which is refused
+                raise ValueError(f"cannot load array {key!r}: {exc}") from None
+    out = []
+    for role, key in (("X", x_key), ("Y", y_key)):
+        a = arrays[role]
+        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) or np.iscomplexobj(a):
+            raise ValueError(f"{role} ({key!r}) must be a real numeric array, got dtype {a.dtype}")
+        if a.ndim != 3:
+            last = "d" if role == "X" else "d_v"
+            raise ValueError(f"{role} ({key!r}) must have shape (S, n, {last}), got {a.shape}")
+        if min(a.shape) < 1:
+            raise ValueError(f"{role} ({key!r}) is empty: shape {a.shape}")
+        a = a.astype(np.float64)
+        bad = int(np.sum(~np.isfinite(a)))
+        if bad:
+            raise ValueError(f"{role} ({key!r}) has {bad} non-finite entries (NaN or inf)")
+        out.append(a)
+    x, y = out
+    if x.shape[:2] != y.shape[:2]:
+        raise ValueError(
+            f"X and Y must have the same number of sequences and tokens (S, n): X has shape "
+            f"{x.shape}, Y has shape {y.shape}"
+        )
+    return x, y
+
+
+def minimum_sequences(attention: str, n: int, d: int, dv: int) -> tuple[int, str]:
+    """The fewest sequences each estimator can use, and why."""
+    if attention == "static":
+        return max(2, math.ceil(n / dv)), "the token Gram needs S·d_v ≥ n"
+    if attention == "linear":
+        return max(2, math.ceil((d + 1) / n)), "the pooled regression needs S·n > d"
+    return d + 1, "the first-order estimator regresses on the sequence means: S > d"
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimation
+# ---------------------------------------------------------------------------------------------
+def _floats(values) -> list[float]:
+    return [float(v) for v in values]
+
+
+def _agreement(estimators: dict[str, Any], recommended: int) -> list[str]:
+    keys = ("energy_threshold_rank(eta=0.9)", "energy_threshold_rank(eta=0.99)")
+    others = {k: estimators[k] for k in keys}
+    if all(v == recommended for v in others.values()):
+        return []
+    listed = ", ".join(f"{k} = {v}" for k, v in others.items())
+    return [
+        f"the estimators disagree ({listed}; recommended {recommended}): the spectrum has no "
+        "single clear gap; inspect it (--plot) before choosing a rank"
+    ]
+
+
+def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
+    s, n, d = x.shape
+    dv = y.shape[2]
+    gc = capacity.token_gram_count(y)
+    signal = np.sqrt(np.maximum(gc.eigenvalues - gc.noise, 0.0))
+    floor = math.sqrt(max(gc.threshold - gc.noise, 0.0))
+    estimators = capacity.estimate_all(signal, floor=floor)
+    estimators["token_gram_count"] = gc.rank
+    caveats = [
+        "assumes a static (input-independent) mixer Y = A*XW* + noise, with noise iid across "
+        "tokens; with input-conditioned attention use --attention linear or softmax (a static "
+        "summary of attention is aI + b11ᵀ, EB-5)",
+        f"the noise level is estimated from the trailing eigenvalues (σ̂² = {gc.noise:.3g}); "
+        "directions weaker than about σ̂²·2√(n/(S·d_v)) are not detected",
+        "the spectrum estimators act on sqrt(max(λ − σ̂², 0)), the token Gram's signal part",
+    ]
+    extra: dict[str, Any] = {}
+    if d == dv and s * d >= n:
+        mixer = capacity.ols_static_mixer(x, y)
+        sv = capacity.singular_values(mixer)
+        extra["ols_static_mixer"] = {
+            "spectrum": _floats(sv),
+            "estimators": capacity.estimate_all(sv),
+        }
+        caveats.append(
+            "the OLS static mixer (Σ YXᵀ)(Σ XXᵀ)⁻¹ models Y ≈ A X: it is meaningful only when "
+            "the value map is close to the identity (it is diluted by tr W*)"
+        )
+    caveats += _agreement(estimators, gc.rank)
+    return {
+        "operator": "token Gram G = Σ_s Y_s Y_sᵀ/(S·d_v), eigenvalues",
+        "spectrum_of": "token-Gram eigenvalues",
+        "spectrum": _floats(gc.eigenvalues),
+        "threshold": float(gc.threshold),
+        "noise_floor": float(gc.noise),
+        "estimators": estimators,
+        "recommended_rank": int(gc.rank),
+        "recommended_by": "token-Gram eigenvalues above the noise's Tracy–Widom 99% edge",
+        "caveats": caveats,
+        **extra,
+    }
+
+
+def _attention(x: np.ndarray, y: np.ndarray, attention: str) -> dict[str, Any]:
+    n, dv = x.shape[1], y.shape[2]
+    if attention == "linear":
+        reg = capacity.pooled_regression(x, y)
+        operator = "pooled token regression ŷ_i = C x_i (d_v × d), singular values"
+    else:
+        reg = capacity.first_order_softmax(x, y)
+        operator = (
+            "first-order estimator: y_i on [x_i, x̄], the x_i block (d_v × d), singular values"
+        )
+    sv = capacity.singular_values(reg.coef)
+    floor = max(reg.stderr, float(sv[0]) / n)
+    estimators = capacity.estimate_all(sv, floor=floor)
+    rank = capacity.largest_gap_rank(sv, floor)
+    caveats = [
+        f"values below the floor max(standard error {reg.stderr:.3g}, σ₁/n = {sv[0] / n:.3g}) "
+        "are treated as sampling error or finite-n tail: the pooled coefficient "
+        "W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞ (EB-7)",
+        "the numerical rank and erank_RV count the finite-n tail and over-estimate",
+        "the estimate is at most rank(W_V): a value map of low rank hides kernel directions",
+    ]
+    if attention == "softmax":
+        caveats.append(
+            "softmax: partial recovery. The first-order estimator assumes no systematic "
+            "self-attention bias; with a PSD part in K (tokens attending to themselves) the value "
+            "map's full rank leaks into the coefficient and energy estimators over-count as β "
+            "grows; the largest-gap rank is the most robust (background §6 P4c)"
+        )
+        if rank < sv.size and sv[rank] > 2 * floor:
+            caveats.append(
+                f"the tail after the gap (σ_{rank + 1} = {sv[rank]:.3g}) is above twice the floor: "
+                "part of the operator is full rank (e.g. a self-attention bias or a large β)"
+            )
+        caveats.append(
+            "the inversion estimator (reference.capacity.inversion_estimator) needs W_V and "
+            f"n ≤ d_v; here n = {n}, d_v = {dv}"
+            + (" (identifiable if W_V is known)" if n <= dv else " (not identifiable)")
+        )
+    caveats += _agreement(estimators, rank)
+    return {
+        "operator": operator,
+        "spectrum_of": "coefficient singular values",
+        "spectrum": _floats(sv),
+        "noise_floor": float(floor),
+        "standard_error": float(reg.stderr),
+        "estimators": estimators,
+        "recommended_rank": int(rank),
+        "recommended_by": "largest-gap rank of the coefficient, floored at max(SE, σ₁/n)",
+        "caveats": caveats,
+    }
+
+
+def estimate(x: np.ndarray, y: np.ndarray, attention: str = "linear") -> dict[str, Any]:
+    """Every estimator appropriate to ``attention`` on sequences X (S, n, d), Y (S, n, d_v): a
+    JSON-ready report with ``recommended_rank`` (an int), ``estimators`` and ``caveats``."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 3 or y.ndim != 3 or x.shape[:2] != y.shape[:2]:
+        raise ValueError(f"needs X (S, n, d) and Y (S, n, d_v), got {x.shape} and {y.shape}")
+    s, n, d = x.shape
+    dv = y.shape[2]
+    if n < 2:
+        raise ValueError(f"needs at least 2 tokens per sequence to mix, got n = {n}")
+    need, why = minimum_sequences(attention, n, d, dv)
+    if s < need:
+        raise ValueError(
+            f"too few sequences for --attention {attention}: S = {s}, needs S ≥ {need} ({why})"
+        )
+    body = _static(x, y) if attention == "static" else _attention(x, y, attention)
+    return {"attention": attention, "S": s, "n": n, "d": d, "d_v": dv, **body}
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+# ---------------------------------------------------------------------------------------------
+def format_report(report: dict[str, Any]) -> str:
+    """The human-readable table."""
+    spec = report["spectrum"]
+    shown = " ".join(f"{v:.4g}" for v in spec[:SHOWN]) + (" …" if len(spec) > SHOWN else "")
+    lines = [
+        f"rattn rank: {report.get('file', '<arrays>')} (S = {report['S']} sequences, "
+        f"n = {report['n']} tokens, d = {report['d']}, d_v = {report['d_v']}), "
+        f"attention: {report['attention']}",
+        f"operator: {report['operator']}",
+        f"spectrum: {shown}",
+        "",
+        f"{'estimator':<34} value",
+        f"{'-' * 34} -----",
+    ]
+    for name, value in report["estimators"].items():
+        text = f"{value:.3f}" if isinstance(value, float) else str(value)
+        lines.append(f"{name:<34} {text}")
+    if "naive_static_token_gram_count" in report:
+        lines.append(
+            f"{'naive_static_token_gram_count':<34} {report['naive_static_token_gram_count']}"
+        )
+    lines += [
+        "",
+        f"recommended rank: {report['recommended_rank']} ({report['recommended_by']})",
+        "caveats:",
+        *(f"  - {c}" for c in report["caveats"]),
+    ]
+    if "plot" in report:
+        lines.append(f"plot: {report['plot']}")
+    return "\n".join(lines)
+
+
+def require_matplotlib() -> None:
+    """Raise a clear ValueError when matplotlib (the ``experiments`` extra) is missing."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(
+            "--plot needs matplotlib, which is not installed (pip install 'rattn[experiments]')"
+        )
+
+
+def plot_spectrum(report: dict[str, Any], path: str | Path) -> None:
+    """A PNG of the spectrum on a log scale, the floor/threshold, and the recommended rank."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    spec = np.asarray(report["spectrum"])
+    k = np.arange(1, spec.size + 1)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    positive = spec > 0
+    ax.semilogy(k[positive], spec[positive], "o-", label=report["spectrum_of"])
+    level = report.get("threshold", report.get("noise_floor"))
+    if level:
+        ax.axhline(
+            level, color="gray", ls="--", label="threshold" if "threshold" in report else "floor"
+        )
+    r = report["recommended_rank"]
+    ax.axvline(r + 0.5, color="C3", ls=":", label=f"recommended rank {r}")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_xlabel("index i")
+    ax.set_ylabel("value")
+    ax.set_title(f"rattn rank ({report['attention']} attention)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    except OSError as exc:
+        raise ValueError(f"cannot write the plot to {str(path)!r}: {exc.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def run_rank(
+    path: str | Path,
+    x_key: str = "X",
+    y_key: str = "Y",
+    attention: str = "linear",
+    plot: str | Path | None = None,
+    as_json: bool = False,
+) -> int:
+    """``rattn rank``: load, estimate, print a table (or one JSON document whose key
+    ``recommended_rank`` is an integer), optionally write a PNG plot; returns 0. Bad input
+    raises ValueError with a one-line message (the CLI turns it into exit status 2)."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    if plot is not None:
+        require_matplotlib()  # refuse before the work, not after
+    x, y = load_sequences(path, x_key, y_key)
+    report = {"file": str(path), **estimate(x, y, attention)}
+    if plot is not None:
+        plot_spectrum(report, plot)
+        report["plot"] = str(plot)
+    print(json.dumps(report, indent=2, ensure_ascii=False) if as_json else format_report(report))
+    return 0
+
+
+def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``rattn rank``."""
+    parser.add_argument("data", metavar="DATA.npz", help="archive with X (S, n, d), Y (S, n, d_v)")
+    parser.add_argument(
+        "--x", default="X", dest="x_key", metavar="KEY", help="key of X (default X)"
+    )
+    parser.add_argument(
+        "--y", default="Y", dest="y_key", metavar="KEY", help="key of Y (default Y)"
+    )
+    parser.add_argument(
+        "--attention", choices=ATTENTION, default="linear", help="mixing kind (default linear)"
+    )
+    parser.add_argument("--plot", metavar="FILE", default=None, help="write a PNG of the spectrum")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run_rank_command(args: argparse.Namespace) -> int:
+    """``rattn rank`` from parsed arguments (see ``add_rank_arguments``)."""
+    return run_rank(args.data, args.x_key, args.y_key, args.attention, args.plot, args.json)

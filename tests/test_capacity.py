@@ -1,0 +1,342 @@
+"""Unit tests of reference.capacity: spectrum estimators, Marchenko–Pastur count, planted tasks,
+closed forms of the static surrogate and the pooled regression, pre-training estimators.
+
+Expected values are closed forms derived independently of the implementation (stated next to
+each test) or exact relations (an estimator applied to an exactly linear model returns the
+model). Tolerances are rounding bounds: U = 2^-53 is the unit roundoff.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from reference import capacity as cap
+
+U = np.finfo(np.float64).eps / 2
+
+
+def entropy_rank_closed_form(weights: list[int]) -> float:
+    """exp(H(p)) for p_i = w_i/Σw with integer weights: Π (Σw/w_i)^{w_i/Σw}, an independent
+    product formula (no logarithms of the implementation's normalised weights)."""
+    total = sum(weights)
+    return math.prod((total / w) ** (w / total) for w in weights)
+
+
+# -- flat spectra ------------------------------------------------------------------------------
+@pytest.mark.parametrize("r", [1, 2, 3, 7, 10, 12])
+def test_flat_spectrum_gives_the_rank_exactly(r):
+    """r equal singular values and three zeros: erank_E = erank_RV = stable rank = r (the
+    uniform distribution on r atoms has entropy log r); r_η = ⌈ηr⌉; the gap rank is r."""
+    s = np.r_[np.full(r, 2.5), np.zeros(3)]
+    # exp(log r) with the entropy summed over r terms: relative error ≤ (r + 2)·4U·log r + U.
+    tol = (r + 2) * 4 * U * max(math.log(r), 1) * r + 4 * U * r
+    assert abs(cap.energy_effective_rank(s) - r) <= tol
+    assert abs(cap.roy_vetterli_rank(s) - r) <= tol
+    assert abs(cap.stable_rank(s) - r) <= 2 * r * U * r
+    assert cap.numerical_rank(s) == r
+    assert cap.largest_gap_rank(s) == r
+    for eta, expected in ((0.9, math.ceil(Fraction(9, 10) * r)), (0.5, math.ceil(r / 2))):
+        assert cap.energy_threshold_rank(s, eta) == expected
+    assert cap.energy_threshold_rank(s, 1.0) == r
+
+
+def test_flat_r_eta_underestimates_from_ten_on():
+    """⌈0.9·r⌉ < r once r ≥ 10 (the documented bias of r_0.9)."""
+    assert cap.energy_threshold_rank(np.ones(9), 0.9) == 9
+    assert cap.energy_threshold_rank(np.ones(10), 0.9) == 9
+    assert cap.energy_threshold_rank(np.ones(20), 0.9) == 18
+
+
+# -- the spectrum (3, 2.5, 2, 1.5) ---------------------------------------------------------------
+def test_unequal_spectrum_values():
+    """σ = (3, 2.5, 2, 1.5) = (6, 5, 4, 3)/2: energy weights σ² ∝ (36, 25, 16, 9) (sum 86), so
+    erank_E = Π(86/w)^{w/86} = 3.5708; L1 weights ∝ (6, 5, 4, 3) (sum 18), so erank_RV =
+    Π(18/w)^{w/18} = 3.8763 (< 4 = rank; the background's 4.06 needs a noise tail); stable rank
+    = 86/36 = 2.3889; cumulative energies 36, 61, 77, 86 of 86 give r_0.8 = 3 (77/86 = .895)
+    and r_0.9 = 4; gaps 1.2, 1.25, 4/3 give 3 without the zero tail and 4 with it."""
+    s = [3.0, 2.5, 2.0, 1.5]
+    e_expected = entropy_rank_closed_form([36, 25, 16, 9])
+    rv_expected = entropy_rank_closed_form([6, 5, 4, 3])
+    assert abs(e_expected - 3.5708) < 1e-4 and abs(rv_expected - 3.8763) < 1e-4
+    assert abs(cap.energy_effective_rank(s) - e_expected) <= 1e-14 * 4
+    assert abs(cap.roy_vetterli_rank(s) - rv_expected) <= 1e-14 * 4
+    assert abs(cap.stable_rank(s) - 86 / 36) <= 8 * U * 3
+    assert cap.energy_threshold_rank(s, 0.8) == 3
+    assert cap.energy_threshold_rank(s, 0.9) == 4
+    assert cap.largest_gap_rank(s) == 3
+    assert cap.largest_gap_rank([*s, 0.0, 0.0]) == 4
+    # Twenty tail values of 0.008 inflate erank_RV (to 4.356) much more than erank_E (+< 0.01).
+    tail = [*s, *([0.008] * 20)]
+    assert cap.roy_vetterli_rank(tail) > 4.3
+    assert cap.energy_effective_rank(tail) - e_expected < 0.01
+
+
+def test_two_value_spectrum():
+    """σ = (2, 1): energy weights (4, 1)/5 give erank_E = 5^{1}/(4^{4/5}) = 1.6494; L1 weights
+    (2, 1)/3 give erank_RV = 3/2^{2/3} = 1.8899."""
+    assert abs(cap.energy_effective_rank([2, 1]) - 5 / 4**0.8) <= 1e-15 * 8
+    assert abs(cap.roy_vetterli_rank([1, 2]) - 3 / 2 ** (2 / 3)) <= 1e-15 * 8
+
+
+@pytest.mark.parametrize("scale", [1e-250, 1e-100, 1.0, 1e100, 1e250])
+def test_estimators_are_scale_invariant_without_overflow(scale):
+    """All estimators depend on σ/σ₁ only; the implementation normalises first, so even
+    σ ≈ 1e250 (σ² overflows) and σ ≈ 1e-250 (σ² underflows) give the unit-scale values."""
+    s = np.array([3.0, 2.5, 2.0, 1.5, 1e-3])
+    ref = cap.estimate_all(s)
+    got = cap.estimate_all(scale * s)
+    for key, value in ref.items():
+        assert got[key] == pytest.approx(value, rel=1e-13), key
+
+
+def test_order_of_the_input_does_not_matter():
+    s = np.array([0.1, 3.0, 0.0, 2.0, 1.0])
+    assert cap.estimate_all(s) == cap.estimate_all(np.sort(s)[::-1])
+
+
+def test_zero_and_empty_spectra():
+    for s in ([], [0.0, 0.0]):
+        values = cap.estimate_all(s)
+        assert all(v == 0 for v in values.values())
+
+
+def test_gap_rank_floor_removes_a_spurious_noise_gap():
+    """(1, 1, 1, 1e-3, 1e-6, 1e-12): without a floor the ratio 1e-6/1e-12 = 1e6 beats the
+    signal gap 1/1e-3 = 1e3 and the gap rank is 5; a floor of 1e-2 gives 3."""
+    s = [1, 1, 1, 1e-3, 1e-6, 1e-12]
+    assert cap.largest_gap_rank(s) == 5
+    assert cap.largest_gap_rank(s, floor=1e-2) == 3
+    assert cap.largest_gap_rank(s, floor=2.0) == 0  # everything below the floor
+    assert cap.largest_gap_rank([5.0]) == 1
+
+
+def test_numerical_rank_threshold():
+    s = [1.0, 0.5, 2e-3, 5e-4]
+    assert cap.numerical_rank(s, 1e-3) == 3
+    assert cap.numerical_rank(s, 1e-2) == 2
+    assert cap.numerical_rank(s, 0.0) == 4
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: cap.energy_effective_rank([[1.0, 2.0]]), "1-D"),
+        (lambda: cap.stable_rank([1.0, -0.5]), "≥ 0"),
+        (lambda: cap.roy_vetterli_rank([1.0, np.nan]), "non-finite"),
+        (lambda: cap.numerical_rank([1.0], tau=1.5), "tau"),
+        (lambda: cap.energy_threshold_rank([1.0], eta=0.0), "eta"),
+        (lambda: cap.largest_gap_rank([1.0], floor=-1.0), "floor"),
+    ],
+)
+def test_bad_spectra_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# -- Marchenko–Pastur and the token-Gram count ---------------------------------------------------
+def test_mp_edge_and_tracy_widom_threshold():
+    """Edge σ²(1 + √(p/N))²: p = 24, N = 6400 gives (1 + √0.00375)² = 1.12622·σ². The TW 99%
+    threshold lies above the edge and approaches it as N grows: for fixed p the margin is
+    TW₁(0.99)·σ_np/N ≈ 2.02·p^{-1/6}·N^{-1/2} (σ_np ≈ √N·p^{-1/6}), 1.2e-4 at N = 1e8."""
+    assert cap.mp_edge(2.0, 24, 6400) == pytest.approx(2 * (1 + math.sqrt(24 / 6400)) ** 2)
+    thr = cap.tracy_widom_threshold(1.0, 24, 6400)
+    assert cap.mp_edge(1.0, 24, 6400) < thr < 1.2
+    big = cap.tracy_widom_threshold(1.0, 24, 10**8)
+    assert 0 < big - cap.mp_edge(1.0, 24, 10**8) < 2.1 * 24 ** (-1 / 6) * 1e-4
+    with pytest.raises(ValueError, match="quantile"):
+        cap.tracy_widom_threshold(1.0, 2, 3, quantile=0.5)
+
+
+def test_token_gram_closed_form():
+    """One sequence Y = [[1, 0], [0, 2], [1, 1]] (n = 3, d_v = 2): G = YYᵀ/2."""
+    y = np.array([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
+    expected = np.array([[1, 0, 1], [0, 4, 2], [1, 2, 2]]) / 2
+    assert np.array_equal(cap.token_gram(y), expected)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(("rank", "spec"), [(0, "flat"), (1, "flat"), (3, "decay"), (6, "flat")])
+def test_token_gram_count_recovers_the_planted_rank(seed, rank, spec):
+    """Static task, n = 20, S = 300, d = 12, d_v = 6, noise 0.1: signal eigenvalues are
+    σ_i²(A*)·(d_v/d_v) ≥ 0.25 against a noise edge ≈ 0.01·(1 + √(20/1800))² ≈ 0.0122."""
+    task = cap.static_task(300, 20, 12, 6, rank, seed=seed, noise=0.1, spec=spec)
+    gc = cap.token_gram_count(task.y)
+    assert gc.rank == rank
+    assert gc.noise == pytest.approx(0.01, rel=0.1)
+
+
+def test_token_gram_count_without_noise():
+    """Noise 0: the trailing eigenvalues are rounding; the n·ε·λ₁ floor keeps them out."""
+    task = cap.static_task(50, 10, 8, 8, 3, seed=3, noise=0.0)
+    assert cap.token_gram_count(task.y).rank == 3
+
+
+# -- planted tasks -------------------------------------------------------------------------------
+def test_planted_objects():
+    rng = np.random.default_rng(0)
+    k = cap.planted_kernel(12, 3, rng, "decay")
+    assert np.allclose(np.linalg.svd(k, compute_uv=False)[:4], [1.0, 0.75, 0.5, 0.0], atol=1e-14)
+    kp = cap.planted_kernel(12, 3, rng, psd=True)
+    assert np.allclose(kp, kp.T, atol=1e-15)
+    assert np.all(np.linalg.eigvalsh(kp) > -1e-14) and np.trace(kp) == pytest.approx(3.0)
+    a = cap.planted_mixer(8, 2, rng, [3.0, 1.5])
+    assert np.allclose(np.linalg.svd(a, compute_uv=False)[:3], [3.0, 1.5, 0.0], atol=1e-14)
+    for m, k_ in ((6, 4), (4, 6)):
+        w = cap.orthonormal(m, k_, rng)
+        small = w.T @ w if k_ <= m else w @ w.T
+        assert np.allclose(small, np.eye(min(m, k_)), atol=1e-14)
+
+
+def test_planted_tasks_shapes_and_exact_models():
+    """With noise 0 the outputs are exactly the planted models (same operations)."""
+    t = cap.static_task(5, 6, 4, 3, 2, seed=1, noise=0.0)
+    assert t.x.shape == (5, 6, 4) and t.y.shape == (5, 6, 3) and t.rank == 2
+    assert np.allclose(t.y, t.mixer @ t.x @ t.value, atol=1e-14)
+    t = cap.linear_qk_task(5, 6, 4, 3, 2, seed=1, noise=0.0)
+    expected = np.einsum("sia,ab,sjb,sjc,cv->siv", t.x, t.kernel, t.x, t.x, t.value) / 6
+    assert np.allclose(t.y, expected, atol=1e-13)
+    t = cap.softmax_task(5, 6, 4, 3, 2, beta=1.5, seed=1, noise=0.0)
+    logits = 1.5 * np.einsum("sia,ab,sjb->sij", t.x, t.kernel, t.x) / 2.0
+    a = np.exp(logits) / np.exp(logits).sum(axis=2, keepdims=True)
+    assert np.allclose(a.sum(axis=2), 1.0)
+    assert np.allclose(t.y, a @ t.x @ t.value, atol=1e-13)
+    # Seeded: the same seed gives the same task.
+    assert np.array_equal(
+        cap.softmax_task(3, 4, 2, 2, 1, seed=7).y, cap.softmax_task(3, 4, 2, 2, 1, seed=7).y
+    )
+
+
+def test_static_task_with_a_token_covariance():
+    """X = L Z with LLᵀ = C: the empirical token covariance Σ_s X_sX_sᵀ/(S d) ≈ C."""
+    c = np.array([[1.0, 0.5, 0.0], [0.5, 1.0, 0.2], [0.0, 0.2, 0.5]])
+    t = cap.static_task(20000, 3, 5, 2, 1, seed=0, covariance=c)
+    emp = np.einsum("sia,sja->ij", t.x, t.x) / (20000 * 5)
+    assert np.allclose(emp, c, atol=0.02)  # ≈ 6 standard errors of √(2/100000)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: cap.planted_kernel(4, 5, 0), "1 ≤ r ≤ d"),
+        (lambda: cap.planted_mixer(4, -1, 0), "0 ≤ r ≤ n"),
+        (lambda: cap.planted_spectrum(3, "steep"), "spectrum"),
+        (lambda: cap.planted_spectrum(2, [1.0, 0.0]), "positive"),
+        (lambda: cap.static_task(0, 4, 3, 3, 1), "S, n, d, d_v"),
+        (lambda: cap.linear_qk_task(3, 4, 3, 3, 1, noise=-1.0), "noise"),
+        (lambda: cap.static_task(3, 3, 2, 2, 1, covariance=-np.eye(3)), "positive definite"),
+        (lambda: cap.static_task(3, 3, 2, 2, 1, covariance=np.eye(2)), "3×3"),
+    ],
+)
+def test_bad_task_arguments_raise(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# -- closed forms of the static surrogate ------------------------------------------------------
+def test_excess_risk_bound_and_truncation():
+    """C = I, W* with orthonormal columns (‖W*‖² = d_v = 3): ℰ(A) = 3‖A − A*‖²; the bound is
+    3·Σ_{i>r}σ_i²(A*) = 3·(2² + 1²) = 15 for σ(A*) = (3, 2, 1), r = 1; A_1 attains it, and any
+    other rank-1 mixer does worse (Eckart–Young)."""
+    rng = np.random.default_rng(4)
+    a_star = cap.planted_mixer(6, 3, rng, [3.0, 2.0, 1.0])
+    w = cap.orthonormal(5, 3, rng)
+    assert cap.deficiency_bound(a_star, w, 1) == pytest.approx(15.0, rel=1e-13)
+    a1 = cap.truncated_mixer(a_star, 1)
+    assert np.linalg.matrix_rank(a1) == 1
+    assert cap.static_excess_risk(a1, a_star, w) == pytest.approx(15.0, rel=1e-12)
+    other = a1 + 0.01 * np.outer(rng.standard_normal(6), rng.standard_normal(6))
+    assert cap.static_excess_risk(other, a_star, w) > 15.0
+    assert np.allclose(cap.truncated_mixer(a_star, 3), a_star, atol=1e-14)
+    assert cap.deficiency_bound(a_star, w, 3) < 1e-28
+
+
+def test_excess_risk_with_covariance_matches_monte_carlo():
+    """ℰ(A) = ‖W‖²‖(A − A*)C^{1/2}‖² against the sample mean of ‖(A − A*)XW‖² over 40000 draws
+    (relative standard error ≈ √(2/(40000·d_v)) ≈ 0.4%; asserted at 3%)."""
+    rng = np.random.default_rng(5)
+    n, d, dv = 4, 3, 2
+    c = np.array([[1.0, 0.3, 0, 0], [0.3, 0.8, 0.1, 0], [0, 0.1, 0.6, 0], [0, 0, 0, 0.4]])
+    a_star, a = rng.standard_normal((2, n, n))
+    w = rng.standard_normal((d, dv))
+    x = np.linalg.cholesky(c) @ rng.standard_normal((40000, n, d))
+    sample = np.mean(np.sum(((a - a_star) @ x @ w) ** 2, axis=(1, 2)))
+    assert cap.static_excess_risk(a, a_star, w, c) == pytest.approx(sample, rel=0.03)
+
+
+def test_pooled_population_scalar_closed_form():
+    """d = 1: y_i = w Σ_j (k x_i x_j/n) x_j, so E[y_i x_i] = (wk/n)[(n − 1)E x² E x² + E x⁴]
+    = wk(n + 2)/n (E x⁴ = 3), which the formula W_Vᵀ[Kᵀ + (K + tr K)/n] gives as wk(1 + 2/n)."""
+    for n in (1, 2, 5):
+        got = cap.pooled_population(np.array([[1.5]]), np.array([[-2.0]]), n)
+        assert got[0, 0] == pytest.approx(-2.0 * 1.5 * (n + 2) / n, rel=1e-15)
+
+
+# -- pre-training estimators -----------------------------------------------------------------------
+def test_regressions_recover_exact_linear_models():
+    """y_i = C x_i exactly: OLS returns C to rounding and a zero standard error (zero
+    residuals); y_i = B x_i + D x̄: the first-order regression returns B and D."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 5, 3))
+    c = rng.standard_normal((2, 3))
+    reg = cap.pooled_regression(x, x @ c.T)
+    assert np.allclose(reg.coef, c, atol=1e-13) and reg.stderr < 1e-12
+    b, dm = rng.standard_normal((2, 4, 3))
+    y = x @ b.T + x.mean(axis=1, keepdims=True) @ dm.T
+    fo = cap.first_order_softmax(x, y)
+    assert np.allclose(fo.coef, b, atol=1e-12) and np.allclose(fo.mean_coef, dm, atol=1e-12)
+
+
+def test_ols_static_mixer_recovers_an_exact_mixer():
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((4, 4))
+    x = rng.standard_normal((10, 4, 3))
+    assert np.allclose(cap.ols_static_mixer(x, a @ x), a, atol=1e-12)
+    with pytest.raises(ValueError, match="d_v = d"):
+        cap.ols_static_mixer(x, rng.standard_normal((10, 4, 2)))
+
+
+def test_pooled_regression_approaches_the_population_coefficient():
+    """Linear QK task, n = 8, d = d_v = 4, S = 20000: Ĉ − C_n within 6 cluster-robust standard
+    errors (the standard error estimates ‖Ĉ − C‖_F)."""
+    t = cap.linear_qk_task(20000, 8, 4, 4, 2, seed=8, noise=0.01)
+    reg = cap.pooled_regression(t.x, t.y)
+    pop = cap.pooled_population(t.kernel, t.value, 8)
+    assert np.linalg.norm(reg.coef - pop) <= 6 * reg.stderr
+
+
+def test_inversion_estimator_is_exact_without_noise():
+    """n = 6 ≤ d = d_v = 8, noise 0: Â_s = A_s exactly, so K̂ = K up to the conditioning of the
+    stacked least-squares problem (asserted at 1e-8 relative)."""
+    t = cap.softmax_task(40, 6, 8, 8, 2, beta=2.0, seed=9, noise=0.0)
+    k_hat = cap.inversion_estimator(t.x, t.y, t.value, beta=2.0)
+    assert np.linalg.norm(k_hat - t.kernel) <= 1e-8 * np.linalg.norm(t.kernel)
+
+
+def test_inversion_estimator_refuses_unidentified_input():
+    t = cap.softmax_task(40, 10, 4, 8, 2, seed=9)
+    with pytest.raises(ValueError, match=r"n ≤ d_v .* n = 10 > d_v = 8"):
+        cap.inversion_estimator(t.x, t.y, t.value)
+    t = cap.softmax_task(40, 6, 4, 8, 2, seed=9)
+    with pytest.raises(ValueError, match="n = 6 > d = 4"):
+        cap.inversion_estimator(t.x, t.y, t.value)
+    t = cap.softmax_task(2, 3, 4, 8, 2, seed=9)
+    with pytest.raises(ValueError, match="not identified"):
+        cap.inversion_estimator(t.x, t.y, t.value)
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "match"),
+    [
+        (np.zeros((3, 4)), np.zeros((3, 4, 2)), "shape"),
+        (np.zeros((3, 4, 2)), np.zeros((2, 4, 2)), "share"),
+        (np.full((3, 4, 2), np.nan), np.zeros((3, 4, 2)), "non-finite"),
+        (np.zeros((3, 4, 2)), np.zeros((3, 4, 2)), "rank deficient"),
+    ],
+)
+def test_estimators_reject_bad_input(x, y, match):
+    with pytest.raises(ValueError, match=match):
+        cap.pooled_regression(x, y)
