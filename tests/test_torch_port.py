@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import io
-import time
 import warnings
 
 import numpy as np
@@ -248,7 +247,7 @@ def test_float32_drift_stays_below_5e_6_over_10000_steps():
     gen = torch.Generator().manual_seed(0)
     w = torch.nn.Parameter(st.random_point(gen, dtype=torch.float32))
     opt = tp.RiemannianAdam([_group(w)], lr=1e-2)
-    worst, start = 0.0, time.perf_counter()
+    worst = 0.0
     for k in range(10_000):
         w.grad = torch.randn(d, r, generator=gen, dtype=torch.float32)
         opt.step()
@@ -256,7 +255,6 @@ def test_float32_drift_stays_below_5e_6_over_10000_steps():
             worst = max(worst, float(st.residual(w.detach())))
     assert w.dtype == torch.float32
     assert worst <= 5e-6, worst
-    assert time.perf_counter() - start < 120.0
 
 
 def test_low_precision_polar_goes_through_a_float64_gram():

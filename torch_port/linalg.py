@@ -13,6 +13,7 @@ stay in the working dtype. This is what keeps float32 training on the manifold (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -84,6 +85,55 @@ def rms(a: Tensor, dims: tuple[int, ...] = (-2, -1)) -> Tensor:
     return torch.where((s == 0) | ~torch.isfinite(s), s, n)
 
 
+#: Below these norms (float64, float32) an unscaled sum of squares may have lost entries to
+#: underflow (entries below sqrt(smallest normal)); ``frobenius_fast`` then recomputes scaled.
+_TINY_NORM = {torch.float64: 1e-140, torch.float32: 1e-11}
+
+
+def _norm_dtype(a: Tensor) -> Tensor:
+    """float64 and float32 stay; bfloat16 and float16 are upcast to float32 for reductions."""
+    return a if a.dtype in (torch.float64, torch.float32) else a.float()
+
+
+def _needs_scaling(n: Tensor) -> Tensor:
+    """Per-matrix flag: an unscaled norm n is not trustworthy (zero, below the underflow
+    threshold, inf or NaN)."""
+    return ~((n >= _TINY_NORM[n.dtype]) & (n < math.inf))
+
+
+def norm_of_parts(parts: Sequence[Tensor]) -> Tensor:
+    """‖(P_1, …, P_k)‖ = sqrt(Σ_i ‖P_i‖²) per batch element, for tensors (..., a_i, b_i) with a
+    common batch shape: the Frobenius norm of all parts together, free of overflow and
+    underflow like ``frobenius`` but fast.
+
+    Fast path: one fused reduction per part (``torch.linalg.vector_norm``, no temporary).
+    Where the result is zero, below the underflow threshold, inf or NaN, it is recomputed as
+    s·‖P/s‖ with s the largest entry over the parts (reference ``linalg.frobenius``); deciding
+    that costs one host synchronisation. Returns float64 for float64 parts, float32 otherwise.
+    """
+    parts = [_norm_dtype(p) for p in parts]
+    if len(parts) == 1:
+        n = torch.linalg.vector_norm(parts[0], dim=(-2, -1))
+    else:
+        each = torch.stack([torch.linalg.vector_norm(p, dim=(-2, -1)) for p in parts])
+        n = torch.linalg.vector_norm(each, dim=0)
+    bad = _needs_scaling(n)
+    if not bool(bad.any()):
+        return n
+    s = torch.stack([max_abs(p) for p in parts]).amax(dim=0)
+    safe = torch.where((s == 0) | ~torch.isfinite(s), torch.ones_like(s), s)[..., None, None]
+    each = torch.stack([_scaled_sqrt_sum(p / safe, torch.ones_like(s), (-2, -1)) for p in parts])
+    scaled = s * torch.linalg.vector_norm(each, dim=0)
+    scaled = torch.where((s == 0) | ~torch.isfinite(s), s, scaled)
+    return torch.where(bad, scaled, n)
+
+
+def frobenius_fast(a: Tensor) -> Tensor:
+    """``frobenius`` computed by ``norm_of_parts`` (a fused reduction, scaled only where it
+    must be); within a few ulps of ``frobenius``."""
+    return norm_of_parts([a])
+
+
 def eye_like(a: Tensor, rows: int | None = None) -> Tensor:
     """I_n for a (..., m, n) tensor A, or the rows×n matrix [I; 0] (A's dtype and device)."""
     n = a.shape[-1]
@@ -97,40 +147,172 @@ def orthonormality_residual(a: Tensor) -> Tensor:
     return frobenius(transpose(a64) @ a64 - eye_like(a64))
 
 
+def gram64(a: Tensor, buffer: Tensor | None = None) -> Tensor:
+    """AᵀA in float64 (low-precision A is upcast entry by entry first, into ``buffer`` when one
+    of A's shape is given), one r×r per matrix."""
+    if a.dtype == torch.float64:
+        a_hi = a
+    elif buffer is not None and buffer.shape == a.shape:
+        a_hi = buffer.copy_(a)
+    else:
+        a_hi = a.to(torch.float64)
+    return transpose(a_hi) @ a_hi
+
+
+#: Above this Frobenius deviation ‖AᵀA/α − I‖ (α the mean eigenvalue) of some Gram of the
+#: batch, ``polar`` takes the eigendecomposition route (δ ≤ 0.5 certifies κ(AᵀA) ≤ 3).
+POLAR_ITERATIVE_MAX_DEVIATION = 0.5
+#: Cost of one batched r×r ``eigh`` in units of one batched r×r product (measured on CPU for
+#: r = 64: ~13); a polynomial or Newton–Schulz route is taken when it needs fewer products.
+EIGH_COST_IN_PRODUCTS = 12
+
+
+def _taylor_degree(delta: float) -> int:
+    """Degree k of the Taylor polynomial of (1 + e)^{-1/2} whose tail bound
+    Σ_{j>k} |c_j| δ^j ≤ δ^{k+1}/(1 − δ) is below 1e-17 (|c_j| ≤ 1)."""
+    k = 0
+    while delta ** (k + 1) / (1.0 - delta) > 1e-17:
+        k += 1
+    return k
+
+
+def _paterson_stockmeyer_cost(k: int) -> tuple[int, int]:
+    """(products, s) of evaluating a degree-k polynomial with the powers E … E^s and Horner's
+    rule in E^s (Paterson & Stockmeyer 1973)."""
+    if k <= 1:
+        return 0, 1
+    s = max(1, math.isqrt(k))
+    s = s if s * s >= k else s + 1
+    return (s - 1) + (-(-(k + 1) // s) - 1), s
+
+
+def _newton_schulz_steps(delta: float) -> int:
+    """Steps of the coupled Newton–Schulz iteration that take a deviation ‖X − I‖₂ ≤ delta
+    below 1e-17 (the eigenvalue error map is e ↦ (3e² + e³)/4)."""
+    steps, e = 0, delta
+    while e > 1e-17:
+        e, steps = (3.0 * e * e + e**3) / 4.0, steps + 1
+    return steps
+
+
+def _plus_identity(t: Tensor, c: float) -> Tensor:
+    """t + c·I in place (on the diagonal of each matrix)."""
+    torch.diagonal(t, dim1=-2, dim2=-1).add_(c)
+    return t
+
+
+def _inv_sqrt_taylor(e: Tensor, degree: int) -> Tensor:
+    """(I + E)^{-1/2} = Σ_j binom(−1/2, j) E^j for small symmetric E, evaluated by
+    Paterson–Stockmeyer (powers E … E^s, then Horner's rule in E^s), accumulating in place."""
+    coef = [1.0]
+    for j in range(1, degree + 1):
+        coef.append(coef[-1] * (-0.5 - (j - 1)) / j)
+    _, s = _paterson_stockmeyer_cost(degree)
+    shape = e.shape
+    e3 = e.reshape(-1, *shape[-2:])
+    powers = [None, e3]
+    for _ in range(2, s + 1):
+        powers.append(torch.bmm(powers[-1], e3))
+
+    def block(cs: list[float]) -> Tensor:
+        if len(cs) == 1:
+            return _plus_identity(torch.zeros_like(e3), cs[0])
+        acc = powers[1] * cs[1]
+        for i in range(2, len(cs)):
+            acc.add_(powers[i], alpha=cs[i])
+        return _plus_identity(acc, cs[0])
+
+    chunks = [coef[i : i + s] for i in range(0, degree + 1, s)]
+    out = block(chunks[-1])
+    for cs in reversed(chunks[:-1]):
+        out = block(cs).baddbmm_(out, powers[s])  # block + out·E^s
+    return sym(out).reshape(shape)
+
+
+def _inv_sqrt_newton_schulz(x: Tensor, steps: int) -> Tensor:
+    """X^{-1/2} for symmetric X with ‖X − I‖₂ < 1 by the coupled iteration
+    T = (3I − Z Y)/2, Y ← Y T, Z ← T Z (Y → X^{1/2}, Z → X^{-1/2}; Higham 2008, §6.7)."""
+    eye = eye_like(x)
+    y, z = x, eye.expand_as(x)
+    for _ in range(steps):
+        t = 1.5 * eye - 0.5 * (z @ y)
+        y, z = y @ t, t @ z
+    return sym(z)
+
+
+def _inv_sqrt_near_identity(e: Tensor, delta: float) -> Tensor | None:
+    """(I + E)^{-1/2} for symmetric E with ‖E‖_F ≤ delta, by the cheaper of a Taylor polynomial
+    and Newton–Schulz, each run until its error bound is below 1e-17; None when ``eigh`` would
+    be cheaper."""
+    if not delta <= POLAR_ITERATIVE_MAX_DEVIATION:
+        return None
+    taylor, _ = _paterson_stockmeyer_cost(_taylor_degree(delta))
+    steps = _newton_schulz_steps(delta)
+    if min(taylor, 3 * steps) > EIGH_COST_IN_PRODUCTS:
+        return None
+    if taylor <= 3 * steps:
+        return _inv_sqrt_taylor(e, _taylor_degree(delta))
+    return _inv_sqrt_newton_schulz(_plus_identity(e.clone(), 1.0), steps)
+
+
 def polar(a: Tensor) -> Tensor:
     """Orthonormal polar factor A (AᵀA)^{-1/2} of each full-column-rank matrix of a batch.
 
-    As ``reference.linalg.polar``: A is divided by its largest entry, the Gram actually formed
-    is eigendecomposed (so rounding drift in A is corrected, not assumed away), frames with
-    κ(A) > ``POLAR_GRAM_MAX_COND`` go through the SVD instead, and a rank-deficient matrix
-    raises ValueError. For a low-precision A the Gram is formed from the stored entries in
-    float64 and its inverse square root is computed in float64; only the final d×r product
-    A·(AᵀA)^{-1/2} is done in A's dtype.
+    As ``reference.linalg.polar``: the Gram actually formed is used (so rounding drift in A is
+    corrected, not assumed away), frames with κ(A) > ``POLAR_GRAM_MAX_COND`` go through the SVD
+    instead, and a rank-deficient matrix raises ValueError. The Gram is formed in float64 (a
+    low-precision A is upcast first) and its inverse square root is computed in float64; only
+    the final d×r product A·(AᵀA)^{-1/2} is done in A's dtype.
+
+    Speed (``docs/torch_port.md``): A is not divided by its largest entry first (polar(sA) =
+    polar(A)); a float64 Gram cannot overflow or underflow for float32/bfloat16/float16
+    entries, and for float64 A the rare matrices whose Gram overflows or underflows are redone
+    scaled. The inverse square root of the normalised Gram X = AᵀA/α (α its mean eigenvalue)
+    comes from a few batched r×r products when every X of the batch is near I (a retraction
+    step: AᵀA = I + ξᵀξ): a Taylor polynomial of (I + E)^{-1/2} (Paterson–Stockmeyer) or the
+    coupled Newton–Schulz iteration, whichever needs fewer products, run until its error bound
+    on δ = max ‖X − I‖_F is below 1e-17; else (δ > 0.5, or more products than an ``eigh``)
+    from ``eigh``, with the reference's rank and conditioning checks (δ ≤ 0.5 certifies
+    κ(AᵀA) ≤ 3, so those checks cannot fail there). One host synchronisation for all checks.
     """
+    inv_sqrt, full = polar_plan(a)
+    return full if inv_sqrt is None else a @ inv_sqrt
+
+
+def polar_plan(a: Tensor, buffer: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+    """``polar`` in two parts: (H, None) with polar(A) = A @ H (H r×r in A's dtype), or
+    (None, polar(A)) when the result had to be formed another way (SVD route, rescaling). All
+    checks are done here, so an optimizer can form A @ H later, straight into the parameter.
+    ``buffer``: a float64 tensor of A's shape for the upcast of a low-precision A (reused)."""
     if a.ndim < 2:
         raise ValueError(f"polar factor needs a matrix (..., m, n), got shape {tuple(a.shape)}")
-    wide = compute_dtype(a.dtype)
-    scale = max_abs(a)[..., None, None]
-    finite, nonzero = torch.isfinite(scale), scale != 0
-    good = finite & nonzero
-    # Bad matrices are replaced by [I; 0] before the eigendecomposition (which may refuse
-    # non-finite input) and reported after it, with all checks in one synchronisation.
-    a = torch.where(
-        good, a / torch.where(good, scale, torch.ones_like(scale)), eye_like(a, a.shape[-2])
-    )
-    a_hi = a.to(wide)
-    lam, q = torch.linalg.eigh(sym(transpose(a_hi) @ a_hi))
+    r = a.shape[-1]
+    gram = gram64(a, buffer)
+    trace = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
+    # float64 entries above ~1e150 overflow the Gram, below ~1e-150 they underflow in it.
+    off_scale = ~(torch.isfinite(trace) & (trace > 1e-270))
+    alpha = torch.where(off_scale, torch.ones_like(trace), trace / r)
+    e = _plus_identity(gram / alpha[..., None, None], -1.0)  # X − I, X = AᵀA/α
+    delta = frobenius_fast(e)
+    delta = torch.where(off_scale, torch.full_like(delta, math.inf), delta)
+    worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
+    if any_off:  # rare: redo the off-scale matrices as the reference does, divided by max|A|
+        return None, _polar_scaled(a, off_scale)
+    inv_sqrt = _inv_sqrt_near_identity(e, worst)
+    if inv_sqrt is None:
+        return None, _polar_eigh(a, gram)
+    inv_sqrt = inv_sqrt / torch.sqrt(alpha)[..., None, None]
+    return inv_sqrt.to(a.dtype), None
+
+
+def _polar_eigh(a: Tensor, gram: Tensor) -> Tensor:
+    """The polar factor from the eigendecomposition of the Gram (reference's route)."""
+    lam, q = torch.linalg.eigh(sym(gram))
     lo, hi = lam[..., 0], lam[..., -1]  # ascending
-    deficient = lo <= torch.finfo(a.dtype).eps * hi * a.shape[-2]
+    deficient = ~(lo > torch.finfo(a.dtype).eps * hi * a.shape[-2])  # NaN counts as deficient
     ill = hi > POLAR_GRAM_MAX_COND**2 * lo
-    flags = torch.stack(
-        [(~finite).any(), (~nonzero).any(), deficient.any(), ill.any()]
-    ).tolist()  # one host synchronisation for all checks
+    flags = torch.stack([deficient.any(), ill.any()]).tolist()
     if flags[0]:
-        raise ValueError("polar factor of a matrix with non-finite entries")
-    if flags[1]:
-        raise ValueError("polar factor of a rank-deficient matrix: the matrix is zero")
-    if flags[2]:
         worst = float(torch.min(lo / hi))
         raise ValueError(
             "polar factor of a rank-deficient matrix: smallest squared singular value "
@@ -138,9 +320,24 @@ def polar(a: Tensor) -> Tensor:
         )
     inv_sqrt = (q / torch.sqrt(lam)[..., None, :]) @ transpose(q)
     out = a @ inv_sqrt.to(a.dtype)
-    if flags[3]:  # only the ill-conditioned frames of the batch take the SVD route
+    if flags[1]:  # only the ill-conditioned frames of the batch take the SVD route
         out = torch.where(ill[..., None, None], polar_svd(a), out)
     return out
+
+
+def _polar_scaled(a: Tensor, off_scale: Tensor) -> Tensor:
+    """The slow path: every matrix divided by its largest entry (reference's order), with the
+    checks for non-finite and zero matrices."""
+    scale = max_abs(a)[..., None, None]
+    finite, nonzero = torch.isfinite(scale), scale != 0
+    good = finite & nonzero
+    flags = torch.stack([(~finite).any(), (~nonzero).any()]).tolist()
+    if flags[0]:
+        raise ValueError("polar factor of a matrix with non-finite entries")
+    if flags[1]:
+        raise ValueError("polar factor of a rank-deficient matrix: the matrix is zero")
+    a = a / torch.where(good, scale, torch.ones_like(scale))
+    return _polar_eigh(a, gram64(a))
 
 
 def polar_svd(a: Tensor) -> Tensor:
@@ -157,6 +354,19 @@ def qr_signfixed(a: Tensor) -> tuple[Tensor, Tensor]:
     q, r = torch.linalg.qr(a.to(wide))
     signs = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(wide)
     return (q * signs[..., None, :]).to(a.dtype), (r * signs[..., :, None]).to(a.dtype)
+
+
+def qr_native(a: Tensor, signfixed: bool = False) -> tuple[Tensor, Tensor]:
+    """Thin QR in A's dtype when it is float32 or float64 (upcast to float32 otherwise: LAPACK
+    has no half precision), optionally sign-fixed (diag(R) ≥ 0). For the m×r QRs of the
+    retractions, whose Q only has to span the same space as A (the new factors are then passed
+    through ``polar``): no float64 copy of an m×r float32 matrix."""
+    work = a if a.dtype in (torch.float32, torch.float64) else a.float()
+    q, r = torch.linalg.qr(work)
+    if signfixed:
+        signs = torch.where(torch.diagonal(r, dim1=-2, dim2=-1) < 0, -1.0, 1.0).to(r.dtype)
+        q, r = q * signs[..., None, :], r * signs[..., :, None]
+    return q, r
 
 
 def expm(a: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """Riemannian optimizers as ``torch.optim.Optimizer`` subclasses (DESIGN §5, §7; issue 4 item 2).
 
-Each class mirrors a preset of ``reference/optim.py`` with the same arithmetic, in the same order
-where torch allows it, so that float64 trajectories agree with the reference to rounding:
+Each class mirrors a preset of ``reference/optim.py`` with the same formulas, so that float64
+trajectories agree with the reference to rounding:
 
 ========================  =====================================================================
 ``RiemannianAdam``        ``reference.optim.riemannian_adam`` (moment "frame" or "elementwise")
@@ -10,32 +10,54 @@ where torch allows it, so that float64 trajectories agree with the reference to 
 ``NormalizedRSGD``        ``reference.optim.normalized_rsgd``
 ========================  =====================================================================
 
-A parameter group names its geometry: ``{"params": [W], "geometry": "stiefel"}`` where W holds a
-batch of frames of shape (..., d, r), one frame per trailing d×r matrix. Optional group keys
-"retraction" ("polar", default; "polar_svd", "qr", "exp") and "metric" ("embedded", default;
-"canonical") choose the Stiefel variant. Groups without a geometry hold plain parameters and are
-updated, in the same optimizer, by AdamW with decoupled decay in torch's convention and torch's
-arithmetic (``torch.optim.AdamW``, single-tensor path), with that group's lr, betas, eps and
-weight_decay.
+A parameter group names its geometry (``GEOMETRIES``, the ten design points and "stiefel"):
 
-State (per parameter): frames of ``RiemannianAdam`` keep "step", "exp_avg" (the first moment, a
-tangent vector at the current frame, transported by projection at every step) and "sqrt_v" (√v,
-one scalar per frame: shape (...,) for a batch (..., d, r); full size only for the
-``moment="elementwise"`` ablation); ``RiemannianMomentum`` keeps "step" and "momentum_buffer";
-``RSGD`` and ``NormalizedRSGD`` keep "step"; plain parameters keep torch's "step", "exp_avg" and
-"exp_avg_sq".
+- ``{"params": [W, ...], "geometry": "stiefel"}``: every parameter is a batch of frames of shape
+  (..., d, r), one frame per trailing d×r matrix; options "retraction" ("polar", default;
+  "polar_svd", "qr", "exp") and "metric" ("embedded", default; "canonical").
+- ``{"params": [U, S, V], "geometry": "fixed_rank_embedded"}`` and the other nine: the group's
+  parameters, in order, are the factors of ONE batched point, e.g. R1 (U (..., m, r),
+  S (..., r, r), V (..., n, r)), R2 (A, B), P1/P2/P3 (U, V); sizes are inferred from the shapes
+  (optional keys "m", "n", "r" are checked against them). Options: "retraction" (R1, P1:
+  "projection"/"qr"; P2, P3: as Stiefel), "metric" (R2: "preconditioned"/"balanced"). A block
+  variant takes the per-head layout: row factors (..., p, m, r), column factors (..., q, n, r),
+  r×r cores (..., G, r, r), e.g. ``{"params": [U, S, V], "geometry":
+  "block_fixed_rank_embedded", "n_heads": 12, "n_kv_heads": 4}`` (defaults: n_heads = p,
+  n_kv_heads = q), with optional "pattern" and "groups" ("components"/"all").
 
-Weight decay on frames does nothing: the Riemannian gradient of (λ/2)‖W‖² on St(d, r) is
-P_W(λW) = 0 (RA-5). Asking for it on a frame group raises a ``FrameDecayWarning`` and the decay is
-not applied.
+Groups without a geometry hold plain parameters and are updated, in the same optimizer, by AdamW
+with decoupled decay in torch's convention and torch's arithmetic (``torch.optim.AdamW``,
+single-tensor path), with that group's lr, betas, eps and weight_decay.
+
+Every step is vectorised over the batch of points (layers × heads): per-frame scalars are
+tensors of shape (..., *frame_shape), and there is no Python loop over heads or layers.
+Per-frame scalars (√v, the trust-region norm, normalisations) use the geometry's metric norm
+exactly as ``reference.optim`` does (``_frame_norms``, ``_frame_rms``); stored tangent state is
+transported at every step; the elementwise moment is projected back with ``proj_tangent``.
+
+State. A Stiefel parameter keeps "step", "exp_avg" (the first moment, a tangent vector at the
+current frame) and "sqrt_v" (√v, one scalar per frame: shape (...,) for a batch (..., d, r);
+full size only for the ``moment="elementwise"`` ablation); ``RiemannianMomentum`` keeps "step"
+and "momentum_buffer"; ``RSGD`` and ``NormalizedRSGD`` keep "step". The state of a point of the
+other geometries lives with the group's FIRST parameter under the same keys, with tangent
+vectors as tuples of tensors in the geometry's tangent layout (R1: (M, U_p, V_p); P1:
+(Ω, U_p, V_p); block variants: the stacked group layout of ``blocks.BlockGeometry``) and "sqrt_v"
+of shape (..., *frame_shape) (e.g. (..., 2) for a Stiefel pair, (..., G) for a block R1). Plain
+parameters keep torch's "step", "exp_avg" and "exp_avg_sq".
+
+Weight decay. On frames (Stiefel, P1, P2, P3 and their block variants) it does nothing: the
+Riemannian gradient of (λ/2)‖W‖² on St(d, r) is P_W(λW) = 0 (RA-5); asking for it raises a
+``FrameDecayWarning`` and the decay is not applied. On R1 and R2 (and their block variants) it
+is the reference's ``decay="coupled"``: λ times the stored factors is added to the factor
+gradient before the Riemannian gradient is taken.
 
 Bad input. Before any parameter or state changes, every gradient of the step is checked: a
 non-finite gradient raises ValueError naming the parameter and the count of bad entries, or, for
 groups built with ``skip_nonfinite=True``, skips the whole step with a
-``NonFiniteGradientWarning``. A frame is checked to lie on its manifold when its state is created
-(the first step), with the measured residual in the error. All frame updates are computed before
-any is written, so an error raised while computing one (e.g. a step that overflows) leaves every
-parameter and every state as it was.
+``NonFiniteGradientWarning``. A point is checked to lie on its manifold when its state is
+created (the first step), with the measured residual in the error. All updates of points are
+computed before any is written, so an error raised while computing one (e.g. a step that
+overflows or leaves the rank-r manifold) leaves every parameter and every state as it was.
 """
 
 from __future__ import annotations
@@ -43,19 +65,28 @@ from __future__ import annotations
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from torch_port import linalg
+from torch_port.blocks import BlockGeometry
+from torch_port.geometries import GEOMETRIES, PLAIN
+from torch_port.linalg import Tensor, sym, transpose
 from torch_port.stiefel import METRICS, RETRACTIONS, Stiefel
 
-Tensor = torch.Tensor
-
-#: Geometries a parameter group may name (the other nine come with the rest of issue 4).
-GEOMETRIES: dict[str, type] = {"stiefel": Stiefel}
 MOMENTS = ("frame", "elementwise")
 REDUCTIONS = ("mean", "sum")
+#: Geometries whose points are frames (orthonormal factors): weight decay does nothing there.
+FRAME_GEOMETRIES = frozenset(
+    {"stiefel"}
+    | {
+        prefix + name
+        for prefix in ("", "block_")
+        for name in ("partial_isometry_embedded", "partial_isometry_quotient", "stiefel_pair")
+    }
+)
 
 
 class FrameDecayWarning(UserWarning):
@@ -113,7 +144,7 @@ def _betas(v: Any) -> tuple[float, float]:
     return _beta("beta1", v[0]), _beta("beta2", v[1])
 
 
-# -- per-frame helpers (shapes: a frame batch (..., d, r) -> per-frame scalars (...,)) ----------
+# -- per-frame helpers -------------------------------------------------------------------------
 def _col(s: Tensor) -> Tensor:
     """Per-frame scalars (...,) broadcast against frames (..., d, r)."""
     return s[..., None, None]
@@ -130,34 +161,215 @@ def _safe_ratio(num: float, den: Tensor) -> Tensor:
     return torch.where(den == 0, torch.zeros_like(den), _rdiv(num, den))
 
 
-def _frame_rms(geometry: Stiefel, x: Tensor, g: Tensor) -> Tensor:
-    """RMS(g) = ‖g‖/sqrt(entries) per frame, as s·(‖g/s‖/sqrt(entries)) with s = max|g|
-    (reference ``optim._frame_rms`` computes (s·‖g/s‖)/sqrt(entries); the port divides first,
-    so that gradients with every entry near the largest float do not overflow)."""
-    s = g.abs().amax(dim=(-2, -1))
+def _frame_rms(geometry, x: Sequence[Tensor], g: Sequence[Tensor]) -> Tensor:
+    """RMS(g) = ‖g‖/sqrt(entries) per frame in the geometry's metric (reference
+    ``optim._frame_rms``). The norm comes from ``geometry.frame_norms`` (unscaled where that is
+    safe); only where it overflows is it recomputed as s·(‖g/s‖/sqrt(entries)), s = max|g| over
+    the point, dividing before multiplying so that entries near the largest float do not overflow
+    (the reference multiplies first and overflows there)."""
+    n = geometry.frame_norms(x, g)
+    root = torch.tensor(
+        [math.sqrt(k) for k in geometry.frame_sizes()], dtype=n.dtype, device=n.device
+    )
+    if len(geometry.frame_sizes()) == 1:
+        root = root[0]
+    if not bool(torch.isinf(n).any()):
+        return n / root
+    s = torch.stack([linalg.max_abs(p) for p in g]).amax(dim=0)
     safe = torch.where(s == 0, torch.ones_like(s), s)
-    n = geometry.frame_norm(x, g / _col(safe))
-    return torch.where(s == 0, s, s * (n / math.sqrt(g.shape[-2] * g.shape[-1])))
+    scaled = geometry.frame_norms(x, tuple(p / _col(safe).to(p.dtype) for p in g))
+    extra = scaled.ndim - s.ndim
+    s = s.reshape(*s.shape, *([1] * extra)).to(n.dtype)
+    return torch.where(torch.isinf(n), s * (scaled / root), n / root)
 
 
-def _trust_region(geometry: Stiefel, x: Tensor, u: Tensor, radius: float) -> Tensor:
-    """Per frame, ξ ← ξ·min(1, Δ/‖ξ‖) with min(1, Δ/0) := 1."""
-    n = geometry.frame_norm(x, u)
-    factor = torch.where(n > 0, torch.clamp(_rdiv(radius, n), max=1.0), torch.ones_like(n))
-    return u * _col(factor)
+def _lerp(geometry, m: Sequence[Tensor], g: Sequence[Tensor], weight: float) -> tuple:
+    """m + weight·(g − m) part by part (β·m + (1 − β)·g for weight = 1 − β), written into g when
+    the geometry made g for this step (``rgrad_is_fresh``): no new d×r tensor."""
+    fresh = getattr(geometry, "rgrad_is_fresh", False)
+    return tuple(
+        torch.lerp(mi, gi, weight, out=gi) if fresh else torch.lerp(mi, gi, weight)
+        for mi, gi in zip(m, g, strict=True)
+    )
+
+
+def _trust_factor(norm: Tensor, radius: float) -> Tensor:
+    """min(1, Δ/‖ξ‖) per frame with min(1, Δ/0) := 1."""
+    return torch.where(norm > 0, torch.clamp(_rdiv(radius, norm), max=1.0), torch.ones_like(norm))
+
+
+class _StiefelFrames:
+    """A ``Stiefel`` geometry seen as points that are 1-tuples (W,), with the optimizer's hot
+    path fused: P_W(G) = G − W sym(WᵀG) as one ``baddbmm`` (embedded metric), the step
+    W + c·m as one ``addcmul`` before the polar factor, and the transport of the first moment
+    P_Y(m) = m − Y sym(Yᵀm) in place, into the moment the step has just made."""
+
+    moment_groups = ((0,),)
+    frame_shape: tuple[int, ...] = ()
+    #: ``egrad_to_rgrad`` returns a new tensor, which the rules may overwrite.
+    rgrad_is_fresh = True
+
+    def __init__(self, st: Stiefel):
+        self.st = st
+        self.name = st.name
+        self.embedded = st.metric == "embedded"
+        self._upcast: dict[tuple, Tensor] = {}
+
+    def _upcast_buffer(self, a: Tensor) -> Tensor | None:
+        """A float64 work buffer of A's shape for the Gram of a low-precision A, kept between
+        steps (one per parameter shape and device)."""
+        if a.dtype == torch.float64:
+            return None
+        key = (tuple(a.shape), a.device)
+        if key not in self._upcast:
+            self._upcast[key] = torch.empty(a.shape, dtype=torch.float64, device=a.device)
+        return self._upcast[key]
+
+    def frame_batch(self, x: Sequence[Tensor]) -> tuple[int, ...]:
+        return tuple(x[0].shape[:-2])
+
+    def check_point(self, x: Sequence[Tensor]) -> None:
+        self.st.check_point(x[0])
+
+    def zero_tangent(self, x: Sequence[Tensor]) -> tuple[Tensor]:
+        return (torch.zeros_like(x[0], memory_format=torch.contiguous_format),)
+
+    @staticmethod
+    def _flat(t: Tensor) -> Tensor:
+        return t.reshape(-1, *t.shape[-2:])
+
+    def egrad_to_rgrad(self, x: Sequence[Tensor], g: Sequence[Tensor]) -> tuple[Tensor]:
+        w, grad = x[0], g[0]
+        if not self.embedded:
+            return (self.st.egrad_to_rgrad(w, grad),)
+        w3, g3 = self._flat(w), self._flat(grad)
+        out = torch.baddbmm(g3, w3, sym(transpose(w3) @ g3), alpha=-1.0)
+        return (out.reshape(grad.shape),)
+
+    def proj_tangent(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
+        return (self.st.proj(x[0], u[0]),)
+
+    def frame_norms(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> Tensor:
+        if self.embedded:
+            return linalg.frobenius_fast(u[0])
+        return self.st.frame_norm(x[0], u[0])
+
+    def frame_sizes(self) -> tuple[int]:
+        return (self.st.d * self.st.r,)
+
+    def scale_frames(self, u: Sequence[Tensor], c: Tensor) -> tuple[Tensor]:
+        return (u[0] * _col(c).to(u[0].dtype),)
+
+    def retract(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
+        return (self.st.retract(x[0], u[0]),)
+
+    def retract_scaled(self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor) -> tuple:
+        """polar(W + c·u), as a lazy product A @ H formed when the step is committed."""
+        if self.st.retraction == "polar":
+            a = torch.addcmul(x[0], u[0], _col(c).to(u[0].dtype))
+            inv_sqrt, full = linalg.polar_plan(a, self._upcast_buffer(a))
+            return (full if inv_sqrt is None else _LazyProduct(a, inv_sqrt),)
+        return self.retract(x, self.scale_frames(u, c))
+
+    def transport(self, x, y, u) -> tuple[Tensor]:
+        return (self.st.transport(x[0], y[0], u[0]),)
+
+    def transport_owned(self, x, y, u) -> tuple[Tensor]:
+        """P_Y(m) = m − Y sym(Yᵀm), written into m (which the caller owns; copied first if it is
+        not contiguous). For a lazy Y = A H: Yᵀm = H (Aᵀm) and Y S = A (H S)."""
+        m, yy = u[0], y[0]
+        if not m.is_contiguous():
+            m = m.contiguous()
+        m3 = self._flat(m)
+        if isinstance(yy, _LazyProduct):
+            a3, h3 = self._flat(yy.a), self._flat(yy.h)
+            s = sym(h3 @ (transpose(a3) @ m3))
+            m3.baddbmm_(a3, h3 @ s, alpha=-1.0)
+        else:
+            y3 = self._flat(yy)
+            m3.baddbmm_(y3, sym(transpose(y3) @ m3), alpha=-1.0)
+        return (m,)
+
+
+class _LazyProduct:
+    """A new frame Y = A @ H (A d×r, H r×r), formed when the step is committed, straight into
+    the parameter: the polar retraction's last product needs no temporary and no copy."""
+
+    def __init__(self, a: Tensor, h: Tensor):
+        self.a, self.h = a, h
+
+    def write_into(self, p: Tensor) -> None:
+        out = p.detach()
+        if out.is_contiguous() and self.a.shape == out.shape:
+            d, r = out.shape[-2:]
+            torch.bmm(self.a.reshape(-1, d, r), self.h.reshape(-1, r, r), out=out.view(-1, d, r))
+        else:
+            out.copy_(self.a @ self.h)
+
+
+class _Factored:
+    """Adapter of a torch geometry (plain or block) whose points are tuples of tensors."""
+
+    rgrad_is_fresh = False  # e.g. R1's rgrad returns the gradient's S part itself
+
+    def __init__(self, geometry):
+        self.g = geometry
+        self.name = geometry.name
+        self.block = isinstance(geometry, BlockGeometry)
+        inner = geometry.base if self.block else geometry
+        self._frame_tail = tuple(inner.frame_shape)
+        self.moment_groups = geometry.moment_groups
+
+    def frame_batch(self, x: Sequence[Tensor]) -> tuple[int, ...]:
+        return (*x[0].shape[:-2], *self._frame_tail)
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name == "g":
+            raise AttributeError(name)
+        return getattr(self.g, name)
+
+    def transport_owned(self, x, y, u) -> tuple:
+        return self.g.transport(x, y, u)
+
+
+class _Point:
+    """One batched point of a parameter group: the parameters holding its factors, the layout
+    map to the geometry's point (identity, or per-head ↔ stacked groups for a block variant)."""
+
+    def __init__(self, geometry, params: Sequence[Tensor], gi: int, pis: Sequence[int]):
+        self.geometry = geometry
+        self.params = list(params)
+        self.gi, self.pis = gi, list(pis)
+        self.block = getattr(geometry, "block", False)
+
+    @property
+    def key(self) -> Tensor:
+        """The parameter whose ``state`` entry holds the point's state."""
+        return self.params[0]
+
+    def value(self) -> tuple[Tensor, ...]:
+        x = tuple(p.detach() for p in self.params)
+        return self.geometry.g.from_heads(x) if self.block else x
+
+    def grad(self) -> tuple[Tensor, ...]:
+        g = tuple(torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in self.params)
+        return self.geometry.g.from_heads(g) if self.block else g
+
+    def unpack(self, y: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        return self.geometry.g.to_heads(y) if self.block else tuple(y)
 
 
 # -- the base class ----------------------------------------------------------------------------
 class _RiemannianOptimizer(torch.optim.Optimizer):
     """Shared machinery: group validation, the bad-gradient check, AdamW for plain groups, and
-    the compute-all-then-commit frame step. Subclasses define ``_init_frame_state`` and
-    ``_frame_step`` (the tangent step ξ at x and the new state, before transport) and list the
-    state entries that are tangent vectors in ``_transported``."""
+    the compute-all-then-commit step of points. Subclasses define ``_init_point_state`` and
+    ``_rule`` (the step of a point as (u, c): ξ = c·u frame by frame, c None for ξ = u) and list
+    the state entries that are tangent vectors in ``_transported``."""
 
     _transported: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]):
-        self._geometries: dict[tuple, Stiefel] = {}
+        self._geometries: dict[tuple, Any] = {}
         #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
         self.skipped_steps = 0
         super().__init__(params, defaults)
@@ -192,6 +404,19 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
                 f"unknown geometry {name!r} for a parameter group; choose one of "
                 f"{tuple(GEOMETRIES)} (or none, for plain parameters updated by AdamW)"
             )
+        if name == "stiefel":
+            self._check_stiefel_group(group)
+        else:
+            self._factored_geometry(group)  # builds it from the shapes: validates the group
+        if name in FRAME_GEOMETRIES and group["weight_decay"] > 0.0:
+            warnings.warn(
+                _DECAY_MESSAGE.format(wd=group["weight_decay"]),
+                FrameDecayWarning,
+                stacklevel=_caller_stacklevel(),
+            )
+
+    @staticmethod
+    def _check_stiefel_group(group: dict[str, Any]) -> None:
         if group.get("retraction", "polar") not in RETRACTIONS:
             raise ValueError(
                 f"unknown retraction {group['retraction']!r}; choose one of {RETRACTIONS}"
@@ -204,25 +429,96 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
                     "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
                     f"parameter of shape {tuple(p.shape)}"
                 )
-        if group["weight_decay"] > 0.0:
-            warnings.warn(
-                _DECAY_MESSAGE.format(wd=group["weight_decay"]),
-                FrameDecayWarning,
-                stacklevel=_caller_stacklevel(),
-            )
 
-    def _geometry(self, group: dict[str, Any], p: Tensor) -> Stiefel:
+    def _stiefel(self, group: dict[str, Any], p: Tensor) -> _StiefelFrames:
         key = (
-            group["geometry"],
+            "stiefel",
             int(p.shape[-2]),
             int(p.shape[-1]),
             group.get("retraction", "polar"),
             group.get("metric", "embedded"),
         )
         if key not in self._geometries:
-            name, d, r, retraction, metric = key
-            self._geometries[key] = GEOMETRIES[name](d, r, retraction=retraction, metric=metric)
+            _, d, r, retraction, metric = key
+            self._geometries[key] = _StiefelFrames(
+                Stiefel(d, r, retraction=retraction, metric=metric)
+            )
         return self._geometries[key]
+
+    def _factored_geometry(self, group: dict[str, Any]) -> _Factored:
+        """The geometry of a group of factors, built from the parameters' shapes and the group's
+        options (and cached); raises ValueError on a group that does not fit it."""
+        name = group["geometry"]
+        params = group["params"]
+        block = name.startswith("block_")
+        cls = PLAIN[name.removeprefix("block_")]
+        kinds = cls.point_kinds
+        label = f"a {name!r} group"
+        if len(params) != len(kinds):
+            raise ValueError(
+                f"{label} holds the factors of one point, in order ({len(kinds)} parameters: "
+                f"{', '.join(kinds)} factors), got {len(params)} parameters"
+            )
+        lead = 3 if block else 2
+        for p, kind in zip(params, kinds, strict=True):
+            if p.ndim < (lead if kind != "core" or not block else 3):
+                raise ValueError(f"{label}: a factor of shape {tuple(p.shape)} has too few dims")
+        if len({p.dtype for p in params}) > 1 or len({p.device for p in params}) > 1:
+            raise ValueError(f"{label}: the factors must share one dtype and one device")
+        row = params[kinds.index("row")]
+        col = params[kinds.index("col")]
+        sizes = {"m": int(row.shape[-2]), "n": int(col.shape[-2]), "r": int(row.shape[-1])}
+        for k, v in sizes.items():
+            if k in group and group[k] != v:
+                raise ValueError(f"{label}: {k}={group[k]!r} given, but the shapes say {k}={v}")
+        options: dict[str, Any] = {}
+        for k in ("retraction", "metric"):
+            if k in group:
+                options[k] = group[k]
+        if block:
+            options["n_heads"] = int(group.get("n_heads", row.shape[-3]))
+            options["n_kv_heads"] = int(group.get("n_kv_heads", col.shape[-3]))
+            if group.get("pattern") is not None:
+                options["pattern"] = tuple(tuple(int(i) for i in e) for e in group["pattern"])
+            options["groups"] = group.get("groups", "components")
+        key = (name, tuple(tuple(p.shape) for p in params), tuple(sorted(options.items())))
+        if key in self._geometries:
+            return self._geometries[key]
+        try:
+            geometry = GEOMETRIES[name](sizes["m"], sizes["n"], sizes["r"], **options)
+        except TypeError as err:
+            raise ValueError(f"{label}: {err}") from None
+        expected = geometry.head_shapes() if block else geometry.point_shapes
+        batches = set()
+        for p, shape in zip(params, expected, strict=True):
+            k = len(shape)
+            if tuple(p.shape[p.ndim - k :]) != tuple(shape):
+                raise ValueError(
+                    f"{label}: expected factors of trailing shapes {list(expected)}, got "
+                    f"{[tuple(q.shape) for q in params]}"
+                )
+            batches.add(tuple(p.shape[: p.ndim - k]))
+        if len(batches) > 1:
+            raise ValueError(
+                f"{label}: the factors' batch shapes differ: {[tuple(q.shape) for q in params]}"
+            )
+        self._geometries[key] = _Factored(geometry)
+        return self._geometries[key]
+
+    def _points(self, gi: int, group: dict[str, Any]) -> list[_Point]:
+        """The points of a geometry group that have a gradient: each parameter of a Stiefel
+        group, or the group's one point when any of its factors has a gradient (a factor
+        without one counts as zero)."""
+        params = group["params"]
+        if group["geometry"] == "stiefel":
+            return [
+                _Point(self._stiefel(group, p), [p], gi, [pi])
+                for pi, p in enumerate(params)
+                if p.grad is not None
+            ]
+        if all(p.grad is None for p in params):
+            return []
+        return [_Point(self._factored_geometry(group), params, gi, range(len(params)))]
 
     @staticmethod
     def _new_step() -> Tensor:
@@ -236,10 +532,22 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
             return f"{names[pi]!r} (param_groups[{gi}], shape {tuple(p.shape)})"
         return f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
 
-    def _validate(self, items: list[tuple[int, int, Tensor]]) -> bool:
-        """Check every gradient (one host synchronisation per device) and every frame that has
-        no state yet. Returns False when the step is to be skipped; raises on bad input. Nothing
-        has been changed when this raises or returns False."""
+    def _point_name(self, point: _Point) -> str:
+        if len(point.params) == 1:
+            return self._param_name(point.gi, point.pis[0], point.params[0])
+        names = [
+            self._param_name(point.gi, pi, p) for pi, p in zip(point.pis, point.params, strict=True)
+        ]
+        return f"the {point.geometry.name} point of " + ", ".join(names)
+
+    def _validate(self, items: list[tuple[int, int, Tensor]], points: list[_Point]) -> bool:
+        """Check every gradient and every point that has no state yet. Returns False when the
+        step is to be skipped; raises on bad input. Nothing has been changed when this raises or
+        returns False.
+
+        The gradient check costs one reduction per gradient (its sum, which is finite unless an
+        entry is NaN/inf or the sum overflows) and one host synchronisation per device; the
+        entries are counted only for a gradient whose sum is not finite."""
         for gi, pi, p in items:
             if p.grad.is_sparse:
                 raise ValueError(
@@ -250,9 +558,11 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         for k, (_, _, p) in enumerate(items):
             by_device.setdefault(p.grad.device, []).append(k)
         for ks in by_device.values():
-            stacked = torch.stack([(~torch.isfinite(items[k][2].grad)).sum() for k in ks])
-            for k, c in zip(ks, stacked.tolist(), strict=True):
-                counts[k] = int(c)
+            sums = torch.stack([items[k][2].grad.sum().to(torch.float64) for k in ks])
+            finite = torch.isfinite(sums).tolist()
+            for k, ok in zip(ks, finite, strict=True):
+                if not ok:
+                    counts[k] = int((~torch.isfinite(items[k][2].grad)).sum())
         bad = [(item, c) for item, c in zip(items, counts, strict=True) if c]
         if bad:
             lines = [
@@ -272,13 +582,12 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
                 message + "; no parameter or state was changed (pass skip_nonfinite=True to "
                 "skip such steps with a warning instead)"
             )
-        for gi, pi, p in items:
-            group = self.param_groups[gi]
-            if group.get("geometry") is not None and not self.state.get(p):
+        for point in points:
+            if not self.state.get(point.key):
                 try:
-                    self._geometry(group, p).check_point(p.detach())
+                    point.geometry.check_point(point.value())
                 except ValueError as err:
-                    raise ValueError(f"{self._param_name(gi, pi, p)}: {err}") from None
+                    raise ValueError(f"{self._point_name(point)}: {err}") from None
         return True
 
     @torch.no_grad()
@@ -296,24 +605,31 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         ]
         if not items:
             return loss
-        if not self._validate(items):
+        points = [
+            point
+            for gi, group in enumerate(self.param_groups)
+            if group.get("geometry") is not None
+            for point in self._points(gi, group)
+        ]
+        if not self._validate(items, points):
             self.skipped_steps += 1
             return loss
-        # Frames: compute every new point and state first, then write them all.
+        # Points: compute every new point and state first, then write them all.
         pending = []
-        for gi, pi, p in items:
-            group = self.param_groups[gi]
-            if group.get("geometry") is None:
-                continue
+        for point in points:
             try:
-                pending.append((p, *self._frame_update(group, p)))
+                pending.append((point, *self._point_update(point)))
             except ValueError as err:
                 raise ValueError(
-                    f"{self._param_name(gi, pi, p)}: {err}; no parameter or state was changed"
+                    f"{self._point_name(point)}: {err}; no parameter or state was changed"
                 ) from err
-        for p, y, new in pending:
-            p.copy_(y)
-            self.state[p].update(new)
+        for point, values, new in pending:
+            for p, v in zip(point.params, values, strict=True):
+                if isinstance(v, _LazyProduct):
+                    v.write_into(p)
+                else:
+                    p.copy_(v)
+            self.state[point.key].update(new)
         # Plain parameters: AdamW, in place, with torch's arithmetic.
         for gi, _, p in items:
             group = self.param_groups[gi]
@@ -321,21 +637,37 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
                 self._adamw(group, p)
         return loss
 
-    def _frame_update(self, group: dict[str, Any], p: Tensor) -> tuple[Tensor, dict]:
-        """The new frame and its new state, computed without writing anything."""
-        geometry = self._geometry(group, p)
-        state = self.state.get(p) or self._init_frame_state(group, p)  # stored at commit
-        x = p.detach()
-        g = geometry.egrad_to_rgrad(x, p.grad)
-        xi, new = self._frame_step(group, geometry, x, g, state)
-        y = geometry.retract(x, xi)  # polar raises on a non-finite or rank-deficient W + ξ
-        if geometry.retraction != "polar":
-            bad = int((~torch.isfinite(y)).sum())
-            if bad:
-                raise ValueError(f"the point after this step has {bad} non-finite entries")
+    def _point_update(self, point: _Point) -> tuple[tuple[Tensor, ...], dict]:
+        """The new factors (in the parameters' layout) and the new state of one point, computed
+        without writing anything."""
+        group = self.param_groups[point.gi]
+        geometry = point.geometry
+        single = isinstance(geometry, _StiefelFrames)
+        stored = self.state.get(point.key) or self._init_point_state(group, geometry, point)
+        state = {k: ((v,) if single and k in self._transported else v) for k, v in stored.items()}
+        if single and group.get("moment") == "elementwise":
+            state["sqrt_v"] = (state["sqrt_v"],)
+        x, egrad = point.value(), point.grad()
+        wd = group["weight_decay"]
+        if wd > 0.0 and group["geometry"] not in FRAME_GEOMETRIES:  # reference decay="coupled"
+            egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
+        g = geometry.egrad_to_rgrad(x, egrad)
+        u, c, new = self._rule(group, geometry, x, g, state)
+        y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
+        if not (single and geometry.st.retraction == "polar"):  # polar refuses non-finite input
+            sums = torch.stack([t.sum().to(torch.float64) for t in y])
+            if not bool(torch.isfinite(sums).all()):
+                bad = int(sum((~torch.isfinite(t)).sum() for t in y))
+                if bad:
+                    raise ValueError(f"the point after this step has {bad} non-finite entries")
         for key in self._transported:
-            new[key] = geometry.transport(x, y, new[key])
-        return y, new
+            new[key] = geometry.transport_owned(x, y, new[key])
+        if single:
+            for key in self._transported:
+                new[key] = new[key][0]
+            if isinstance(new.get("sqrt_v"), tuple):
+                new["sqrt_v"] = new["sqrt_v"][0]
+        return point.unpack(y), new
 
     # -- AdamW (torch.optim.AdamW, single-tensor path, decoupled decay) -----------------------
     def _adamw(self, group: dict[str, Any], p: Tensor) -> None:
@@ -361,17 +693,19 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         p.addcdiv_(exp_avg, denom, value=-step_size)
 
     # -- what subclasses define ---------------------------------------------------------------
-    def _init_frame_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Tensor]:
+    def _init_point_state(self, group: dict[str, Any], geometry, point: _Point) -> dict:
         return {"step": self._new_step()}
 
-    def _frame_step(
-        self,
-        group: dict[str, Any],
-        geometry: Stiefel,
-        x: Tensor,
-        g: Tensor,
-        state: dict[str, Tensor],
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def _frame_scalars(self, geometry, point: _Point, x=None) -> Tensor:
+        """Zeros of the shape of the point's per-frame scalars."""
+        x = point.value() if x is None else x
+        return x[0].new_zeros(geometry.frame_batch(x))
+
+    def _store(self, geometry, tangent: Sequence[Tensor]):
+        """A tangent vector as stored: the tensor itself for a Stiefel parameter, else a tuple."""
+        return tangent[0] if isinstance(geometry, _StiefelFrames) else tuple(tangent)
+
+    def _rule(self, group, geometry, x, g, state) -> tuple[tuple, Tensor | None, dict]:
         raise NotImplementedError
 
 
@@ -379,7 +713,8 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
 class RiemannianAdam(_RiemannianOptimizer):
     """Riemannian Adam of Stiefel attention (``reference.optim.riemannian_adam``).
 
-    On a frame (per trailing d×r matrix): g = P_W(G); m ← β1·m + (1 − β1)g;
+    Per frame (a trailing d×r matrix of a Stiefel group; a moment group of the other
+    geometries, with their metric norms and retractions): g = P_W(G); m ← β1·m + (1 − β1)g;
     √v ← hypot(√β2·√v, √(1 − β2)·RMS(g)) (one scalar per frame; RMS computed scaled);
     m̂ = m/(1 − β1^t), √v̂ = √v/sqrt(1 − β2^t); ξ = −lr·m̂/(√v̂ + ε) with 0/0 := 0;
     ξ ← ξ·min(1, Δ/‖ξ‖) when ``trust_radius`` Δ is given; W ← polar(W + ξ); m ← P_W(m).
@@ -389,7 +724,8 @@ class RiemannianAdam(_RiemannianOptimizer):
 
     Args:
         params: parameters or parameter groups; a group with ``"geometry": "stiefel"`` holds
-            frames (..., d, r).
+            frames (..., d, r), a group naming one of the ten design points holds the factors
+            of one batched point (module docstring).
         lr, betas, eps: as ``torch.optim.AdamW``.
         trust_radius: Δ, the cap on ‖ξ‖ per frame (None: no cap).
         weight_decay: decoupled decay of plain parameters; on frames it warns and does nothing.
@@ -436,42 +772,50 @@ class RiemannianAdam(_RiemannianOptimizer):
                 f"unknown reduction {group['reduction']!r}; choose one of {REDUCTIONS}"
             )
 
-    def _init_frame_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Tensor]:
+    def _init_point_state(self, group: dict[str, Any], geometry, point: _Point) -> dict:
+        x = point.value()
+        zero = geometry.zero_tangent(x)
         if group["moment"] == "frame":
-            sqrt_v = p.new_zeros(p.shape[:-2])
+            sqrt_v = self._frame_scalars(geometry, point, x)
         else:
-            sqrt_v = torch.zeros_like(p, memory_format=torch.preserve_format)
+            sqrt_v = self._store(geometry, tuple(torch.zeros_like(t) for t in zero))
         return {
             "step": self._new_step(),
-            "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg": self._store(geometry, zero),
             "sqrt_v": sqrt_v,
         }
 
-    def _frame_step(self, group, geometry, x, g, state):
+    def _rule(self, group, geometry, x, g, state):
         lr, (b1, b2), eps = group["lr"], _betas(group["betas"]), group["eps"]
         t = int(state["step"].item()) + 1
-        m = b1 * state["exp_avg"] + (1.0 - b1) * g
         c1, c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
         rb2, r1mb2 = math.sqrt(b2), math.sqrt(1.0 - b2)
         sv = state["sqrt_v"]
+        radius = group["trust_radius"]
         if group["moment"] == "frame":
             if group["reduction"] == "mean":
                 root = _frame_rms(geometry, x, g)
             else:
-                root = geometry.frame_norm(x, g)
-            sqrt_v = torch.hypot(rb2 * sv, r1mb2 * root)
-            scales = _safe_ratio(1.0 / c1, sqrt_v / c2 + eps)
-            direction = m * _col(scales)
+                root = geometry.frame_norms(x, g)
+            sqrt_v = torch.hypot(rb2 * sv, r1mb2 * root.to(sv.dtype))
+            m = _lerp(geometry, state["exp_avg"], g, 1.0 - b1)  # may overwrite g
+            c = -lr * _safe_ratio(1.0 / c1, sqrt_v / c2 + eps)  # ξ = c·m per frame
+            if radius is not None:
+                c = c * _trust_factor(c.abs() * geometry.frame_norms(x, m).to(c.dtype), radius)
+            u = m
         else:
-            sqrt_v = torch.hypot(rb2 * sv, r1mb2 * torch.abs(g))
-            den = sqrt_v / c2 + eps
-            ratios = torch.where(den > 0, (m / c1) / den, torch.zeros_like(m))
-            direction = geometry.proj_tangent(x, ratios)
-        xi = -lr * direction
-        if group["trust_radius"] is not None:
-            xi = _trust_region(geometry, x, xi, group["trust_radius"])
+            sqrt_v = tuple(
+                torch.hypot(rb2 * s, r1mb2 * torch.abs(gi)) for s, gi in zip(sv, g, strict=True)
+            )
+            m = _lerp(geometry, state["exp_avg"], g, 1.0 - b1)
+            ratios = []
+            for mi, s in zip(m, sqrt_v, strict=True):
+                den = s / c2 + eps
+                ratios.append(torch.where(den > 0, (mi / c1) / den, torch.zeros_like(mi)))
+            u = tuple(-lr * d for d in geometry.proj_tangent(x, tuple(ratios)))
+            c = None if radius is None else _trust_factor(geometry.frame_norms(x, u), radius)
         step = torch.full_like(state["step"], t)
-        return xi, {"step": step, "exp_avg": m, "sqrt_v": sqrt_v}
+        return u, c, {"step": step, "exp_avg": m, "sqrt_v": sqrt_v}
 
 
 class RiemannianMomentum(_RiemannianOptimizer):
@@ -508,19 +852,18 @@ class RiemannianMomentum(_RiemannianOptimizer):
         _beta("beta", group["beta"])
         _positive("c", group["c"])
 
-    def _init_frame_state(self, group: dict[str, Any], p: Tensor) -> dict[str, Tensor]:
+    def _init_point_state(self, group: dict[str, Any], geometry, point: _Point) -> dict:
         return {
             "step": self._new_step(),
-            "momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "momentum_buffer": self._store(geometry, geometry.zero_tangent(point.value())),
         }
 
-    def _frame_step(self, group, geometry, x, g, state):
-        lr, beta, c = group["lr"], group["beta"], group["c"]
-        m = beta * state["momentum_buffer"] + (1.0 - beta) * g
-        n = geometry.frame_norm(x, m)
-        u = m * _col(_rdiv(1.0, torch.clamp(n, min=c)))
-        step = state["step"] + 1
-        return -lr * u, {"step": step, "momentum_buffer": m}
+    def _rule(self, group, geometry, x, g, state):
+        lr, beta, c_min = group["lr"], group["beta"], group["c"]
+        m = _lerp(geometry, state["momentum_buffer"], g, 1.0 - beta)
+        n = geometry.frame_norms(x, m)
+        c = -lr * _rdiv(1.0, torch.clamp(n, min=c_min))
+        return m, c, {"step": state["step"] + 1, "momentum_buffer": m}
 
 
 class RSGD(_RiemannianOptimizer):
@@ -552,11 +895,12 @@ class RSGD(_RiemannianOptimizer):
         if group["trust_radius"] is not None:
             _positive("trust_radius", group["trust_radius"])
 
-    def _frame_step(self, group, geometry, x, g, state):
-        xi = -group["lr"] * g
-        if group["trust_radius"] is not None:
-            xi = _trust_region(geometry, x, xi, group["trust_radius"])
-        return xi, {"step": state["step"] + 1}
+    def _rule(self, group, geometry, x, g, state):
+        lr, radius = group["lr"], group["trust_radius"]
+        c = torch.full(geometry.frame_batch(x), -lr, dtype=g[0].dtype, device=g[0].device)
+        if radius is not None:
+            c = c * _trust_factor(lr * geometry.frame_norms(x, g).to(c.dtype), radius)
+        return g, c, {"step": state["step"] + 1}
 
 
 class NormalizedRSGD(_RiemannianOptimizer):
@@ -577,9 +921,9 @@ class NormalizedRSGD(_RiemannianOptimizer):
         )
         super().__init__(params, defaults)
 
-    def _frame_step(self, group, geometry, x, g, state):
-        u = g * _col(_safe_ratio(1.0, _frame_rms(geometry, x, g)))
-        return -group["lr"] * u, {"step": state["step"] + 1}
+    def _rule(self, group, geometry, x, g, state):
+        c = -group["lr"] * _safe_ratio(1.0, _frame_rms(geometry, x, g))
+        return g, c, {"step": state["step"] + 1}
 
 
 __all__ = [

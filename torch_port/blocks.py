@@ -1,0 +1,378 @@
+"""What the factored geometries share, and their block variants (DESIGN §4.4), in torch.
+
+``FactoredGeometry`` is the base of the ten torch geometries: points and tangent vectors are
+tuples of tensors whose leading dimensions are the batch (layers × heads, ...); it supplies the
+metric helpers and the per-frame operations the optimizers use (``frame_norms``,
+``frame_sizes``, ``scale_frames``: a *frame* is a moment group of the reference, one scalar
+second moment and one trust region each).
+
+``BlockGeometry`` is the torch mirror of ``reference.blocks.BlockGeometry``: the base geometry
+on the stacked factors [A_i; …] and [B_j; …] of each block group. In torch the groups are one
+more batch dimension: a block point is a base point whose tensors have shape (..., G, ...) with
+G the number of groups, e.g. block R1: (U (..., G, P·m, r), S (..., G, r, r),
+V (..., G, Q·n, r)) for groups of P row and Q column factors. This needs every group to have
+the same (P, Q) — true for every GQA pattern (MHA, GQA, MQA) under both groupings
+("components", "all"); explicit patterns with unequal components are refused. ``from_heads``
+and ``to_heads`` convert between this layout and the per-head layout a model stores
+(A (..., p, m, r), B (..., q, n, r), r×r cores (..., G, r, r)), which is also the layout of
+an optimizer parameter group naming a block geometry.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from torch_port import linalg
+from torch_port.linalg import Tensor
+
+Parts = Sequence[Tensor]
+
+
+# -- validation helpers --------------------------------------------------------------------------
+def check_factor_shapes(geometry, what: str, x: Parts, shapes: Sequence[tuple[int, ...]]) -> None:
+    """Raise ValueError unless x is a tuple of tensors with the given trailing shapes and one
+    common batch shape, all of one real floating dtype."""
+    if not isinstance(x, tuple | list) or len(x) != len(shapes):
+        raise ValueError(f"{geometry.name} {what}: expected a tuple of {len(shapes)} tensors")
+    batch = None
+    for t, shape in zip(x, shapes, strict=True):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{geometry.name} {what}: expected tensors, got {type(t).__name__}")
+        if not t.dtype.is_floating_point or t.is_complex():
+            raise TypeError(
+                f"{geometry.name} {what}: expected a real floating dtype, got {t.dtype}"
+            )
+        if t.ndim < len(shape) or tuple(t.shape[t.ndim - len(shape) :]) != tuple(shape):
+            raise ValueError(
+                f"{geometry.name} {what}: expected trailing shapes {list(shapes)}, got "
+                f"{[tuple(p.shape) for p in x]}"
+            )
+        b = tuple(t.shape[: t.ndim - len(shape)])
+        if batch is not None and b != batch:
+            raise ValueError(
+                f"{geometry.name} {what}: the factors' batch shapes differ: "
+                f"{[tuple(p.shape) for p in x]}"
+            )
+        batch = b
+    if len({t.dtype for t in x}) > 1:
+        raise TypeError(
+            f"{geometry.name} {what}: factors of different dtypes {[t.dtype for t in x]}"
+        )
+
+
+def finite_or_raise(what: str, x: Parts) -> None:
+    """Raise ValueError with the count of NaN/inf entries, if any."""
+    bad = int(sum((~torch.isfinite(t)).sum() for t in x))
+    if bad:
+        raise ValueError(f"{what}: {bad} non-finite entries (NaN or inf)")
+
+
+def default_atol(dtype: torch.dtype) -> float:
+    """sqrt(ε) of the dtype (1.5e-8 for float64, as the reference; 3.5e-4 for float32)."""
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
+# -- the base class -------------------------------------------------------------------------------
+class FactoredGeometry:
+    """Base of the torch geometries whose points are tuples of batched tensors.
+
+    Subclasses set ``name``, ``moment_groups`` (the reference's: which tangent parts form one
+    frame), ``point_shapes``/``tangent_shapes`` (trailing shapes of the parts) and
+    ``point_kinds``/``tangent_kinds`` ("row": stacked by the block variants from row factors,
+    "col": from column factors, "core": one r×r per group), and implement the protocol of
+    ``reference/geometry.py``. The defaults here: the Frobenius metric of all parts together
+    (R1, P1, P2; R2 overrides ``inner`` and ``norm``).
+    """
+
+    name: str
+    moment_groups: tuple[tuple[int, ...], ...]
+    point_shapes: tuple[tuple[int, ...], ...]
+    tangent_shapes: tuple[tuple[int, ...], ...]
+    point_kinds: tuple[str, ...]
+    tangent_kinds: tuple[str, ...]
+
+    # -- metric --------------------------------------------------------------------------------
+    def inner(self, x: Parts, u: Parts, v: Parts) -> Tensor:
+        """Σ_i tr(u_iᵀ v_i) over the parts, per point."""
+        return sum(torch.sum(a * b, dim=(-2, -1)) for a, b in zip(u, v, strict=True))
+
+    def norm(self, x: Parts, u: Parts) -> Tensor:
+        """The metric norm per point, free of overflow and underflow (``linalg.norm_of_parts``)."""
+        return linalg.norm_of_parts(list(u))
+
+    def scaled_norm(self, fn: Callable[[Parts], Tensor], u: Parts) -> Tensor:
+        """fn(u) for a norm fn homogeneous of degree 1, computed unscaled where that is safe and
+        as s·fn(u/s), s = max|u| over the parts, where the unscaled value is zero, tiny, inf or
+        NaN (reference ``optim._metric_norm``). One host synchronisation."""
+        n = fn(u)
+        bad = linalg._needs_scaling(linalg._norm_dtype(n))
+        if not bool(bad.any()):
+            return n
+        s = torch.stack([linalg.max_abs(p) for p in u]).amax(dim=0)
+        odd = (s == 0) | ~torch.isfinite(s)
+        safe = torch.where(odd, torch.ones_like(s), s)[..., None, None]
+        scaled = torch.where(odd, s, s * fn(tuple(p / safe for p in u)))
+        return torch.where(bad, scaled, n)
+
+    def random_tangent(self, x: Parts, generator: torch.Generator | None = None) -> tuple:
+        """proj(x, Z) for a Gaussian factor-space Z, scaled to unit norm per point."""
+        z = tuple(
+            torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device) for p in x
+        )
+        t = self.proj(x, z)
+        n = self.norm(x, t)
+        return tuple(p / n[..., None, None] for p in t)
+
+    def to_matrix(self, x: Parts) -> Tensor:
+        """W = A Bᵀ per point (checks only: forms m×n matrices)."""
+        a, b = self.pair(x)
+        return a @ linalg.transpose(b)
+
+    def egrad_from_matrix(self, x: Parts, g: Tensor) -> tuple:
+        """The factor gradient of F(A Bᵀ) for G = ∇F (checks only: takes m×n matrices)."""
+        a, b = self.pair(x)
+        return self.egrad_from_pair(x, (g @ b, linalg.transpose(g) @ a))
+
+    def check_orthonormal(self, x: Parts, factors: dict[str, Tensor], atol) -> None:
+        """Raise ValueError when a factor's ‖FᵀF − I‖ exceeds atol (default sqrt(ε) of its
+        dtype) in some point of the batch, with the worst residual."""
+        for label, f in factors.items():
+            tol = default_atol(f.dtype) if atol is None else float(atol)
+            res = linalg.orthonormality_residual(f)
+            if bool((res > tol).any()):
+                raise ValueError(
+                    f"{self.name}: factor {label} is not orthonormal: ‖{label}ᵀ{label} − I‖ = "
+                    f"{float(res.max()):.3e} > {tol:.1e} (worst of {res.numel()} points)"
+                )
+
+    # -- per-frame operations (the optimizers) --------------------------------------------------
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        """Trailing shape of per-frame scalars: () for one frame per point, (k,) for k."""
+        k = len(self.moment_groups)
+        return () if k == 1 else (k,)
+
+    def frame_norms(self, x: Parts, u: Parts) -> Tensor:
+        """The metric norm of each frame of u (reference ``optim._frame_norms``): the geometry's
+        norm when the point is one frame, else the Frobenius norm of each frame's parts;
+        shape (..., *frame_shape)."""
+        if len(self.moment_groups) == 1:
+            return self.norm(x, u)
+        return torch.stack(
+            [linalg.norm_of_parts([u[i] for i in g]) for g in self.moment_groups], dim=-1
+        )
+
+    def frame_sizes(self) -> tuple[int, ...]:
+        """Number of entries of each frame of a tangent vector (reference ``_frame_sizes``)."""
+        return tuple(sum(math.prod(self.tangent_shapes[i]) for i in g) for g in self.moment_groups)
+
+    def scale_frames(self, u: Parts, c: Tensor) -> tuple:
+        """Multiply the parts of each frame by that frame's scalar, c of shape
+        (..., *frame_shape)."""
+        if len(self.moment_groups) == 1:
+            return tuple(p * c.to(p.dtype)[..., None, None] for p in u)
+        owner = {i: k for k, g in enumerate(self.moment_groups) for i in g}
+        return tuple(p * c[..., owner[i]].to(p.dtype)[..., None, None] for i, p in enumerate(u))
+
+    def retract_scaled(self, x: Parts, u: Parts, c: Tensor) -> tuple:
+        """retract(x, scale_frames(u, c)): the step ξ = c·u frame by frame (an optimizer hook that
+        a geometry may fuse)."""
+        return self.retract(x, self.scale_frames(u, c))
+
+
+# -- block variants --------------------------------------------------------------------------------
+def gqa_pattern(n_heads: int, n_kv_heads: int) -> list[tuple[int, int]]:
+    """Active blocks (h, g(h)), g(h) = h // (n_heads / n_kv_heads): MHA when equal, MQA for 1."""
+    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_heads must be a positive multiple of n_kv_heads, got {n_heads} and {n_kv_heads}"
+        )
+    per = n_heads // n_kv_heads
+    return [(h, h // per) for h in range(n_heads)]
+
+
+def components(pattern: Iterable[tuple[int, int]]) -> list[tuple[list[int], list[int]]]:
+    """Connected components of the bipartite graph of E, as (rows, columns), sorted (as the
+    reference's ``components``)."""
+    parent: dict[tuple[str, int], tuple[str, int]] = {}
+
+    def find(v: tuple[str, int]) -> tuple[str, int]:
+        parent.setdefault(v, v)
+        while parent[v] != v:
+            parent[v] = parent[parent[v]]
+            v = parent[v]
+        return v
+
+    for i, j in pattern:
+        parent[find(("r", i))] = find(("c", j))
+    comps: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+    for v in sorted(parent):
+        rows, cols = comps.setdefault(find(v), ([], []))
+        (rows if v[0] == "r" else cols).append(v[1])
+    return sorted(comps.values())
+
+
+class BlockGeometry:
+    """The block variant of a base geometry, with the groups as a batch dimension.
+
+    A point is a base point (of sizes P·m, Q·n, r) whose tensors carry one more batch dimension,
+    the G groups, just before the matrix dimensions; tangent vectors likewise. The metric is the
+    sum of the groups' base metrics; per-frame scalars have shape (..., G, *base.frame_shape)
+    (the reference's moment groups in the same order: group by group).
+
+    Args:
+        base: a constructor ``base(m, n, r, **base_kwargs)`` of a plain torch geometry.
+        m, n, r: one block's row size, column size and rank.
+        n_heads, n_kv_heads: the GQA pattern (ignored when ``pattern`` is given).
+        pattern: explicit active blocks (i, j); every factor 0…p−1 and 0…q−1 must appear, and
+            every group must have the same numbers of row and column factors.
+        groups: "components" (default) or "all".
+    """
+
+    def __init__(
+        self,
+        base,
+        m: int,
+        n: int,
+        r: int,
+        n_heads: int = 2,
+        n_kv_heads: int = 1,
+        pattern: Sequence[tuple[int, int]] | None = None,
+        groups: str = "components",
+        **base_kwargs,
+    ):
+        self.pattern = sorted(
+            {(int(i), int(j)) for i, j in (pattern or gqa_pattern(n_heads, n_kv_heads))}
+        )
+        rows = sorted({i for i, _ in self.pattern})
+        cols = sorted({j for _, j in self.pattern})
+        if rows != list(range(len(rows))) or cols != list(range(len(cols))):
+            raise ValueError(
+                f"every row and column factor must appear in the pattern: rows {rows}, cols {cols}"
+            )
+        if groups == "components":
+            self.groups = components(self.pattern)
+        elif groups == "all":
+            self.groups = [(rows, cols)]
+        else:
+            raise ValueError(f"unknown grouping {groups!r}; choose 'components' or 'all'")
+        sizes = {(len(gr), len(gc)) for gr, gc in self.groups}
+        if len(sizes) != 1:
+            raise ValueError(
+                "the torch block variants need groups of equal size (every GQA pattern has "
+                f"them); this pattern's groups have (row, column) factor counts {sorted(sizes)}"
+            )
+        self.m, self.n, self.r = int(m), int(n), int(r)
+        self.p, self.q = len(rows), len(cols)
+        self.n_groups = len(self.groups)
+        self.rows_per_group, self.cols_per_group = sizes.pop()
+        self.base = base(self.rows_per_group * m, self.cols_per_group * n, r, **base_kwargs)
+        self.name = "block_" + self.base.name
+        self.embedded, self.quotient = self.base.embedded, self.base.quotient
+        self.retraction_order = self.base.retraction_order
+        self.moment_groups = self.base.moment_groups
+        self.dim = self.n_groups * self.base.dim
+        # Index maps: stacked slot (group c, position k) -> factor, and factor -> flat slot.
+        self._row_index = torch.tensor([gr for gr, _ in self.groups]).reshape(-1)
+        self._col_index = torch.tensor([gc for _, gc in self.groups]).reshape(-1)
+        self._row_slot = torch.argsort(self._row_index)
+        self._col_slot = torch.argsort(self._col_index)
+        self._row_identity = bool(torch.equal(self._row_index, torch.arange(self.p)))
+        self._col_identity = bool(torch.equal(self._col_index, torch.arange(self.q)))
+
+    def __repr__(self) -> str:
+        return f"{self.name}(m={self.m}, n={self.n}, r={self.r}, groups={self.groups})"
+
+    # -- layout --------------------------------------------------------------------------------
+    def _stack(self, t: Tensor, kind: str) -> Tensor:
+        if kind == "core":
+            return t
+        index, identity, size = (
+            (self._row_index, self._row_identity, self.m)
+            if kind == "row"
+            else (self._col_index, self._col_identity, self.n)
+        )
+        if not identity:
+            t = t.index_select(t.ndim - 3, index.to(t.device))
+        per = self.rows_per_group if kind == "row" else self.cols_per_group
+        return t.reshape(*t.shape[:-3], self.n_groups, per * size, t.shape[-1])
+
+    def _unstack(self, t: Tensor, kind: str) -> Tensor:
+        if kind == "core":
+            return t
+        slot, identity, size = (
+            (self._row_slot, self._row_identity, self.m)
+            if kind == "row"
+            else (self._col_slot, self._col_identity, self.n)
+        )
+        heads = t.reshape(*t.shape[:-3], -1, size, t.shape[-1])
+        return heads if identity else heads.index_select(heads.ndim - 3, slot.to(t.device))
+
+    def from_heads(self, x: Parts, kinds: Sequence[str] | None = None) -> tuple:
+        """Per-head layout (row factors (..., p, m, r), column factors (..., q, n, r), cores
+        (..., G, r, r)) to the stacked group layout. ``kinds`` defaults to the point's."""
+        kinds = self.base.point_kinds if kinds is None else kinds
+        return tuple(self._stack(t, k) for t, k in zip(x, kinds, strict=True))
+
+    def to_heads(self, x: Parts, kinds: Sequence[str] | None = None) -> tuple:
+        """The inverse of ``from_heads``."""
+        kinds = self.base.point_kinds if kinds is None else kinds
+        return tuple(self._unstack(t, k) for t, k in zip(x, kinds, strict=True))
+
+    def head_factors(self, x: Parts) -> tuple[Tensor, Tensor]:
+        """The per-head factors (A (..., p, m, r), B (..., q, n, r)), block (i, j) = A_i B_jᵀ."""
+        a, b = self.base.pair(x)
+        return self._unstack(a, "row"), self._unstack(b, "col")
+
+    def egrad_from_heads(self, x: Parts, g_a: Tensor, g_b: Tensor) -> tuple:
+        """Stack the per-head gradients (∂L/∂A_i, ∂L/∂B_j) group by group and convert them to the
+        base geometry's factor gradient (a shared factor already holds the sum over its blocks)."""
+        return self.base.egrad_from_pair(x, (self._stack(g_a, "row"), self._stack(g_b, "col")))
+
+    # -- the protocol: the base geometry, batched over the groups -------------------------------
+    def random_point(
+        self,
+        generator: torch.Generator | None = None,
+        batch_shape: Sequence[int] = (),
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> tuple:
+        return self.base.random_point(
+            generator, (*batch_shape, self.n_groups), dtype=dtype, device=device
+        )
+
+    def __getattr__(self, name: str):
+        # proj, proj_tangent, egrad_to_rgrad, retract, transport, inner, norm, zero_tangent,
+        # random_tangent, pair, egrad_from_pair, to_matrix, tangent_to_matrix, check_point,
+        # vertical, act, frame_norms, frame_sizes, scale_frames, retract_scaled: the base's, with
+        # the group dimension as one more batch dimension.
+        if name.startswith("_") or name == "base":
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    @property
+    def frame_shape(self) -> tuple[int, ...]:
+        return (self.n_groups, *self.base.frame_shape)
+
+    @property
+    def point_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple((self.n_groups, *s) for s in self.base.point_shapes)
+
+    @property
+    def tangent_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple((self.n_groups, *s) for s in self.base.tangent_shapes)
+
+    def head_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Trailing shapes of the per-head layout of a point (an optimizer group's params)."""
+        out = []
+        for kind, shape in zip(self.base.point_kinds, self.base.point_shapes, strict=True):
+            if kind == "row":
+                out.append((self.p, self.m, self.r))
+            elif kind == "col":
+                out.append((self.q, self.n, self.r))
+            else:
+                out.append((self.n_groups, *shape))
+        return tuple(out)
