@@ -12,7 +12,7 @@ from proofs_checks.certificate import certify, resolve_ids, summary_table
 from proofs_checks.rank import add_rank_arguments, run_rank_command
 from proofs_checks.registry import REGISTRY
 
-BENCHMARKS = ("stiefel", "geometries")
+BENCHMARKS = ("stiefel", "geometries", "port")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -43,11 +43,36 @@ def build_parser() -> argparse.ArgumentParser:
     rank = sub.add_parser("rank", help="estimate the intrinsic rank of sequences before training")
     add_rank_arguments(rank)
 
+    comp = sub.add_parser(
+        "compare",
+        help="run seeded problems through the reference and the torch port, table of deviations",
+    )
+    comp.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    comp.add_argument(
+        "--dtype",
+        default="float64,float32,bfloat16",
+        help="comma-separated dtypes of the port (default float64,float32,bfloat16)",
+    )
+    comp.add_argument("--steps", type=int, default=100, help="steps per case (default 100)")
+    comp.add_argument("--seed", type=int, default=0, help="seed of the problems (default 0)")
+    comp.add_argument(
+        "--geometry",
+        action="append",
+        default=None,
+        help="only the problems of this geometry (repeatable; default: all registered)",
+    )
+    comp.add_argument("--json", action="store_true", help="print one JSON document")
+
     bench = sub.add_parser("bench", help="run a benchmark (not a test) and print its table")
     bench.add_argument("name", choices=BENCHMARKS)
-    bench.add_argument("--d", type=int, default=512, help="stiefel: frame rows (default 512)")
     bench.add_argument(
-        "--r", type=int, default=64, help="stiefel: columns; geometries: rank (default 64)"
+        "--d", type=int, default=512, help="stiefel, port (a): frame rows (default 512)"
+    )
+    bench.add_argument(
+        "--r",
+        type=int,
+        default=64,
+        help="stiefel, port (a): columns; geometries: rank (default 64)",
     )
     bench.add_argument("--m", type=int, default=512, help="geometries: rows (default 512)")
     bench.add_argument("--n", type=int, default=512, help="geometries: columns (default 512)")
@@ -55,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help="timed rounds (default 30 for stiefel, 10 for geometries)",
+        help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port)",
     )
     bench.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -110,6 +135,39 @@ def run_geometries(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_compare(args: argparse.Namespace) -> int:
+    """``rattn compare``: bad usage (unknown dtype or device, CUDA missing, no torch) exits 2
+    before anything runs; a case beyond its bound exits 1."""
+    try:
+        from proofs_checks import port_compare
+    except ImportError as exc:
+        raise ValueError(f"rattn compare needs torch (pip install 'rattn[torch]'): {exc}") from None
+    dtypes = port_compare.parse_dtypes(args.dtype)
+    port_compare.check_device(args.device)
+    if args.steps < 1:
+        raise ValueError(f"--steps must be ≥ 1, got {args.steps}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be ≥ 0, got {args.seed}")
+    port_compare.select(args.geometry)  # unknown geometry: bad usage
+    try:
+        result = port_compare.compare(
+            args.device,
+            dtypes,
+            args.steps,
+            args.seed,
+            geometries=args.geometry,
+            progress=not args.json,
+        )
+    except ValueError as exc:  # raised by a run, not by the arguments: a failure
+        print(f"rattn compare: a case raised: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(port_compare.format_table(result))
+    return 0 if result["passed"] else 1
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from proofs_checks.bench import (
         bench_geometries,
@@ -117,6 +175,21 @@ def run_bench(args: argparse.Namespace) -> int:
         format_bench,
         format_geometries,
     )
+
+    if args.name == "port":
+        from proofs_checks.bench import bench_port, format_port
+
+        if not (1 <= args.r <= args.d):
+            raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={args.d}, r={args.r}")
+        try:
+            import torch  # noqa: F401
+        except ImportError as exc:
+            message = f"rattn bench port needs torch (pip install 'rattn[torch]'): {exc}"
+            raise ValueError(message) from None
+        repeats = 5 if args.repeats is None else args.repeats
+        result = bench_port(d=args.d, r=args.r, repeats=repeats, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_port(result))
+        return 0
 
     if args.name == "geometries":
         if not (1 <= args.r <= min(args.m, args.n)):
@@ -143,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands = {
             "certify": run_certify,
             "geometries": run_geometries,
+            "compare": run_compare,
             "bench": run_bench,
             "rank": run_rank_command,
         }

@@ -1,0 +1,159 @@
+"""``proofs_checks.port_compare`` and ``rattn compare``: the port against the reference, by
+problem, rule and dtype, with stated bounds (issue 4 item 4); and a smoke run of
+``rattn bench port``.
+
+Bounds are those of ``proofs_checks/port_compare.py`` (module docstring): in float64 the
+deviation bound is max(1, S)·N·90·u, 1e-14 per step (1e-12 after 100 steps when the measured
+amplification S is at most 1; S is ≤ 1.9 for the default problems), and the measured deviation
+is ~3e-15.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from proofs_checks import port_compare as cmp  # noqa: E402
+from proofs_checks.cli import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def float64_result():
+    return cmp.compare(dtypes=("float64",), steps=100)
+
+
+def test_cpu_float64_agrees_with_the_reference_to_1e_12(float64_result):
+    res = float64_result
+    assert res["passed"]
+    n_problems = sum(len(v) for v in cmp.PROBLEMS.values())
+    assert len(res["cases"]) == n_problems * len(cmp.RULES)
+    for c in res["cases"]:
+        # the DESIGN's number, whatever the amplification: 1e-12 after 100 steps
+        assert c["max_deviation"] <= 1e-12, c
+        assert c["deviation_bound_kind"] == "a priori"
+        assert c["deviation_bound"] <= 1e-14 * 100 * max(1.0, c["amplification"]) * 1.01
+        assert c["final_drift"] <= c["drift_bound"] <= 1e-13
+        assert c["initial_deviation"] == 0.0
+
+
+def test_float32_within_the_a_priori_bound():
+    res = cmp.compare(dtypes=("float32",), steps=100)
+    assert res["passed"]
+    for c in res["cases"]:
+        assert c["deviation_bound_kind"] == "a priori"
+        assert c["max_deviation"] <= c["deviation_bound"] < 2e-3
+        assert c["final_drift"] <= c["drift_bound"] < 5e-6
+
+
+def test_bfloat16_uses_the_measured_envelope():
+    res = cmp.compare(dtypes=("bfloat16",), steps=100)
+    assert res["passed"]
+    for c in res["cases"]:
+        # the a priori bound N·90·u_w ≈ 35 exceeds the diameter 2·sqrt(3): it says nothing
+        assert c["a_priori_deviation_bound"] >= c["diameter"]
+        assert c["deviation_bound_kind"] == "envelope"
+        assert c["deviation_bound"] == cmp.ENVELOPES[("bfloat16", c["rule"])]
+        assert c["max_deviation"] <= c["deviation_bound"] < c["diameter"]
+
+
+def test_a_case_beyond_its_bound_fails(monkeypatch):
+    monkeypatch.setattr(cmp, "LOCAL_ERROR_ULPS", 1e-4)  # bound ≈ 1e-18: below any rounding
+    res = cmp.compare(dtypes=("float64",), steps=5, rules=["rsgd"], problems=["brockett"])
+    assert not res["passed"]
+    assert not res["cases"][0]["deviation_passed"] and res["cases"][0]["drift_passed"]
+    assert "FAILED: 1 of 1 cases" in cmp.format_table(res)
+
+
+def test_cli_exit_status(monkeypatch, capsys):
+    assert main(["compare", "--dtype", "float64", "--steps", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "| stiefel | brockett | riemannian_adam | float64 |" in out and "PASSED" in out
+    monkeypatch.setattr(cmp, "LOCAL_ERROR_ULPS", 1e-4)
+    assert main(["compare", "--dtype", "float64", "--steps", "3"]) == 1
+    assert "FAILED" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dtype", "float16"], "unknown dtype float16"),
+        (["--dtype", "float64,int8"], "unknown dtype int8"),
+        (["--device", "tpu"], "unknown device 'tpu'"),
+        (["--steps", "0"], "--steps must be ≥ 1"),
+        (["--steps", "x"], "invalid int value"),
+        (["--geometry", "nope"], "unknown geometry"),
+    ],
+)
+def test_cli_bad_usage_exits_2(argv, message, capsys):
+    assert main(["compare", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cli_cuda_without_cuda_exits_2(capsys):
+    assert main(["compare", "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_cli_json_is_one_document(capsys):
+    argv = ["compare", "--dtype", "float64,float32", "--steps", "20", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] and doc["device"] == "cpu" and doc["steps"] == 20
+    assert {c["dtype"] for c in doc["cases"]} == {"float64", "float32"}
+    assert {c["rule"] for c in doc["cases"]} == set(cmp.RULES)
+    assert {c["problem"] for c in doc["cases"]} == {"brockett", "attention_logits"}
+    keys = {"max_deviation", "deviation_bound", "final_drift", "drift_bound", "passed"}
+    assert all(keys <= set(c) for c in doc["cases"])
+    assert doc["bounds"] and doc["environment"]["torch"] == torch.__version__
+
+
+def test_problem_library_is_keyed_by_geometry_and_name():
+    assert set(cmp.PROBLEMS) == set(cmp.GEOMETRY_ADAPTERS) == {"stiefel"}
+    assert [p.name for p in cmp.select(["stiefel"])] == ["brockett", "attention_logits"]
+    with pytest.raises(ValueError, match="unknown geometry"):
+        cmp.select(["fixed_rank_embedded"])
+    with pytest.raises(ValueError, match="no geometry adapter"):
+        cmp.register_problem(cmp.Problem("x", "fixed_rank_embedded", "", lambda seed: None))
+
+
+def test_reference_and_port_gradients_agree():
+    """The NumPy gradient of each problem is the autograd gradient of its torch loss."""
+    for problem in cmp.select():
+        inst = problem.build(3)
+        ps = [torch.tensor(p, requires_grad=True) for p in inst.points]
+        data = {k: torch.tensor(v) for k, v in inst.data.items()}
+        inst.loss(ps, data).backward()
+        for p, g in zip(ps, inst.egrad(inst.points, inst.data), strict=True):
+            assert float((p.grad - torch.tensor(g)).abs().max()) <= 1e-13, problem.name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_all_dtypes():
+    res = cmp.compare(device="cuda", steps=100)
+    assert res["passed"], cmp.format_table(res)
+
+
+def test_bench_port_small_runs():
+    from proofs_checks.bench import ADAMW_ROW, PORT_ROW, bench_port, format_port
+
+    sizes = [
+        {"key": "a", "label": "(a) one 32×4 frame", "params": 1, "batch": [], "d": 32, "r": 4},
+        {"key": "b", "label": "(b) small", "params": 2, "batch": [2, 2], "d": 24, "r": 4},
+    ]
+    res = bench_port(repeats=1, progress=False, sizes=sizes, dtypes=("float32",))
+    rows = {(x["size"], x["name"]): x for x in res["rows"]}
+    port, adamw = rows[("b", PORT_ROW)], rows[("b", ADAMW_ROW)]
+    # one d×r buffer and one scalar per frame against AdamW's two d×r buffers (float32), plus
+    # one float32 "step" per parameter on both sides
+    entries = 2 * 2 * 24 * 4
+    assert port["state_bytes"] == 2 * (4 * entries + 4 * 4 + 4)
+    assert adamw["state_bytes"] == 2 * (2 * 4 * entries + 4)
+    assert res["targets"][-1]["state_met"]
+    text = format_port(res)
+    assert "port / AdamW" in text and "Where one port step goes" in text
+    assert res["profile"]["float32"]["sites"][0]["site"].startswith("torch_port/")
