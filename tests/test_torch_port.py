@@ -655,3 +655,23 @@ def test_cuda_float32_drift():
         w.grad = torch.randn(w.shape, generator=gen, device="cuda")
         opt.step()
     assert float(st.residual(w.detach()).max()) <= 5e-6
+
+
+def test_bfloat16_frames_keep_a_decaying_second_moment():
+    """√v is kept in float32 for bfloat16 frames: in bfloat16, √β2·√v = 0.9995·√v rounds back
+    to √v and the moment would never decay. With gradients of RMS 1 then zero, √v must fall
+    like √β2^t: 0.951 after 100 steps (float32 rounding of 100 multiplications is far below the
+    0.5% asserted; a bfloat16 √v would stay at its first value, 5% off)."""
+    st = tp.Stiefel(16, 4)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.nn.Parameter(st.random_point(gen, dtype=torch.bfloat16))
+    opt = tp.RiemannianAdam([_group(w)], lr=1e-3)
+    w.grad = torch.randn(16, 4, generator=gen).to(torch.bfloat16)
+    opt.step()
+    first = opt.state[w]["sqrt_v"].clone()
+    assert first.dtype == torch.float32
+    for _ in range(100):
+        w.grad = torch.zeros(16, 4, dtype=torch.bfloat16)
+        opt.step()
+    expected = first * 0.999 ** (100 / 2)
+    assert torch.allclose(opt.state[w]["sqrt_v"], expected, rtol=5e-3)

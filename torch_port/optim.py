@@ -697,16 +697,15 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         return {"step": self._new_step()}
 
     def _frame_scalars(self, geometry, point: _Point, x=None) -> Tensor:
-        """Zeros of the shape of the point's per-frame scalars."""
+        """Zeros of the shape of the point's per-frame scalars, in at least float32: in bfloat16
+        √β2·√v rounds back to √v (0.9995 is 1 to bfloat16's 8 bits), so √v would never decay."""
         x = point.value() if x is None else x
-        return x[0].new_zeros(geometry.frame_batch(x))
+        dtype = torch.promote_types(x[0].dtype, torch.float32)
+        return x[0].new_zeros(geometry.frame_batch(x), dtype=dtype)
 
     def _store(self, geometry, tangent: Sequence[Tensor]):
         """A tangent vector as stored: the tensor itself for a Stiefel parameter, else a tuple."""
         return tangent[0] if isinstance(geometry, _StiefelFrames) else tuple(tangent)
-
-    def _rule(self, group, geometry, x, g, state) -> tuple[tuple, Tensor | None, dict]:
-        raise NotImplementedError
 
 
 # -- the four presets ----------------------------------------------------------------------------
