@@ -381,6 +381,8 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         _betas(group["betas"])
         _nonnegative("eps", group["eps"])
         _nonnegative("weight_decay", group["weight_decay"])
+        if group.get("trust_radius") is not None:
+            _positive("trust_radius", group["trust_radius"])
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -762,8 +764,6 @@ class RiemannianAdam(_RiemannianOptimizer):
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
-        if group["trust_radius"] is not None:
-            _positive("trust_radius", group["trust_radius"])
         if group["moment"] not in MOMENTS:
             raise ValueError(f"unknown moment {group['moment']!r}; choose one of {MOMENTS}")
         if group["reduction"] not in REDUCTIONS:
@@ -888,11 +888,6 @@ class RSGD(_RiemannianOptimizer):
             skip_nonfinite=skip_nonfinite,
         )
         super().__init__(params, defaults)
-
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
-        super()._check_hyperparameters(group)
-        if group["trust_radius"] is not None:
-            _positive("trust_radius", group["trust_radius"])
 
     def _rule(self, group, geometry, x, g, state):
         lr, radius = group["lr"], group["trust_radius"]
