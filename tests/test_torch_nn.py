@@ -310,7 +310,7 @@ def test_dropout_only_in_training():
         (dict(d_model=12, n_heads=5), "not divisible"),
         (dict(d_model=12, n_heads=4, n_kv_heads=3), "must divide"),
         (dict(d_model=4, n_heads=1, head_dim=8), "head_dim ≤ d_model"),
-        (dict(d_model=12, n_heads=3, qk_geometry="fixed_rank_embedded"), "unknown qk_geometry"),
+        (dict(d_model=12, n_heads=3, qk_geometry="fixed_rank"), "unknown qk_geometry"),
         (dict(d_model=12, n_heads=3, qk_geometry=None, block=True), "block=True"),
         (dict(d_model=12, n_heads=3, dropout=1.0), "dropout"),
     ],

@@ -1,38 +1,66 @@
-"""Multi-head attention whose QK (and optionally VO) projections are frames (DESIGN §7, issue 4
-item 3), and a helper that builds the optimizer for a whole model.
+"""Multi-head attention whose QK (and optionally VO) products live on a geometry (DESIGN §4, §7,
+issue 4 item 3), and a helper that builds the optimizer for a whole model.
 
 ``RiemannianMultiheadAttention`` is batch first: inputs (B, T, d_model), output (B, T, d_model),
 attention by ``torch.nn.functional.scaled_dot_product_attention``. Its projections are stored per
 head, all in the layout (heads, d_model, head_dim):
 
-==========  ===============================  ==============================================
-parameter   shape                            use
-==========  ===============================  ==============================================
-``w_q``     (n_heads, d_model, head_dim)     q_h = x W_Q^h
-``w_k``     (n_kv_heads, d_model, head_dim)  k_g = x W_K^g (shared by the heads of group g)
-``w_v``     (n_kv_heads, d_model, head_dim)  v_g = x W_V^g
-``w_o``     (n_heads, d_model, head_dim)     out = Σ_h o_h (W_O^h)ᵀ, i.e. W_O^hᵀ is stored
-==========  ===============================  ==============================================
+==========  ==================================  ===========================================
+parameter   shape                               use
+==========  ==================================  ===========================================
+``w_q``     (n_heads, d_model, head_dim)        q_h = x W_Q^h (x U_h S_h for R1)
+``w_k``     (n_kv_heads, d_model, head_dim)     k_g = x W_K^g (shared by the heads of group g)
+``w_v``     (n_kv_heads, d_model, head_dim)     v_g = x W_V^g
+``w_o``     (n_heads, d_model, head_dim)        out = Σ_h o_h (W_O^h)ᵀ, i.e. W_O^hᵀ is stored
+``s_qk``    (n_heads or G, head_dim, head_dim)  R1 core S of the QK product (else None)
+``s_vo``    (n_heads or G, head_dim, head_dim)  R1 core S of the VO product (else None)
+==========  ==================================  ===========================================
 
-so that every stored d_model×head_dim matrix can be a frame on St(d_model, head_dim). Head h
-uses key/value head g(h) = h // (n_heads // n_kv_heads) (GQA; MQA when n_kv_heads = 1).
+Head h uses key/value head g(h) = h // (n_heads // n_kv_heads) (GQA; MQA when n_kv_heads = 1).
 
-Geometries. ``qk_geometry="stiefel"`` makes each W_Q^h and each W_K^g a frame (initialised on the
-manifold: the sign-fixed QR factor of a Gaussian, drawn in float64); ``qk_geometry=None`` gives
-plain projections (initialised as ``nn.Linear``: uniform in ±1/sqrt(fan-in)). ``vo_geometry``
-does the same for W_V^g and W_O^hᵀ. A frame parameter is tagged ``param._rattn_geometry =
-"stiefel"`` and the module also lists its frames in ``frame_geometries`` (the tag is lost by
-``copy.deepcopy`` of a parameter; the module's list is not), so ``build_optimizer`` routes frames
-to the Riemannian rule and everything else to AdamW.
+Products as points. Write A_h (n_heads row factors) and B_g (n_kv_heads column factors). The QK
+product of head h is the d_model×d_model matrix QK_h = A_h B_{g(h)}ᵀ with A_h = W_Q^h (times the
+R1 core of its point) and B_g = W_K^g, so logits_h = scale · (x A_h)(x B_g)ᵀ = scale · x QK_h xᵀ.
+With ``qk_geometry`` one of the ten design points (m = n = d_model, r = head_dim), QK_h is the
+``to_matrix`` of a point of that geometry:
 
-Block variant (DESIGN §4.4). With ``block=True`` the query frames of one GQA group are stacked
-into one frame on St(group_size·d_model, head_dim): ``w_q`` has shape (n_kv_heads,
-group_size·d_model, head_dim) and Σ_i (W_Q^{g,i})ᵀ W_Q^{g,i} = I, while a single head's block is
-not orthonormal; the group's key frame is shared as in the plain variant. Likewise ``w_o`` with
-a VO geometry: the stacked W_O^hᵀ of a group form one frame and W_V^g is shared. Under MHA
-(n_kv_heads = n_heads) a group is one head and the block variant equals the plain one. Block
-needs a geometry on at least one product; only "stiefel" is available in this module (the
-other geometries of DESIGN §4.5 come with the geometry modules).
+- R1 ``fixed_rank_embedded`` (U, S, V): ``w_q`` = U, ``s_qk`` = S, ``w_k`` = V; q_h = x U_h S_h.
+- R2 ``fixed_rank_quotient`` (A, B): ``w_q`` = A, ``w_k`` = B.
+- P1 ``partial_isometry_embedded``, P2 ``partial_isometry_quotient``, P3 ``stiefel_pair`` (U, V):
+  ``w_q`` = U, ``w_k`` = V.
+
+The VO product uses the same layout with the output side as row factor: ``w_o`` holds the row
+factors A_h (with ``s_vo`` for R1: A_h = U_h S_h), ``w_v`` the column factors B_g; v_g = x B_g and
+out = Σ_h o_h A_hᵀ, so head h maps x to P_h x VO_h with VO_h = W_V^g W_O^h = B_g A_hᵀ, the
+TRANSPOSE of the point's matrix A_h B_gᵀ. ``qk_matrices()`` and ``vo_matrices()`` return QK_h and
+VO_h, shape (n_heads, d_model, d_model) (checks and rank estimators only).
+
+Plain and block variants (DESIGN §4.4). A plain variant treats each head as its own point, which
+needs a one-to-one pattern: under GQA/MQA it is refused (use ``block=True``). It is stored with
+batch shape (n_heads,). A block variant (``block=True``, or the name ``"block_<base>"`` directly:
+the two are equivalent) stacks the row factors of each GQA group with the group's one column
+factor; it is stored in the per-head layout of an optimizer group naming a block geometry: row
+factors (n_heads, d_model, head_dim), column factors (n_kv_heads, d_model, head_dim), cores (G,
+head_dim, head_dim) with G = n_kv_heads groups (``BlockGeometry.from_heads``/``to_heads``); head h
+uses core g(h). Under MHA a group is one head and the block variant equals the plain one (the
+same draws, the same parameters). Each point is initialised by the geometry's ``random_point``
+(drawn in float64 with the module's ``generator``, then cast).
+
+``"stiefel"`` keeps the per-frame geometry: each W_Q^h and each W_K^g is a frame on St(d_model,
+head_dim) (also under GQA), initialised as the sign-fixed QR factor of a float64 Gaussian; with
+``block=True`` the query frames of a GQA group are stacked into one frame on St(group_size·d_model,
+head_dim): ``w_q`` of shape (n_kv_heads, group_size·d_model, head_dim), Σ_i (W_Q^{g,i})ᵀ W_Q^{g,i}
+= I; likewise ``w_o`` with a VO geometry. ``None`` gives plain projections (initialised as
+``nn.Linear``: uniform in ±1/sqrt(fan-in)).
+
+Optimizer routing. A Stiefel frame is tagged ``param._rattn_geometry = "stiefel"`` and listed in
+the module's ``frame_geometries`` (local name -> geometry; the tag is lost by ``copy.deepcopy``
+of a parameter, the module's dict is not). The factors of a point of the other geometries are
+listed in the module's ``point_groups`` (label "qk"/"vo" -> ``{"geometry": name, "params":
+[local names in factor order], "n_heads", "n_kv_heads" (block only)}``), which is an optimizer
+parameter group without its tensors. ``build_optimizer`` makes one group per such point, one
+group per geometry for tagged frames, and one plain (AdamW) group for the rest. Any module may
+declare ``frame_geometries`` or ``point_groups`` the same way.
 
 This module imports torch and ``torch_port`` only (DESIGN §2).
 """
@@ -48,15 +76,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from torch_port import linalg
+from torch_port.geometries import GEOMETRIES, PLAIN
 from torch_port.optim import RiemannianAdam
 
 Tensor = torch.Tensor
 
-#: Geometries a projection of ``RiemannianMultiheadAttention`` may take (None: plain).
-ATTENTION_GEOMETRIES = ("stiefel",)
+#: The five base geometries of DESIGN §4.1–4.3 (each also as ``"block_" + name``).
+BASE_GEOMETRIES = tuple(PLAIN)
+
+#: Geometries a product of ``RiemannianMultiheadAttention`` may take (None: plain projections).
+ATTENTION_GEOMETRIES = (
+    "stiefel",
+    *BASE_GEOMETRIES,
+    *(f"block_{name}" for name in BASE_GEOMETRIES),
+)
 
 #: The attribute that tags a parameter with its geometry (read by ``build_optimizer``).
 GEOMETRY_ATTR = "_rattn_geometry"
+
+#: Local parameter names of each product's factors, by factor kind.
+_FACTOR_NAMES = {
+    "qk": {"row": "w_q", "col": "w_k", "core": "s_qk"},
+    "vo": {"row": "w_o", "col": "w_v", "core": "s_vo"},
+}
 
 
 def tag_frame(param: nn.Parameter, geometry: str = "stiefel") -> nn.Parameter:
@@ -65,7 +107,9 @@ def tag_frame(param: nn.Parameter, geometry: str = "stiefel") -> nn.Parameter:
     The tag is an attribute of the parameter: ``torch.save``/``torch.load`` and ``module.to``
     keep it, ``copy.deepcopy`` does not (torch copies a parameter's data, not its attributes).
     A module that owns frames should also list them in a ``frame_geometries`` dict (local name
-    -> geometry), as ``RiemannianMultiheadAttention`` does; that survives a deepcopy."""
+    -> geometry), as ``RiemannianMultiheadAttention`` does; that survives a deepcopy. The
+    factors of one point of a factored geometry are declared in a ``point_groups`` dict
+    instead (module docstring)."""
     setattr(param, GEOMETRY_ATTR, geometry)
     return param
 
@@ -96,8 +140,31 @@ def _plain_init(
     return ((2.0 * u - 1.0) * bound).to(dtype=dtype, device=device)
 
 
+def _resolve_geometry(what: str, name: str | None, block: bool) -> str | None:
+    """The effective geometry of one product: None, "stiefel", a base name, or
+    "block_" + base (a base name with ``block=True``); raises ValueError for other names."""
+    if name is None or name == "stiefel":
+        return name
+    if name not in ATTENTION_GEOMETRIES:
+        raise ValueError(
+            f"unknown {what} {name!r}; choose one of {ATTENTION_GEOMETRIES} or None (plain "
+            "projections); a base name with block=True selects its block_ variant"
+        )
+    return f"block_{name}" if block and not name.startswith("block_") else name
+
+
+def geometry_of_product(
+    name: str, d_model: int, head_dim: int, n_heads: int, n_kv_heads: int
+) -> Any:
+    """``GEOMETRIES[name](d_model, d_model, head_dim)``, with the GQA pattern (n_heads,
+    n_kv_heads) for a block variant: the geometry of one product of the attention module."""
+    if name.startswith("block_"):
+        return GEOMETRIES[name](d_model, d_model, head_dim, n_heads=n_heads, n_kv_heads=n_kv_heads)
+    return GEOMETRIES[name](d_model, d_model, head_dim)
+
+
 class RiemannianMultiheadAttention(nn.Module):
-    """Batch-first multi-head attention with QK (and optionally VO) projections on a geometry.
+    """Batch-first multi-head attention with QK (and optionally VO) products on a geometry.
 
     Args:
         d_model: model (embedding) dimension.
@@ -105,11 +172,16 @@ class RiemannianMultiheadAttention(nn.Module):
         n_kv_heads: number of key/value heads (default ``n_heads``); must divide ``n_heads``.
             Fewer than ``n_heads`` is GQA (1 is MQA): keys and values are repeated per group.
         head_dim: dimension per head (default d_model // n_heads, which must then divide
-            exactly). With a Stiefel geometry, head_dim ≤ d_model.
-        qk_geometry: "stiefel" (W_Q^h, W_K^g frames on St(d_model, head_dim)) or None (plain).
-        vo_geometry: "stiefel" (W_V^g and W_O^hᵀ frames) or None (plain, the default).
-        block: stack the query (and output) frames of each GQA group into one frame (module
-            docstring); needs a geometry on QK or VO.
+            exactly). With a geometry on a product, head_dim ≤ d_model.
+        qk_geometry: the geometry of QK_h = W_Q^h (S_h) W_K^gᵀ: one of ``ATTENTION_GEOMETRIES``
+            ("stiefel": per-frame W_Q^h, W_K^g; the five base names of DESIGN §4.5 and their
+            "block_" variants: one point per head or per GQA group) or None (plain).
+        vo_geometry: the same for the VO product VO_h = W_V^g W_O^h, whose transpose is the
+            point's matrix (module docstring); default None (plain).
+        block: block variants (DESIGN §4.4): a base name selects its "block_" variant, and
+            "stiefel" stacks the query (and output) frames of each GQA group into one frame;
+            needs a geometry on QK or VO. The plain variants of the five base geometries need
+            n_kv_heads = n_heads.
         bias: learnable biases on q and v (per head) and on the output (plain parameters).
             There is no key bias: it would add q·b to every logit of a row, which the softmax
             ignores, so its gradient is identically zero.
@@ -142,6 +214,53 @@ class RiemannianMultiheadAttention(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        n_kv_heads, head_dim = self._check_sizes(d_model, n_heads, n_kv_heads, head_dim)
+        qk_geometry = _resolve_geometry("qk_geometry", qk_geometry, block)
+        vo_geometry = _resolve_geometry("vo_geometry", vo_geometry, block)
+        for what, geo in (("qk_geometry", qk_geometry), ("vo_geometry", vo_geometry)):
+            self._check_geometry(what, geo, d_model, n_heads, n_kv_heads, head_dim)
+        if block and qk_geometry is None and vo_geometry is None:
+            raise ValueError(
+                "block=True stacks the factors of a GQA group into one point; it needs "
+                f"qk_geometry or vo_geometry in {ATTENTION_GEOMETRIES} (got both None)"
+            )
+        if not (isinstance(dropout, int | float) and 0.0 <= dropout < 1.0):
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim, self.group_size = head_dim, n_heads // n_kv_heads
+        self.qk_geometry, self.vo_geometry = qk_geometry, vo_geometry
+        self.block, self.dropout, self.scale = bool(block), float(dropout), scale
+        #: Local parameter name -> geometry of the Stiefel frames (survives deepcopy).
+        self.frame_geometries: dict[str, str] = {}
+        #: "qk"/"vo" -> the optimizer group of that product's point, without its tensors:
+        #: {"geometry", "params" (local names, factor order), "n_heads", "n_kv_heads" (block)}.
+        self.point_groups: dict[str, dict[str, Any]] = {}
+
+        dtype = torch.get_default_dtype() if dtype is None else dtype
+        init = (generator, dtype, device)
+        factors = {
+            **self._product("qk", qk_geometry, init),
+            **self._product("vo", vo_geometry, init),
+        }
+        for name in ("w_q", "w_k", "w_v", "w_o", "s_qk", "s_vo"):
+            self.register_parameter(name, factors.get(name))
+        h, g, k, d = n_heads, n_kv_heads, head_dim, d_model
+        if bias:
+            self.b_q = nn.Parameter(torch.zeros(h, k, dtype=dtype, device=device))
+            self.b_v = nn.Parameter(torch.zeros(g, k, dtype=dtype, device=device))
+            self.b_o = nn.Parameter(torch.zeros(d, dtype=dtype, device=device))
+        else:
+            self.register_parameter("b_q", None)
+            self.register_parameter("b_v", None)
+            self.register_parameter("b_o", None)
+
+    # -- construction -------------------------------------------------------------------------
+    @staticmethod
+    def _check_sizes(
+        d_model: int, n_heads: int, n_kv_heads: int | None, head_dim: int | None
+    ) -> tuple[int, int]:
+        """Validate the sizes; returns (n_kv_heads, head_dim) with their defaults filled in."""
         for name, v in (("d_model", d_model), ("n_heads", n_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -161,60 +280,88 @@ class RiemannianMultiheadAttention(nn.Module):
             head_dim = d_model // n_heads
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
             raise ValueError(f"head_dim must be a positive integer, got {head_dim!r}")
-        for name, geo in (("qk_geometry", qk_geometry), ("vo_geometry", vo_geometry)):
-            if geo is not None and geo not in ATTENTION_GEOMETRIES:
-                raise ValueError(
-                    f"unknown {name} {geo!r}; choose one of {ATTENTION_GEOMETRIES} or None "
-                    "(plain projections)"
-                )
-            if geo == "stiefel" and head_dim > d_model:
-                raise ValueError(
-                    f"{name}='stiefel' needs head_dim ≤ d_model (a frame on St(d_model, "
-                    f"head_dim) has at most d_model orthonormal columns), got head_dim="
-                    f"{head_dim} > d_model={d_model}"
-                )
-        if block and qk_geometry is None and vo_geometry is None:
+        return n_kv_heads, head_dim
+
+    @staticmethod
+    def _check_geometry(
+        what: str, geo: str | None, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int
+    ) -> None:
+        """A product's geometry needs head_dim ≤ d_model (rank ≤ size); a plain variant of a
+        base geometry needs one key/value head per query head (a one-to-one pattern)."""
+        if geo is None:
+            return
+        if head_dim > d_model:
             raise ValueError(
-                "block=True stacks the frames of a GQA group into one frame; it needs "
-                f"qk_geometry or vo_geometry in {ATTENTION_GEOMETRIES} (got both None)"
+                f"{what}={geo!r} needs head_dim ≤ d_model (a rank-head_dim point of d_model×"
+                f"d_model matrices, or a frame with at most d_model orthonormal columns), got "
+                f"head_dim={head_dim} > d_model={d_model}"
             )
-        if not (isinstance(dropout, int | float) and 0.0 <= dropout < 1.0):
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+        if geo in BASE_GEOMETRIES and n_kv_heads != n_heads:
+            raise ValueError(
+                f"{what}={geo!r} (plain variant) treats each head as its own point and needs "
+                f"one key/value head per query head, got n_heads={n_heads}, "
+                f"n_kv_heads={n_kv_heads}; use block=True (or {what}='block_{geo}') for "
+                "GQA/MQA"
+            )
 
-        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.head_dim, self.group_size = head_dim, n_heads // n_kv_heads
-        self.qk_geometry, self.vo_geometry = qk_geometry, vo_geometry
-        self.block, self.dropout, self.scale = bool(block), float(dropout), scale
-        #: Local parameter name -> geometry, for ``build_optimizer`` (survives deepcopy).
-        self.frame_geometries: dict[str, str] = {}
+    def _product(self, product: str, geometry: str | None, init: tuple) -> dict[str, nn.Parameter]:
+        """The parameters of one product ("qk" or "vo") by local name, initialised on its
+        geometry; records the product's frames (``frame_geometries``) or point
+        (``point_groups``)."""
+        if geometry is None or geometry == "stiefel":
+            return self._register_frames(self._frames(product, geometry, init), geometry)
+        return self._point(product, geometry, init)
 
-        dtype = torch.get_default_dtype() if dtype is None else dtype
-        h, g, p, d, k = n_heads, n_kv_heads, self.group_size, d_model, head_dim
-
-        def make(name: str, shape: tuple[int, ...], geometry: str | None, fan_in: int) -> None:
+    def _frames(self, product: str, geometry: str | None, init: tuple) -> dict[str, nn.Parameter]:
+        """Stiefel frames (sign-fixed QR of a float64 Gaussian) or plain projections (uniform in
+        ±1/sqrt(fan-in), fan-in d_model or n_heads·head_dim for W_O), drawn in the order w_q,
+        w_k, w_v, w_o; a "stiefel" row factor is stacked per GQA group with ``block=True``."""
+        names = _FACTOR_NAMES[product]
+        h, g, p, d, k = self.n_heads, self.n_kv_heads, self.group_size, self.d_model, self.head_dim
+        stacked = geometry == "stiefel" and self.block and p > 1
+        row_shape = (g, p * d, k) if stacked else (h, d, k)
+        out = {}
+        for kind in ("row", "col") if product == "qk" else ("col", "row"):
+            shape = row_shape if kind == "row" else (g, d, k)
             if geometry is None:
-                data = _plain_init(shape, fan_in, generator, dtype, device)
+                fan_in = h * k if (product, kind) == ("vo", "row") else d
+                data = _plain_init(shape, fan_in, *init)
             else:
-                data = _stiefel_init(shape, generator, dtype, device)
-            param = nn.Parameter(data)
-            if geometry is not None:
+                data = _stiefel_init(shape, *init)
+            out[names[kind]] = nn.Parameter(data)
+        return out
+
+    def _point(self, product: str, geometry: str, init: tuple) -> dict[str, nn.Parameter]:
+        """One point of ``geometry`` by its ``random_point`` (float64, then cast): batch
+        (n_heads,) for a plain variant, the per-head layout (``to_heads``) for a block variant;
+        recorded in ``point_groups`` with its factors' local names in factor order."""
+        generator, dtype, device = init
+        names = _FACTOR_NAMES[product]
+        h, g = self.n_heads, self.n_kv_heads
+        geo = geometry_of_product(geometry, self.d_model, self.head_dim, h, g)
+        block = geometry.startswith("block_")
+        x = geo.random_point(generator, () if block else (h,), dtype=torch.float64)
+        if block:
+            x = geo.to_heads(x)
+        kinds = geo.base.point_kinds if block else geo.point_kinds
+        out = {
+            names[kind]: nn.Parameter(t.to(dtype=dtype, device=device, copy=True))
+            for kind, t in zip(kinds, x, strict=True)
+        }
+        spec: dict[str, Any] = {"geometry": geometry, "params": [names[c] for c in kinds]}
+        if block:
+            spec.update(n_heads=h, n_kv_heads=g)
+        self.point_groups[product] = spec
+        return out
+
+    def _register_frames(self, out: dict[str, nn.Parameter], geometry: str | None) -> dict:
+        """Tag the parameters of a "stiefel" product as frames and list them in
+        ``frame_geometries``; plain parameters are returned untouched."""
+        if geometry == "stiefel":
+            for name, param in out.items():
                 tag_frame(param, geometry)
                 self.frame_geometries[name] = geometry
-            self.register_parameter(name, param)
-
-        stacked = self.block and p > 1
-        make("w_q", (g, p * d, k) if stacked and qk_geometry else (h, d, k), qk_geometry, d)
-        make("w_k", (g, d, k), qk_geometry, d)
-        make("w_v", (g, d, k), vo_geometry, d)
-        make("w_o", (g, p * d, k) if stacked and vo_geometry else (h, d, k), vo_geometry, h * k)
-        if bias:
-            self.b_q = nn.Parameter(torch.zeros(h, k, dtype=dtype, device=device))
-            self.b_v = nn.Parameter(torch.zeros(g, k, dtype=dtype, device=device))
-            self.b_o = nn.Parameter(torch.zeros(d, dtype=dtype, device=device))
-        else:
-            self.register_parameter("b_q", None)
-            self.register_parameter("b_v", None)
-            self.register_parameter("b_o", None)
+        return out
 
     def extra_repr(self) -> str:
         return (
@@ -230,17 +377,78 @@ class RiemannianMultiheadAttention(nn.Module):
         (n_kv_heads, group_size·d_model, head_dim) is split into its heads, group-major)."""
         return w.reshape(self.n_heads, self.d_model, self.head_dim)
 
+    def _row_factors(self, w: Tensor, core: Tensor | None) -> Tensor:
+        """A_h = W^h S_{c(h)} per head, (n_heads, d_model, head_dim): the stored row factor
+        times the R1 core of its point, c(h) = h // group_size (head h for a plain variant,
+        its group for a block variant); W^h itself without a core."""
+        w = self._per_head(w)
+        if core is None:
+            return w
+        if self.group_size > 1:
+            core = core.repeat_interleave(self.group_size, dim=0)
+        return w @ core
+
+    def _per_query_head(self, w: Tensor) -> Tensor:
+        """A key/value parameter (n_kv_heads, ...) repeated to (n_heads, ...): head h gets g(h)."""
+        return w.repeat_interleave(self.group_size, dim=0) if self.group_size > 1 else w
+
     def query_weights(self) -> Tensor:
-        """W_Q^h for every head, shape (n_heads, d_model, head_dim)."""
-        return self._per_head(self.w_q)
+        """A_h = W_Q^h (S_h for R1) for every head, shape (n_heads, d_model, head_dim):
+        q_h = x A_h."""
+        return self._row_factors(self.w_q, self.s_qk)
 
     def output_weights(self) -> Tensor:
-        """W_O^hᵀ for every head, shape (n_heads, d_model, head_dim)."""
-        return self._per_head(self.w_o)
+        """A_h = W_O^hᵀ (U_h S_h for R1) for every head, shape (n_heads, d_model, head_dim):
+        out = Σ_h o_h A_hᵀ."""
+        return self._row_factors(self.w_o, self.s_vo)
+
+    def qk_matrices(self) -> Tensor:
+        """QK_h = A_h B_{g(h)}ᵀ, shape (n_heads, d_model, d_model): logits_h = scale·x QK_h xᵀ
+        (without biases). For a point geometry, the ``to_matrix`` of the point (checks and rank
+        estimators only: forms d_model×d_model matrices)."""
+        return self.query_weights() @ self._per_query_head(self.w_k).transpose(-1, -2)
+
+    def vo_matrices(self) -> Tensor:
+        """VO_h = W_V^g W_O^h = B_{g(h)} A_hᵀ, shape (n_heads, d_model, d_model): head h adds
+        P_h x VO_h to the output (without biases). For a point geometry, the TRANSPOSE of the
+        point's ``to_matrix`` (checks and rank estimators only)."""
+        return self._per_query_head(self.w_v) @ self.output_weights().transpose(-1, -2)
 
     def kv_head_of(self, h: int) -> int:
         """The key/value head that query head h attends with."""
         return h // self.group_size
+
+    # -- points --------------------------------------------------------------------------------
+    def _point_spec(self, product: str) -> dict[str, Any]:
+        if product not in self.point_groups:
+            raise ValueError(
+                f"no point for product {product!r}: this module's points are "
+                f"{sorted(self.point_groups)} (qk_geometry={self.qk_geometry!r}, "
+                f"vo_geometry={self.vo_geometry!r}; 'stiefel' and None have no point)"
+            )
+        return self.point_groups[product]
+
+    def point_geometry(self, product: str) -> Any:
+        """The torch geometry of the point of ``product`` ("qk" or "vo"):
+        ``GEOMETRIES[name](d_model, d_model, head_dim)`` (block: with n_heads, n_kv_heads)."""
+        name = self._point_spec(product)["geometry"]
+        return geometry_of_product(name, self.d_model, self.head_dim, self.n_heads, self.n_kv_heads)
+
+    def point(self, product: str) -> tuple[Tensor, ...]:
+        """The (detached) point of ``product`` in the geometry's layout: the stored factors in
+        factor order, batch (n_heads,) for a plain variant, stacked per group
+        (``from_heads``) for a block variant."""
+        spec = self._point_spec(product)
+        x = tuple(getattr(self, n).detach() for n in spec["params"])
+        if spec["geometry"].startswith("block_"):
+            return self.point_geometry(product).from_heads(x)
+        return x
+
+    def check_points(self, atol: float | None = None) -> None:
+        """``check_point`` of every point (ValueError with the measured residual when one is
+        off its manifold; atol as the geometry's, default sqrt(ε) of the dtype)."""
+        for product in self.point_groups:
+            self.point_geometry(product).check_point(self.point(product), atol=atol)
 
     # -- forward -------------------------------------------------------------------------------
     def heads(
@@ -251,7 +459,8 @@ class RiemannianMultiheadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
     ) -> Tensor:
-        """Per-head attention outputs o_h, shape (B, n_heads, T, head_dim), before W_O."""
+        """Per-head attention outputs o_h, shape (B, n_heads, T, head_dim), before W_O:
+        q_h = x A_h (+ b_q), k_g = x B_g, v_g = x W_V^g (+ b_v), o_h = softmax(scale·q kᵀ) v."""
         key = query if key is None else key
         value = key if value is None else value
         for name, t in (("query", query), ("key", key), ("value", value)):
@@ -287,6 +496,7 @@ class RiemannianMultiheadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
     ) -> Tensor:
+        """out = Σ_h o_h A_hᵀ (+ b_o), A_h the output row factors (``output_weights``)."""
         o = self.heads(query, key, value, attn_mask=attn_mask, is_causal=is_causal)
         out = torch.einsum("bhtk,hdk->btd", o, self.output_weights())
         if self.b_o is not None:
@@ -295,7 +505,7 @@ class RiemannianMultiheadAttention(nn.Module):
 
     # -- checks --------------------------------------------------------------------------------
     def frame_residuals(self) -> dict[str, float]:
-        """max over frames of ‖WᵀW − I‖ (measured in float64) for each frame parameter."""
+        """max over frames of ‖WᵀW − I‖ (measured in float64) for each Stiefel frame parameter."""
         return {
             name: float(linalg.orthonormality_residual(getattr(self, name).detach()).max())
             for name in self.frame_geometries
@@ -303,18 +513,54 @@ class RiemannianMultiheadAttention(nn.Module):
 
 
 # -- the optimizer for a whole model ------------------------------------------------------------
+def _join(prefix: str, local: str) -> str:
+    return f"{prefix}.{local}" if prefix else local
+
+
+def manifold_points(model: nn.Module) -> list[dict[str, Any]]:
+    """Every point declared in a submodule's ``point_groups``, as the optimizer group without its
+    tensors: ``{"geometry", "param_names" (full names, factor order), options...}``."""
+    found = []
+    for prefix, module in model.named_modules():
+        for spec in getattr(module, "point_groups", {}).values():
+            entry = {k: v for k, v in spec.items() if k != "params"}
+            entry["param_names"] = [_join(prefix, n) for n in spec["params"]]
+            found.append(entry)
+    return found
+
+
 def frame_parameters(model: nn.Module) -> dict[str, str]:
-    """Full parameter name -> geometry for every frame of ``model``: the parameters listed in a
-    submodule's ``frame_geometries`` and those tagged by ``tag_frame``."""
+    """Full parameter name -> geometry for every parameter on a manifold: the frames listed in
+    a submodule's ``frame_geometries``, the factors of the points in its ``point_groups`` (with
+    the point's geometry) and the parameters tagged by ``tag_frame``."""
     found: dict[str, str] = {}
     for prefix, module in model.named_modules():
         for local, geometry in getattr(module, "frame_geometries", {}).items():
-            found[f"{prefix}.{local}" if prefix else local] = geometry
+            found[_join(prefix, local)] = geometry
+    for point in manifold_points(model):
+        for name in point["param_names"]:
+            found[name] = point["geometry"]
     for name, param in model.named_parameters():
         tag = frame_geometry(param)
         if tag is not None:
             found.setdefault(name, tag)
     return found
+
+
+def _point_group(model: nn.Module, point: dict[str, Any]) -> dict[str, Any] | None:
+    """The optimizer group of one declared point (params resolved in factor order), or None when
+    none of its factors requires a gradient; a partly frozen point is refused."""
+    params = [model.get_parameter(n) for n in point["param_names"]]
+    frozen = [n for n, p in zip(point["param_names"], params, strict=True) if not p.requires_grad]
+    if len(frozen) == len(params):
+        return None
+    if frozen:
+        raise ValueError(
+            f"the {point['geometry']} point {point['param_names']} is partly frozen ({frozen} "
+            "do not require grad); a point is updated as a whole: freeze all of its factors or "
+            "none"
+        )
+    return {**point, "params": params}
 
 
 def build_optimizer(
@@ -323,66 +569,85 @@ def build_optimizer(
     *,
     frame_options: dict[str, Any] | None = None,
     plain_options: dict[str, Any] | None = None,
+    geometry_options: dict[str, dict[str, Any]] | None = None,
     **kwargs: Any,
 ) -> torch.optim.Optimizer:
-    """``optimizer_cls(groups, **kwargs)`` with one parameter group per geometry for the frames
-    of ``model`` and one plain group (AdamW, decoupled decay) for the rest.
+    """``optimizer_cls(groups, **kwargs)`` with one parameter group per declared point, one per
+    geometry for the other frames of ``model``, and one plain group (AdamW, decoupled decay) for
+    the rest.
 
-    Frames are found by ``frame_parameters``; parameters without ``requires_grad`` are left
-    out, empty groups are not made. Frame groups get ``"geometry"`` and ``weight_decay=0``
-    (decay does nothing on a frame, RA-5: asking for it would only warn), plus
-    ``frame_options`` (e.g. ``{"retraction": "qr"}`` or ``{"trust_radius": 0.1}``); the plain
-    group gets ``plain_options`` (e.g. its own ``lr``) and the optimizer's defaults from
-    ``kwargs`` (e.g. ``weight_decay``). Every group carries ``"param_names"``, so error
-    messages name the parameter.
+    A point declared in a submodule's ``point_groups`` (the ten design points of the attention
+    module) gets ONE group: its factors in factor order, ``"geometry"``, the block options
+    (``"n_heads"``, ``"n_kv_heads"``). Frames listed in ``frame_geometries`` or tagged by
+    ``tag_frame`` are grouped by geometry as before. Groups come in the order of their first
+    parameter in ``named_parameters``, the plain group last. Parameters without
+    ``requires_grad`` are left out (a point only as a whole), empty groups are not made.
+    Geometry groups get ``weight_decay=0`` (decay does nothing on a frame, RA-5: asking for it
+    would only warn), then ``frame_options`` (e.g. ``{"trust_radius": 0.1}``), then
+    ``geometry_options[name]`` for that geometry (e.g. ``{"fixed_rank_quotient": {"metric":
+    "balanced"}}`` or ``{"stiefel": {"retraction": "qr"}}``); the plain group gets
+    ``plain_options`` (e.g. its own ``lr``) and the optimizer's defaults from ``kwargs`` (e.g.
+    ``weight_decay``). Every group carries ``"param_names"``, so error messages name the
+    parameter.
     """
     frames = frame_parameters(model)
-    by_geometry: dict[str, list[tuple[str, Tensor]]] = {}
-    plain: list[tuple[str, Tensor]] = []
+    owner: dict[int, dict[str, Any]] = {}
+    for point in manifold_points(model):
+        group = _point_group(model, point)
+        for p in [] if group is None else group["params"]:
+            owner[id(p)] = group
+    ordered: list[dict[str, Any]] = []  # geometry groups, by first parameter
+    by_geometry: dict[str, dict[str, Any]] = {}
+    plain: dict[str, Any] = {"params": [], "param_names": []}
     for name, param in model.named_parameters():
+        if id(param) in owner:
+            group = owner[id(param)]
+            if not any(group is g for g in ordered):
+                ordered.append(group)
+            continue
         if not param.requires_grad:
             continue
         geometry = frames.get(name)
         if geometry is None:
-            plain.append((name, param))
+            target = plain
         else:
-            by_geometry.setdefault(geometry, []).append((name, param))
-    groups: list[dict[str, Any]] = []
-    for geometry, items in by_geometry.items():
-        groups.append(
-            {
-                "params": [p for _, p in items],
-                "param_names": [n for n, _ in items],
-                "geometry": geometry,
-                "weight_decay": 0.0,
-                **(frame_options or {}),
-            }
-        )
-    if plain:
-        groups.append(
-            {
-                "params": [p for _, p in plain],
-                "param_names": [n for n, _ in plain],
-                **(plain_options or {}),
-            }
-        )
+            if geometry not in by_geometry:
+                by_geometry[geometry] = {"params": [], "param_names": [], "geometry": geometry}
+                ordered.append(by_geometry[geometry])
+            target = by_geometry[geometry]
+        target["params"].append(param)
+        target["param_names"].append(name)
+    groups = [
+        {
+            **g,
+            "weight_decay": 0.0,
+            **(frame_options or {}),
+            **(geometry_options or {}).get(g["geometry"], {}),
+        }
+        for g in ordered
+    ]
+    if plain["params"]:
+        groups.append({**plain, **(plain_options or {})})
     if not groups:
         raise ValueError("the model has no trainable parameters")
     return optimizer_cls(groups, **kwargs)
 
 
 def frame_groups(optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
-    """The parameter groups of ``optimizer`` that hold frames."""
+    """The parameter groups of ``optimizer`` that hold frames or points (a ``"geometry"``)."""
     return [g for g in optimizer.param_groups if g.get("geometry") is not None]
 
 
 __all__ = [
     "ATTENTION_GEOMETRIES",
+    "BASE_GEOMETRIES",
     "GEOMETRY_ATTR",
     "RiemannianMultiheadAttention",
     "build_optimizer",
     "frame_geometry",
     "frame_groups",
     "frame_parameters",
+    "geometry_of_product",
+    "manifold_points",
     "tag_frame",
 ]
