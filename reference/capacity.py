@@ -716,3 +716,192 @@ def inversion_estimator(
             f"(S·n(n − 1) = {s * n * (n - 1)} equations); more sequences are needed"
         )
     return sol.reshape(d, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Trainers: plain gradient descent on factorised students (EB-3, EB-6)
+# ---------------------------------------------------------------------------------------------
+class StudentFit(NamedTuple):
+    operator: Array  #: the learned product: Â = U Vᵀ (static) or K̂ = W_Q W_Kᵀ (linear QK)
+    left: Array  #: U (n × m) or W_Q (d × r)
+    right: Array  #: V (n × m) or W_K (d × r)
+    loss: float  #: the final empirical risk
+
+
+class StaticStatistics(NamedTuple):
+    """Sufficient statistics of the static surrogate's empirical risk (all scaled by 1/(S‖W‖_F²)):
+    ``h`` = Σ_s X_sWWᵀX_sᵀ, ``b`` = Σ_s Y_sWᵀX_sᵀ (n × n), ``c`` = Σ_s ‖Y_s‖_F²."""
+
+    h: Array
+    b: Array
+    c: float
+
+
+class LinearQKStatistics(NamedTuple):
+    """Sufficient statistics of the linear-QK empirical risk with a fixed value map (all scaled
+    by 1/(S·n)): ``hess`` = Σ_s X_sᵀX_s ⊗ P_sP_sᵀ (d² × d², row-major vec), ``b`` = Σ_s
+    X_sᵀY_sP_sᵀ (d × d), ``c`` = Σ_s ‖Y_s‖_F², with P_s = X_sᵀX_sW_V/n."""
+
+    hess: Array
+    b: Array
+    c: float
+
+
+def static_statistics(x: Array, y: Array, w: Array) -> StaticStatistics:
+    """H, B, c of ``StaticStatistics`` for the static student Ŷ_s = A X_s W (W known, d × d_v).
+
+    The empirical risk is L(A) = Σ_s ‖A X_s W − Y_s‖_F² / (2S‖W‖_F²) = ½tr(AHAᵀ) − tr(BᵀA) + ½c.
+    For X = C^{1/2}Z: H → C and B → A*C when Y = A*XW + E (E independent, mean zero)."""
+    x, y = _pair(x, y)
+    w = _matrix(w, "W")
+    s, _, d = x.shape
+    if w.shape != (d, y.shape[2]):
+        raise ValueError(f"W must be d×d_v = {d}×{y.shape[2]}, got shape {w.shape}")
+    scale = s * float(np.sum(w * w))
+    if scale == 0.0:
+        raise ValueError("W is zero: the static student has no signal")
+    xw = x @ w
+    # einsum (C loops), not a GEMM: threaded BLAS on skinny products is slow on a busy machine
+    h = np.einsum("sik,sjk->ij", xw, xw) / scale
+    b = np.einsum("sik,sjk->ij", y, xw) / scale
+    return StaticStatistics(0.5 * (h + h.T), b, float(np.sum(y * y)) / scale)
+
+
+def static_gradient(a: Array, h: Array, b: Array) -> Array:
+    """∇_A L(A) = A H − B for L(A) = ½tr(AHAᵀ) − tr(BᵀA) + ½c (H symmetric); batched over
+    leading axes. No validation (it also runs on object arrays of exact numbers)."""
+    return a @ h - b
+
+
+def linear_qk_statistics(x: Array, y: Array, w_v: Array) -> LinearQKStatistics:
+    """𝓗, B, c of ``LinearQKStatistics`` for the linear-QK student Ŷ_s = X_s K P_s with
+    P_s = X_sᵀX_sW_V/n (i.e. Ŷ_s = (X_sKX_sᵀ/n)X_sW_V, value map W_V fixed and known).
+
+    The empirical risk is L(K) = Σ_s ‖X_sKP_s − Y_s‖_F²/(2Sn) = ½kᵀ𝓗k − ⟨B, K⟩ + ½c with
+    k = vec_row(K), since vec_row(XKP) = (X ⊗ Pᵀ)vec_row(K): a quadratic in K (reduced-rank
+    regression once K = W_QW_Kᵀ with W_Q, W_K ∈ ℝ^{d×r}). With iid N(0, I) tokens, orthogonal
+    W_V and n → ∞, 𝓗 → I_{d²}."""
+    x, y = _pair(x, y)
+    w_v = _matrix(w_v, "W_V")
+    s, n, d = x.shape
+    if w_v.shape != (d, y.shape[2]):
+        raise ValueError(f"W_V must be d×d_v = {d}×{y.shape[2]}, got shape {w_v.shape}")
+    g1 = np.swapaxes(x, 1, 2) @ x  # XᵀX, (S, d, d)
+    p = g1 @ w_v / n  # (S, d, d_v)
+    g2 = p @ np.swapaxes(p, 1, 2)  # PPᵀ, (S, d, d)
+    m = np.einsum("sp,sq->pq", g1.reshape(s, d * d), g2.reshape(s, d * d))  # [(a, c), (b, e)]
+    hess = m.reshape(d, d, d, d).transpose(0, 2, 1, 3).reshape(d * d, d * d) / (s * n)
+    b = np.sum(np.swapaxes(x, 1, 2) @ y @ np.swapaxes(p, 1, 2), axis=0) / (s * n)
+    return LinearQKStatistics(0.5 * (hess + hess.T), b, float(np.sum(y * y)) / (s * n))
+
+
+def linear_qk_gradient(k: Array, hess: Array, b: Array) -> Array:
+    """∇_K L(K) = reshape(𝓗 vec_row(K)) − B (= Σ_s X_sᵀ(X_sKP_s − Y_s)P_sᵀ/(Sn)); batched over
+    leading axes. No validation (it also runs on object arrays of exact numbers)."""
+    d = k.shape[-1]
+    flat = k.reshape(*k.shape[:-2], d * d, 1)
+    return (hess @ flat).reshape(k.shape) - b
+
+
+def quadratic_form(k: Array, hess: Array) -> Array:
+    """vec_row(K)ᵀ 𝓗 vec_row(K), batched over leading axes: with 𝓗 from held-out sequences and
+    K = K̂ − K*, twice the excess test risk against noiseless targets."""
+    d = k.shape[-1]
+    flat = k.reshape(*k.shape[:-2], d * d, 1)
+    return (np.swapaxes(flat, -1, -2) @ hess @ flat)[..., 0, 0]
+
+
+def factor_gradients(g: Array, u: Array, v: Array) -> tuple[Array, Array]:
+    """Chain rule through the product M = U Vᵀ: for a loss ℓ(M) with ∇_M ℓ = G,
+    ∇_U ℓ(UVᵀ) = G V and ∇_V ℓ(UVᵀ) = Gᵀ U (since dM = dU Vᵀ + U dVᵀ and
+    ⟨G, dU Vᵀ⟩ = ⟨GV, dU⟩, ⟨G, U dVᵀ⟩ = ⟨GᵀU, dV⟩). Batched; no validation."""
+    return g @ v, np.swapaxes(g, -1, -2) @ u
+
+
+def factorised_gd(gradient, u0: Array, v0: Array, lr: float, steps: int) -> tuple[Array, Array]:
+    """Plain gradient descent on (U, V) for a loss of M = U Vᵀ with ∇_M = ``gradient(M)``:
+    (U, V) ← (U − lr·G V, V − lr·Gᵀ U), G = gradient(U Vᵀ), both factors updated from the same
+    iterate (simultaneous GD, no momentum, no weight decay). Batched over leading axes."""
+    u, v = np.array(u0, dtype=np.float64), np.array(v0, dtype=np.float64)
+    for _ in range(steps):
+        gu, gv = factor_gradients(gradient(u @ np.swapaxes(v, -1, -2)), u, v)
+        u, v = u - lr * gu, v - lr * gv
+    return u, v
+
+
+def small_init(rows: int, width: int, init: float, rng: int | np.random.Generator) -> Array:
+    """A factor with iid N(0, init²/rows) entries (‖column‖ ≈ init): the small initialisation."""
+    return init * _rng(rng).standard_normal((rows, width)) / math.sqrt(rows)
+
+
+def _train_args(width: int, steps: int, lr: float, init: float, limit: int, name: str) -> None:
+    if not 1 <= width <= limit:
+        raise ValueError(f"the {name} must be in 1…{limit}, got {width}")
+    if steps < 0:
+        raise ValueError(f"steps must be ≥ 0, got {steps}")
+    if not (np.isfinite(lr) and lr > 0 and np.isfinite(init) and init >= 0):
+        raise ValueError(f"needs a finite lr > 0 and init ≥ 0, got lr = {lr}, init = {init}")
+
+
+def train_static_student(
+    x: Array,
+    y: Array,
+    w: Array,
+    width: int | None = None,
+    steps: int = 1000,
+    lr: float = 0.1,
+    init: float = 1e-3,
+    seed: int | np.random.Generator = 0,
+) -> StudentFit:
+    """Factorised static student A = U Vᵀ (U, V ∈ ℝ^{n×m}, m = ``width``, default n: full
+    width, no rank constraint) trained by plain gradient descent from a small initialisation
+    (``small_init``: iid N(0, init²/n) entries) on the empirical risk
+    L(A) = Σ_s ‖A X_s W − Y_s‖_F²/(2S‖W‖_F²) = ½tr(AHAᵀ) − tr(BᵀA) + ½c (``static_statistics``).
+
+    Gradient (closed form): G = ∇_A L = U Vᵀ H − B, ∇_U = G V, ∇_V = Gᵀ U; step
+    (U, V) ← (U − lr·GV, V − lr·GᵀU) for ``steps`` steps. Implicit bias (Saxe et al. 2014;
+    Gunasekar et al. 2017; Li, Luo & Lyu 2021): from init α a direction whose target singular
+    value is s grows like α²e^{2·lr·s·t}, so directions of A* (s = σ_i(A*) with H ≈ I) are
+    learned after ≈ log(s/α²)/(2·lr·s) steps while those of the noise (s ≈ 2σ√(n/(S d_v))) stay
+    near α²e^{2·lr·s·T}: for T in between, Â has rank r* to within that level, although the
+    empirical minimiser BH⁻¹ is full rank. Run long enough, GD converges to BH⁻¹."""
+    stats = static_statistics(x, y, w)
+    n = stats.h.shape[0]
+    width = n if width is None else width
+    _train_args(width, steps, lr, init, n, "student width")
+    rng = _rng(seed)
+    u0, v0 = small_init(n, width, init, rng), small_init(n, width, init, rng)
+    u, v = factorised_gd(lambda a: static_gradient(a, stats.h, stats.b), u0, v0, lr, steps)
+    a = u @ v.T
+    loss = 0.5 * float(np.sum((a @ stats.h) * a)) - float(np.sum(stats.b * a)) + 0.5 * stats.c
+    return StudentFit(a, u, v, loss)
+
+
+def train_linear_qk_student(
+    x: Array,
+    y: Array,
+    w_v: Array,
+    rank: int,
+    steps: int = 1000,
+    lr: float = 0.2,
+    init: float = 1e-2,
+    seed: int | np.random.Generator = 0,
+) -> StudentFit:
+    """Linear-QK student of QK rank r: K = W_Q W_Kᵀ with W_Q, W_K ∈ ℝ^{d×r}, value map W_V fixed
+    and known, trained by plain gradient descent from a small initialisation (iid N(0, init²/d))
+    on L(K) = Σ_s ‖(X_sKX_sᵀ/n)X_sW_V − Y_s‖_F²/(2Sn) = ½kᵀ𝓗k − ⟨B, K⟩ + ½c
+    (``linear_qk_statistics``).
+
+    Gradient (closed form): G = ∇_K L = Σ_s X_sᵀ(X_sKP_s − Y_s)P_sᵀ/(Sn) = reshape(𝓗k) − B with
+    P_s = X_sᵀX_sW_V/n; ∇_{W_Q} = G W_K, ∇_{W_K} = Gᵀ W_Q; step
+    (W_Q, W_K) ← (W_Q − lr·GW_K, W_K − lr·GᵀW_Q) for ``steps`` steps. With W_V fixed this is
+    reduced-rank regression in K; for r < rank K* no rank-r K reaches the Bayes risk (EB-6)."""
+    stats = linear_qk_statistics(x, y, w_v)
+    d = stats.b.shape[0]
+    _train_args(rank, steps, lr, init, d, "QK rank")
+    rng = _rng(seed)
+    u0, v0 = small_init(d, rank, init, rng), small_init(d, rank, init, rng)
+    u, v = factorised_gd(lambda k: linear_qk_gradient(k, stats.hess, stats.b), u0, v0, lr, steps)
+    k = u @ v.T
+    loss = 0.5 * float(quadratic_form(k, stats.hess)) - float(np.sum(stats.b * k)) + 0.5 * stats.c
+    return StudentFit(k, u, v, loss)

@@ -10,5 +10,9 @@ from proofs_checks.propositions import ra6_gauge
 from proofs_checks.propositions import ra7_degree
 from proofs_checks.propositions import geo
 from proofs_checks.propositions import eb_static
+from proofs_checks.propositions import eb_recovery
+from proofs_checks.propositions import eb_data
 from proofs_checks.propositions import eb_exchangeability
+from proofs_checks.propositions import eb_native
 from proofs_checks.propositions import eb_pooled
+from proofs_checks.propositions import eb_softmax
