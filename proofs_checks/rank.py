@@ -171,7 +171,7 @@ def _attention(x: np.ndarray, y: np.ndarray, attention: str) -> dict[str, Any]:
             "first-order estimator: y_i on [x_i, x̄], the x_i block (d_v × d), singular values"
         )
     sv = capacity.singular_values(reg.coef)
-    floor = max(reg.stderr, float(sv[0]) / n)
+    floor = capacity.attention_gap_floor(sv, reg.stderr, n)  # max(SE, σ₁/n)
     estimators = capacity.estimate_all(sv, floor=floor)
     rank = capacity.largest_gap_rank(sv, floor)
     caveats = [

@@ -1,4 +1,4 @@
-"""Capacity of token mixing: rank estimators, planted tasks and pre-training estimators.
+"""Capacity of token mixing: rank estimators, planted tasks, pre-training estimators, trainers.
 
 This is the float64 reference for the Entropic-Bound propositions (DESIGN §6, EB-1…EB-8; the
 reconstruction in ``background/entropic_bound.md``). A sequence is X ∈ ℝ^{n×d} (rows are tokens
@@ -9,15 +9,20 @@ operator A ∈ ℝ^{n×n}:
 - linear QK attention: A(X) = X K Xᵀ / n with K = W_Q W_Kᵀ ∈ ℝ^{d×d};
 - softmax attention: A(X) = rowsoftmax(β X K Xᵀ / √d).
 
-Batches of sequences are arrays X of shape (S, n, d) and Y of shape (S, n, d_v). Every function
-validates its input and raises ``ValueError`` naming the problem and the measured value.
+Batches of sequences are arrays X of shape (S, n, d) and Y of shape (S, n, d_v). Every public
+function validates its input and raises ``ValueError`` naming the problem and the measured value,
+except the four algebraic kernels of the trainers (``static_gradient``, ``linear_qk_gradient``,
+``quadratic_form``, ``factor_gradients``): they also run on object arrays of exact SymPy numbers
+(the symbolic checks of EB-3 and EB-6) and inside the training loops, so they are pure algebra and
+say so; their callers (``factorised_gd`` and the ``train_*`` front ends) validate.
 
-Three groups of functions:
+Four groups of functions:
 
 1. **Estimators on a spectrum** σ₁ ≥ σ₂ ≥ … ≥ σ_m ≥ 0 (any order is accepted and sorted):
    ``numerical_rank``, ``energy_threshold_rank``, ``energy_effective_rank``, ``roy_vetterli_rank``,
-   ``stable_rank``, ``largest_gap_rank``; ``estimate_all`` returns all of them. Plus the
-   Marchenko–Pastur count of token-Gram eigenvalues, ``token_gram_count``.
+   ``stable_rank``, ``largest_gap_rank`` and its floor for attention ``attention_gap_floor`` (the
+   rule of ``rattn rank``); ``estimate_all`` returns all of them. Plus the Marchenko–Pastur count
+   of token-Gram eigenvalues, ``token_gram_count``.
 2. **Planted tasks** with a known rank r*: ``static_task``, ``linear_qk_task``, ``softmax_task``
    (seeded; flat or decaying spectra; a PSD option for the kernel) and the closed forms of the
    static surrogate (``static_excess_risk``, ``deficiency_bound``, ``truncated_mixer``) and of the
@@ -25,6 +30,12 @@ Three groups of functions:
 3. **Pre-training estimators** (from data, before any training): ``token_gram`` and
    ``token_gram_count``, ``ols_static_mixer``, ``pooled_regression``, ``first_order_softmax`` and
    ``inversion_estimator``.
+4. **Trainers** (EB-3, EB-6): plain gradient descent on factorised students with closed-form
+   gradients, ``static_statistics``/``linear_qk_statistics`` (sufficient statistics of the
+   empirical risk), ``static_gradient``, ``linear_qk_gradient``, ``quadratic_form``,
+   ``factor_gradients``, ``factorised_gd``, ``small_init`` and the front ends
+   ``train_static_student`` and ``train_linear_qk_student``. Divergence (a step too large for the
+   problem) raises ``ValueError`` naming lr and the step or loss measured; no trainer returns NaN.
 """
 
 from __future__ import annotations
@@ -218,6 +229,30 @@ def largest_gap_rank(s: Array | Sequence[float], floor: float = 0.0) -> int:
     return int(np.argmax(ratio)) + 1
 
 
+def attention_gap_floor(s: Array | Sequence[float], standard_error: float, n: int) -> float:
+    """The floor of the largest-gap rank under attention: max(standard_error, σ₁/n).
+
+    This is the rule of ``rattn rank`` for ``--attention linear`` and ``softmax``, and the rule
+    that EB-4 (b) and EB-8 certify: ``largest_gap_rank(s, attention_gap_floor(s, SE, n))`` with
+    ``s`` the singular values of the pooled (or first-order) coefficient, SE its cluster-robust
+    standard error and n the number of tokens per sequence. Values below the floor cannot make a
+    gap. Reason for each term: SE bounds the sampling error of every singular value (Weyl) at the
+    one-standard-error level; σ₁/n covers the finite-n tail of EB-7, since the pooled population
+    coefficient W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞ and its tail singular values
+    are of order (‖K‖₂ + |tr K|)/n (σ_{r*+1} ≤ (‖K‖₂ + |tr K|)/n by Weyl), i.e. of order σ₁/n.
+
+    Validation: ``s`` a finite non-negative 1-D spectrum (σ₁ = 0 when it is empty or zero),
+    ``standard_error`` finite and ≥ 0, ``n`` an integer ≥ 1; otherwise ``ValueError``.
+    """
+    s = spectrum(s)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n (tokens per sequence) must be an integer ≥ 1, got {n!r}")
+    if not (np.isfinite(standard_error) and standard_error >= 0.0):
+        raise ValueError(f"standard_error must be finite and ≥ 0, got {standard_error}")
+    top = float(s[0]) if s.size else 0.0
+    return max(float(standard_error), top / int(n))
+
+
 def estimate_all(
     s: Array | Sequence[float], tau: float = 1e-3, floor: float = 0.0
 ) -> dict[str, float]:
@@ -384,16 +419,31 @@ def planted_mixer(
     return (orthonormal(n, r, rng) * s) @ orthonormal(n, r, rng).T
 
 
+def _mixing_args(x: Array, k: Array) -> tuple[Array, Array]:
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim not in (2, 3) or min(x.shape) < 1:
+        raise ValueError(f"X must have shape (S, n, d) or (n, d), got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"X has {int(np.sum(~np.isfinite(x)))} non-finite entries (NaN or inf)")
+    k = _matrix(k, "K")
+    d = x.shape[-1]
+    if k.shape != (d, d):
+        raise ValueError(f"K must be d×d = {d}×{d}, got shape {k.shape}")
+    return x, k
+
+
 def linear_attention_mixing(x: Array, k: Array) -> Array:
     """A(X) = X K Xᵀ / n for X of shape (S, n, d) (or one (n, d) sequence)."""
-    x = np.asarray(x, dtype=np.float64)
+    x, k = _mixing_args(x, k)
     return x @ k @ np.swapaxes(x, -1, -2) / x.shape[-2]
 
 
 def softmax_attention_mixing(x: Array, k: Array, beta: float = 1.0) -> Array:
     """A(X) = rowsoftmax(β X K Xᵀ / √d) for X of shape (S, n, d) (or one (n, d) sequence); the
     row maximum is subtracted before exp (exact in exact arithmetic, no overflow)."""
-    x = np.asarray(x, dtype=np.float64)
+    x, k = _mixing_args(x, k)
+    if not np.isfinite(beta):
+        raise ValueError(f"beta must be finite, got {beta}")
     logits = beta * (x @ k @ np.swapaxes(x, -1, -2)) / math.sqrt(x.shape[-1])
     logits = logits - logits.max(axis=-1, keepdims=True)
     e = np.exp(logits)
@@ -722,10 +772,16 @@ def inversion_estimator(
 # 4. Trainers: plain gradient descent on factorised students (EB-3, EB-6)
 # ---------------------------------------------------------------------------------------------
 class StudentFit(NamedTuple):
+    """A trained factorised student. ``loss`` is the final empirical risk computed from the
+    sufficient statistics, ½tr(AHAᵀ) − tr(BᵀA) + ½c (static) or ½kᵀ𝓗k − ⟨B, K⟩ + ½c (linear QK):
+    ≥ 0 in exact arithmetic (a mean of squares), but near a perfect fit the three terms cancel
+    and rounding, of order u·c (u = 2⁻⁵³), can leave it slightly negative. It is reported as
+    computed, not clamped at 0."""
+
     operator: Array  #: the learned product: Â = U Vᵀ (static) or K̂ = W_Q W_Kᵀ (linear QK)
     left: Array  #: U (n × m) or W_Q (d × r)
     right: Array  #: V (n × m) or W_K (d × r)
-    loss: float  #: the final empirical risk
+    loss: float  #: the final empirical risk (may be ≈ −u·c at a perfect fit; see above)
 
 
 class StaticStatistics(NamedTuple):
@@ -818,29 +874,83 @@ def factor_gradients(g: Array, u: Array, v: Array) -> tuple[Array, Array]:
     return g @ v, np.swapaxes(g, -1, -2) @ u
 
 
+def _gd_args(lr: float, steps: int) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ValueError(f"steps must be an integer ≥ 0, got {steps!r}")
+    if not (isinstance(lr, (int, float, np.number)) and np.isfinite(lr) and lr > 0):
+        raise ValueError(f"needs a finite lr > 0, got lr = {lr!r}")
+
+
+def _factor(a: Array, name: str) -> Array:
+    a = np.array(a, dtype=np.float64)
+    if a.ndim < 2 or min(a.shape[-2:]) < 1:
+        raise ValueError(f"{name} must be a (batch of) non-empty matrices, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{name} has {int(np.sum(~np.isfinite(a)))} non-finite entries")
+    return a
+
+
 def factorised_gd(gradient, u0: Array, v0: Array, lr: float, steps: int) -> tuple[Array, Array]:
     """Plain gradient descent on (U, V) for a loss of M = U Vᵀ with ∇_M = ``gradient(M)``:
     (U, V) ← (U − lr·G V, V − lr·Gᵀ U), G = gradient(U Vᵀ), both factors updated from the same
-    iterate (simultaneous GD, no momentum, no weight decay). Batched over leading axes."""
-    u, v = np.array(u0, dtype=np.float64), np.array(v0, dtype=np.float64)
-    for _ in range(steps):
-        gu, gv = factor_gradients(gradient(u @ np.swapaxes(v, -1, -2)), u, v)
-        u, v = u - lr * gu, v - lr * gv
+    iterate (simultaneous GD, no momentum, no weight decay). Batched over leading axes.
+
+    Validation: ``gradient`` callable, lr finite and > 0, steps an integer ≥ 0, U₀ and V₀ finite
+    (batches of) matrices with the same width and the same batch shape. Divergence: when an
+    iterate becomes non-finite (lr too large; for a quadratic loss in M with Hessian λ_max,
+    lr·2‖M‖₂·λ_max < 1 along the path is a safe step), ``ValueError`` names lr, the step and the
+    largest entry of the last finite iterate; NaN is never returned."""
+    if not callable(gradient):
+        raise ValueError(f"gradient must be callable (M ↦ ∇_M), got {type(gradient).__name__}")
+    _gd_args(lr, steps)
+    u, v = _factor(u0, "U₀"), _factor(v0, "V₀")
+    if u.shape[:-2] != v.shape[:-2] or u.shape[-1] != v.shape[-1]:
+        raise ValueError(
+            f"U₀ and V₀ must share the batch shape and the width, got {u.shape} and {v.shape}"
+        )
+    for t in range(steps):
+        with np.errstate(over="ignore", invalid="ignore"):
+            gu, gv = factor_gradients(gradient(u @ np.swapaxes(v, -1, -2)), u, v)
+            u_new, v_new = u - lr * gu, v - lr * gv
+        if not (np.all(np.isfinite(u_new)) and np.all(np.isfinite(v_new))):
+            last = max(float(np.max(np.abs(u))), float(np.max(np.abs(v))))
+            raise ValueError(
+                f"gradient descent diverged at step {t + 1} of {steps} with lr = {lr:g}: the "
+                f"factors became non-finite (largest entry {last:.3g} at step {t}); use a "
+                "smaller lr"
+            )
+        u, v = u_new, v_new
     return u, v
 
 
 def small_init(rows: int, width: int, init: float, rng: int | np.random.Generator) -> Array:
-    """A factor with iid N(0, init²/rows) entries (‖column‖ ≈ init): the small initialisation."""
+    """A factor with iid N(0, init²/rows) entries (‖column‖ ≈ init): the small initialisation.
+    Validation: rows and width integers ≥ 1, init finite and ≥ 0."""
+    for name, value in (("rows", rows), ("width", width)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"small_init needs an integer {name} ≥ 1, got {value!r}")
+    if not (np.isfinite(init) and init >= 0):
+        raise ValueError(f"init must be finite and ≥ 0, got {init}")
     return init * _rng(rng).standard_normal((rows, width)) / math.sqrt(rows)
 
 
 def _train_args(width: int, steps: int, lr: float, init: float, limit: int, name: str) -> None:
+    if isinstance(width, bool) or not isinstance(width, (int, np.integer)):
+        raise ValueError(f"the {name} must be an integer, got {width!r}")
     if not 1 <= width <= limit:
         raise ValueError(f"the {name} must be in 1…{limit}, got {width}")
-    if steps < 0:
-        raise ValueError(f"steps must be ≥ 0, got {steps}")
-    if not (np.isfinite(lr) and lr > 0 and np.isfinite(init) and init >= 0):
-        raise ValueError(f"needs a finite lr > 0 and init ≥ 0, got lr = {lr}, init = {init}")
+    _gd_args(lr, steps)
+    if not (np.isfinite(init) and init >= 0):
+        raise ValueError(f"needs a finite init ≥ 0, got lr = {lr}, init = {init}")
+
+
+def _final_loss(loss: float, lr: float, steps: int) -> float:
+    if not math.isfinite(loss):
+        raise ValueError(
+            f"training diverged: the final empirical risk is not finite ({loss}) after {steps} "
+            f"steps with lr = {lr:g}; use a smaller lr (or a smaller init)"
+        )
+    return loss
 
 
 def train_static_student(
@@ -864,7 +974,10 @@ def train_static_student(
     value is s grows like α²e^{2·lr·s·t}, so directions of A* (s = σ_i(A*) with H ≈ I) are
     learned after ≈ log(s/α²)/(2·lr·s) steps while those of the noise (s ≈ 2σ√(n/(S d_v))) stay
     near α²e^{2·lr·s·T}: for T in between, Â has rank r* to within that level, although the
-    empirical minimiser BH⁻¹ is full rank. Run long enough, GD converges to BH⁻¹."""
+    empirical minimiser BH⁻¹ is full rank. Run long enough, GD converges to BH⁻¹.
+
+    Raises ``ValueError`` for bad arguments (width in 1…n, steps ≥ 0, lr > 0, init ≥ 0) and on
+    divergence (non-finite factors or final risk; the message names lr)."""
     stats = static_statistics(x, y, w)
     n = stats.h.shape[0]
     width = n if width is None else width
@@ -873,8 +986,9 @@ def train_static_student(
     u0, v0 = small_init(n, width, init, rng), small_init(n, width, init, rng)
     u, v = factorised_gd(lambda a: static_gradient(a, stats.h, stats.b), u0, v0, lr, steps)
     a = u @ v.T
-    loss = 0.5 * float(np.sum((a @ stats.h) * a)) - float(np.sum(stats.b * a)) + 0.5 * stats.c
-    return StudentFit(a, u, v, loss)
+    with np.errstate(over="ignore", invalid="ignore"):
+        loss = 0.5 * float(np.sum((a @ stats.h) * a)) - float(np.sum(stats.b * a)) + 0.5 * stats.c
+    return StudentFit(a, u, v, _final_loss(loss, lr, steps))
 
 
 def train_linear_qk_student(
@@ -895,7 +1009,10 @@ def train_linear_qk_student(
     Gradient (closed form): G = ∇_K L = Σ_s X_sᵀ(X_sKP_s − Y_s)P_sᵀ/(Sn) = reshape(𝓗k) − B with
     P_s = X_sᵀX_sW_V/n; ∇_{W_Q} = G W_K, ∇_{W_K} = Gᵀ W_Q; step
     (W_Q, W_K) ← (W_Q − lr·GW_K, W_K − lr·GᵀW_Q) for ``steps`` steps. With W_V fixed this is
-    reduced-rank regression in K; for r < rank K* no rank-r K reaches the Bayes risk (EB-6)."""
+    reduced-rank regression in K; for r < rank K* no rank-r K reaches the Bayes risk (EB-6).
+
+    Raises ``ValueError`` for bad arguments (rank in 1…d, steps ≥ 0, lr > 0, init ≥ 0) and on
+    divergence (non-finite factors or final risk; the message names lr)."""
     stats = linear_qk_statistics(x, y, w_v)
     d = stats.b.shape[0]
     _train_args(rank, steps, lr, init, d, "QK rank")
@@ -903,5 +1020,7 @@ def train_linear_qk_student(
     u0, v0 = small_init(d, rank, init, rng), small_init(d, rank, init, rng)
     u, v = factorised_gd(lambda k: linear_qk_gradient(k, stats.hess, stats.b), u0, v0, lr, steps)
     k = u @ v.T
-    loss = 0.5 * float(quadratic_form(k, stats.hess)) - float(np.sum(stats.b * k)) + 0.5 * stats.c
-    return StudentFit(k, u, v, loss)
+    with np.errstate(over="ignore", invalid="ignore"):
+        quad = float(quadratic_form(k, stats.hess))
+        loss = 0.5 * quad - float(np.sum(stats.b * k)) + 0.5 * stats.c
+    return StudentFit(k, u, v, _final_loss(loss, lr, steps))

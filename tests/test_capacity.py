@@ -472,3 +472,132 @@ def test_trainers_reject_bad_shapes():
         cap.static_statistics(t.x, t.y, np.eye(4))
     with pytest.raises(ValueError, match="W is zero"):
         cap.static_statistics(t.x, t.y, np.zeros((4, 3)))
+
+
+# -- the floor of the largest-gap rank under attention (the rule of ``rattn rank``) -------------
+def test_attention_gap_floor_is_the_larger_of_the_standard_error_and_sigma1_over_n():
+    assert cap.attention_gap_floor([2.0, 1.0, 0.1], 0.05, 16) == 2.0 / 16
+    assert cap.attention_gap_floor([2.0, 1.0, 0.1], 0.5, 16) == 0.5
+    # σ₁ is the largest value whatever the order; an empty or zero spectrum leaves the SE
+    assert cap.attention_gap_floor(np.array([0.1, 3.0, 1.0]), 0.0, 3) == 1.0
+    assert cap.attention_gap_floor([], 0.25, 4) == 0.25
+    assert cap.attention_gap_floor([0.0, 0.0], 0.0, 1) == 0.0
+    assert cap.attention_gap_floor([4.0], 0.0, np.int64(2)) == 2.0
+
+
+def test_attention_gap_floor_makes_the_finite_n_tail_no_gap():
+    """A rank-2 coefficient with an O(σ₁/n) tail (EB-7): without the floor the tail's own ratios
+    can win; with max(SE, σ₁/n) the gap after σ₂ is the answer."""
+    s = np.array([1.0, 0.9, 0.05, 0.049, 0.001])
+    assert cap.largest_gap_rank(s, 0.0) == 4
+    assert cap.largest_gap_rank(s, cap.attention_gap_floor(s, 1e-3, 16)) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (([1.0, np.nan], 0.1, 4), "non-finite"),
+        (([1.0, -1.0], 0.1, 4), "≥ 0"),
+        (([[1.0]], 0.1, 4), "1-D"),
+        (([1.0], -0.1, 4), "standard_error"),
+        (([1.0], np.inf, 4), "standard_error"),
+        (([1.0], np.nan, 4), "standard_error"),
+        (([1.0], 0.1, 0), "n"),
+        (([1.0], 0.1, 2.5), "n"),
+        (([1.0], 0.1, True), "n"),
+    ],
+)
+def test_attention_gap_floor_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        cap.attention_gap_floor(*args)
+
+
+# -- trainers: argument checks and divergence --------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((0, 3, 0.1), "rows"),
+        ((3, 0, 0.1), "width"),
+        ((2.5, 3, 0.1), "rows"),
+        ((3, 3, -1.0), "init"),
+        ((3, 3, np.nan), "init"),
+    ],
+)
+def test_small_init_rejects_bad_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        cap.small_init(*args, rng=0)
+
+
+def _quadratic_gradient(m):
+    return m - np.eye(m.shape[-1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"lr": 0.0}, "lr"),
+        ({"lr": np.nan}, "lr"),
+        ({"steps": -1}, "steps"),
+        ({"steps": 2.5}, "steps"),
+        ({"v0": np.zeros((3, 2))}, "width"),
+        ({"v0": np.zeros((2, 3, 3))}, "batch"),
+        ({"u0": np.full((3, 3), np.nan)}, "non-finite"),
+        ({"u0": np.zeros(3)}, "matrices"),
+        ({"gradient": None}, "callable"),
+    ],
+)
+def test_factorised_gd_rejects_bad_arguments(kwargs, match):
+    args = {
+        "gradient": _quadratic_gradient,
+        "u0": np.eye(3) * 0.1,
+        "v0": np.eye(3) * 0.1,
+        "lr": 0.1,
+        "steps": 5,
+    }
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        cap.factorised_gd(**args)
+
+
+def test_factorised_gd_raises_on_divergence_naming_lr_and_step():
+    """A step far too large for ½‖UVᵀ − I‖² overflows; the error names lr and the step, and no
+    NaN is returned (nor a RuntimeWarning raised: the overflow is expected and handled)."""
+    with pytest.raises(ValueError, match=r"diverged at step \d+ of 200 with lr = 50"):
+        cap.factorised_gd(_quadratic_gradient, np.eye(3), np.eye(3) * 0.5, 50.0, 200)
+    u, v = cap.factorised_gd(_quadratic_gradient, np.eye(3) * 0.1, np.eye(3) * 0.1, 0.2, 200)
+    assert np.allclose(u @ v.T, np.eye(3), atol=1e-6)
+
+
+def test_trainers_raise_on_divergence_naming_lr():
+    t = cap.static_task(50, 6, 6, 6, 2, seed=3, noise=0.1)
+    with pytest.raises(ValueError, match=r"diverged at step \d+ of 300 with lr = 1000"):
+        cap.train_static_student(t.x, t.y, t.value, steps=300, lr=1e3, init=1.0)
+    q = cap.linear_qk_task(50, 8, 4, 4, 2, seed=3, noise=0.1)
+    with pytest.raises(ValueError, match=r"diverged at step \d+ of 300 with lr = 1000"):
+        cap.train_linear_qk_student(q.x, q.y, q.value, rank=2, steps=300, lr=1e3, init=1.0)
+    # finite factors whose risk overflows: the final loss is checked too (never inf or NaN)
+    with pytest.raises(ValueError, match=r"risk is not finite .* after 0 steps with lr = 0\.1"):
+        cap.train_static_student(t.x, t.y, t.value, steps=0, lr=0.1, init=1e80)
+    with pytest.raises(ValueError, match=r"risk is not finite .* after 0 steps with lr = 0\.2"):
+        cap.train_linear_qk_student(q.x, q.y, q.value, rank=2, steps=0, lr=0.2, init=1e80)
+
+
+def test_trainers_reject_non_integer_sizes():
+    t = cap.static_task(10, 8, 4, 4, 2, seed=1)
+    with pytest.raises(ValueError, match="student width"):
+        cap.train_static_student(t.x, t.y, t.value, width=2.5)
+    with pytest.raises(ValueError, match="steps"):
+        cap.train_static_student(t.x, t.y, t.value, steps=10.0)
+    q = cap.linear_qk_task(10, 5, 4, 4, 2, seed=1)
+    with pytest.raises(ValueError, match="QK rank"):
+        cap.train_linear_qk_student(q.x, q.y, q.value, rank=1.0)
+
+
+def test_attention_mixing_validates_its_input():
+    x = np.random.default_rng(0).standard_normal((2, 4, 3))
+    with pytest.raises(ValueError, match="K must be d×d"):
+        cap.linear_attention_mixing(x, np.eye(4))
+    with pytest.raises(ValueError, match="non-finite"):
+        cap.softmax_attention_mixing(np.full((4, 3), np.nan), np.eye(3))
+    with pytest.raises(ValueError, match="beta"):
+        cap.softmax_attention_mixing(x, np.eye(3), np.inf)

@@ -8,11 +8,13 @@ pass criterion ("at least 9 of 10 replicates").
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from proofs_checks import REGISTRY
 from proofs_checks.propositions import eb_data, eb_native, eb_recovery, eb_softmax
 from proofs_checks.registry import Context, run_check
+from reference import capacity
 
 STATISTICAL = ("EB-3", "EB-4", "EB-6", "EB-8")
 MODULES = {"EB-3": eb_recovery, "EB-4": eb_data, "EB-6": eb_native, "EB-8": eb_softmax}
@@ -59,3 +61,87 @@ def test_counts_are_the_residual_of_the_statistical_checks():
     result = run_check(REGISTRY["EB-4"].checks[0], Context(seed=0))
     assert result.outcome.tolerance == 1.0
     assert result.outcome.residual <= 1.0 < result.control_outcome.residual
+
+
+# -- EB-6 deficiency: NaN, divergence and the two-sided bound ----------------------------------
+def test_deficiency_fails_when_a_trained_student_is_nan(monkeypatch):
+    """Python's max(0.58, nan) is 0.58: the ratios are collected in one array and reduced with
+    np.max, so a NaN student makes the residual NaN and the check fail."""
+    real = eb_native.students
+    bad = [3]  # the replicates made NaN
+
+    def nan_students(seed, rank):
+        k = real(seed, rank).copy()
+        k[bad, 0, 0] = np.nan
+        return k
+
+    monkeypatch.setattr(eb_native, "students", nan_students)
+    outcome = eb_native.deficiency(Context(seed=0), False)
+    assert not outcome.passed and np.isnan(outcome.residual), outcome.detail
+    # achievability counts a NaN replicate as a miss (NaN ≤ 1 is false): two fail the check
+    bad[:] = [3, 7]
+    assert eb_native.achievability(Context(seed=0), False).residual == 2.0
+
+
+def test_deficiency_reports_a_diverging_trainer_naming_lr(monkeypatch):
+    """A step far too large diverges: the trainer raises, naming lr, and the check does not pass
+    (``run_check`` reports the crash; a crash never passes nor rejects a control)."""
+    monkeypatch.setattr(eb_native, "LR", 50.0)
+    result = run_check(REGISTRY["EB-6"].checks[1], Context(seed=0))
+    assert not result.outcome.passed and result.outcome.crashed
+    assert "diverged" in result.outcome.detail and "lr = 50" in result.outcome.detail
+
+
+def test_deficiency_upper_bound_catches_a_too_small_eckart_young_value(monkeypatch):
+    """EY_{r+1} in place of EY_r passes the lower bound alone; the upper bound for [K*]_r
+    (ℰ_rel ≤ κ·EY_r) rejects it."""
+    real = eb_native.eckart_young
+    monkeypatch.setattr(eb_native, "eckart_young", lambda k, r: real(k, r + 1))
+    outcome = eb_native.deficiency(Context(seed=0), False)
+    assert not outcome.passed and "max (EY_r/κ)/ℰ_rel = 0." in outcome.detail, outcome.detail
+
+
+def test_deficiency_tolerance_is_the_derived_rounding_allowance():
+    outcome = eb_native.deficiency(Context(seed=0), False)
+    assert 1.0 < outcome.tolerance <= 1.0 + 1e-11
+    assert outcome.tolerance == 1.0 + eb_native.rounding_allowance(
+        float(np.max(_kappa(eb_native.replicates(0)[2])))
+    )
+
+
+def _kappa(hess):
+    lam = np.linalg.eigvalsh(hess)
+    return lam[:, -1] / lam[:, 0]
+
+
+def test_symbolic_check_catches_a_wrong_kronecker_order(monkeypatch):
+    """The deficiency bounds hold for every PSD 𝓗', so a swapped Kronecker order in
+    ``linear_qk_statistics`` is caught by the exact risk identity of the symbolic check."""
+    real = capacity.linear_qk_statistics
+
+    def swapped(x, y, w):
+        st = real(x, y, w)
+        d = st.b.shape[0]
+        return st._replace(
+            hess=st.hess.reshape(d, d, d, d).transpose(1, 0, 3, 2).reshape(d * d, -1)
+        )
+
+    monkeypatch.setattr(capacity, "linear_qk_statistics", swapped)
+    assert not eb_native.symbolic_gradient(Context(seed=0), False).passed
+
+
+# -- EB-4 and EB-8 certify the rule of ``rattn rank`` -----------------------------------------
+def test_eb4_and_eb8_use_the_attention_gap_floor_of_rattn_rank(monkeypatch):
+    calls = []
+    real = capacity.attention_gap_floor
+
+    def spy(s, standard_error, n):
+        calls.append(n)
+        return real(s, standard_error, n)
+
+    monkeypatch.setattr(capacity, "attention_gap_floor", spy)
+    assert eb_data.linear_pooled(Context(seed=0), False).passed
+    assert calls == [eb_data.LQ_N] * eb_data.REPLICATES
+    calls.clear()
+    eb_softmax.estimates.__wrapped__(0, False)  # bypass the cache
+    assert calls == [eb_softmax.N] * eb_softmax.REPLICATES

@@ -46,6 +46,26 @@ def test_planted_files_recover_the_planted_rank(tmp_path, capsys, attention):
         assert any("partial recovery" in c for c in report["caveats"])
 
 
+@pytest.mark.parametrize("attention", ["linear", "softmax"])
+def test_attention_floor_is_the_one_function_of_reference_capacity(monkeypatch, attention):
+    """``rattn rank`` floors the largest-gap rank with ``capacity.attention_gap_floor`` (the rule
+    that EB-4 and EB-8 certify), not with a restated formula."""
+    task = PLANTED[attention]()
+    calls = []
+    real = cap.attention_gap_floor
+
+    def spy(s, standard_error, n):
+        calls.append((standard_error, n))
+        return real(s, standard_error, n)
+
+    monkeypatch.setattr(cap, "attention_gap_floor", spy)
+    report = rank.estimate(task.x, task.y, attention)
+    assert calls == [(report["standard_error"], task.x.shape[1])]
+    expected = max(report["standard_error"], max(report["spectrum"]) / task.x.shape[1])
+    assert report["noise_floor"] == expected
+    assert report["estimators"]["largest_gap_rank"] == report["recommended_rank"] == 3
+
+
 def test_table_output_and_custom_keys(tmp_path, capsys):
     task = PLANTED["linear"]()
     path = write(tmp_path, inputs=task.x, outputs=task.y)

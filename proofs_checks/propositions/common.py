@@ -1,8 +1,16 @@
-"""Sizes and hyperparameters shared by the RA checks (stated once, cited by every check)."""
+"""Shared by the proposition checks: the sizes and hyperparameters of the RA checks (stated once,
+cited by every check), and the exact symbolic-gradient harness of the EB trainers (EB-3, EB-6)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import numpy as np
+import sympy as sp
+
 import reference as ref
+from proofs_checks.registry import Outcome
+from reference import capacity
 
 #: float64 checks: one attention head's frame, St(64, 16), over 6 steps.
 D, R, STEPS = 64, 16, 6
@@ -21,4 +29,55 @@ def adam(
     """The rule under test, ``riemannian_adam`` at the hyperparameters above."""
     return ref.optim.riemannian_adam(
         lr=LR, betas=(beta1, BETAS[1]), eps=eps, trust_radius=radius, moment=moment
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact symbolic check of a factorised trainer's closed-form gradient (EB-3, EB-6)
+# ---------------------------------------------------------------------------------------------
+def exact(a: np.ndarray) -> np.ndarray:
+    """float64 array → object array of exact SymPy rationals (every float is a dyadic rational)."""
+    return np.vectorize(lambda v: sp.Rational(float(v)), otypes=[object])(a)
+
+
+def symbol_matrix(prefix: str, rows: int, cols: int) -> np.ndarray:
+    """A rows × cols object array of distinct real SymPy symbols prefix0, prefix1, …"""
+    return np.array(sp.symbols(f"{prefix}0:{rows * cols}", real=True), dtype=object).reshape(
+        rows, cols
+    )
+
+
+def factorised_gradient_check(
+    left: np.ndarray,
+    right: np.ndarray,
+    raw_risk: Callable[[np.ndarray], sp.Expr],
+    closed_risk: Callable[[np.ndarray], sp.Expr],
+    gradient: Callable[[np.ndarray], np.ndarray],
+    wrong: bool,
+) -> Outcome:
+    """The trainer's gradient against SymPy, exactly. With symbolic factors ``left`` = U and
+    ``right`` = V (``symbol_matrix``) and M = UVᵀ: SymPy differentiates ``raw_risk(M)`` (the risk
+    written from the raw data) in every entry of U and V; the trainer's closed form is
+    ``capacity.factor_gradients(gradient(M), U, V)`` = (G V, Gᵀ U); and ``raw_risk(M)`` must equal
+    ``closed_risk(M)`` (the sufficient-statistics form, ½c included). Residual: the number of
+    nonzero differences (tolerance 0). Control (``wrong``): the transpose dropped in the chain
+    rule, ∇_V = G U instead of Gᵀ U."""
+    m = left @ right.T
+    g = gradient(m)
+    g_left, g_right = capacity.factor_gradients(g, left, right)
+    if wrong:
+        g_right = g @ left
+    risk = sp.expand(raw_risk(m))
+    diffs = [
+        sp.expand(sp.diff(risk, p) - q)
+        for params, grads in ((left, g_left), (right, g_right))
+        for p, q in zip(params.ravel(), grads.ravel(), strict=True)
+    ]
+    diffs.append(sp.expand(risk - closed_risk(m)))
+    nonzero = sum(1 for e in diffs if e != 0)
+    return Outcome(
+        nonzero == 0,
+        float(nonzero),
+        0.0,
+        f"{nonzero} of {len(diffs)} gradient entries and risk identity differ from SymPy",
     )

@@ -8,6 +8,8 @@ with 𝓗 = Σ_s X_sᵀX_s ⊗ P_sP_sᵀ/(Sn) (``capacity.linear_qk_statistics``
 n → ∞. Hence, on held-out sequences with Gram 𝓗', for every K of rank ≤ r (Eckart–Young–Mirsky):
   ℰ_rel(K) := q'(K − K*)/q'(K*) ≥ (λ_min(𝓗')/λ_max(𝓗'))·Σ_{i>r}σ_i²(K*)/‖K*‖_F²,
 the n → ∞ prediction Σ_{i>r}σ_i²/‖K*‖² corrected by the finite-n condition number κ(𝓗') → 1.
+The truncation [K*]_r attains it within the same factor: ℰ_rel([K*]_r) ≤ κ(𝓗')·Σ_{i>r}σ_i²/‖K*‖²
+(q'(K* − [K*]_r) ≤ λ_max Σ_{i>r}σ_i² and q'(K*) ≥ λ_min‖K*‖²).
 The trainer is ``reference.capacity.train_linear_qk_student`` (closed-form gradients, checked
 exactly against SymPy below).
 """
@@ -20,6 +22,7 @@ import numpy as np
 import sympy as sp
 
 from proofs_checks.bounds import FLOAT64_U
+from proofs_checks.propositions.common import exact, factorised_gradient_check, symbol_matrix
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 
@@ -85,40 +88,66 @@ def eckart_young(kernels: np.ndarray, r: int) -> np.ndarray:
     return sv2[:, r:].sum(axis=1) / sv2.sum(axis=1)
 
 
+def rounding_allowance(kappa: float) -> float:
+    """5·d⁴·u·κ: a first-order bound on the relative rounding error of every ratio of the
+    deficiency check, with N = d² = 64 the dimension of 𝓗' (PSD) and u = 2⁻⁵³. A quadratic form
+    q'(Δ) = vᵀ𝓗'v is two rounds of inner products of length N: its error is ≤ γ_{2N}|v|ᵀ|𝓗'||v|,
+    and |v|ᵀ|𝓗'||v| ≤ tr(𝓗')‖v‖² ≤ Nλ_max‖v‖² (|𝓗'_ij| ≤ √(𝓗'_ii𝓗'_jj) for PSD 𝓗') against
+    q'(Δ) ≥ λ_min‖v‖²: relatively ≤ 2N²uκ, twice (q'(K − K*) and q'(K*)). κ from the backward
+    stable ``eigvalsh`` (|δλ| ≤ N·u·λ_max per eigenvalue) errs relatively by ≤ 2Nuκ, and the sums
+    of σ_i²(K*) by ≤ 4du. Total ≤ 4N²uκ + 2Nuκ + 4du ≤ 5N²uκ = 5d⁴uκ (≈ 4e-12 at κ ≈ 1.9)."""
+    return 5 * D**4 * FLOAT64_U * kappa
+
+
 def deficiency(ctx: Context, wrong: bool) -> Outcome:
     """A theorem checked on data: on 10 replicates (default_rng([seed, 601, i])) of d = d_v = 8,
     n = 32, r* = 3 (flat K* = UVᵀ), noise 0.1, S = 400 training and 400 held-out sequences,
     every r < r* and two rank-r students (GD-trained K̂_r, α = 1e-2, η = 0.2, T = 500; and the
-    truncation [K*]_r): ℰ_rel(K) = q'(K − K*)/q'(K*) ≥ EY_r/κ(𝓗'), EY_r = Σ_{i>r}σ_i²/‖K*‖².
-    Residual: the largest (EY_r/κ)/ℰ_rel; tolerance 1 + 1e-10 (rounding: the quadratic forms and
-    the eigenvalues of 𝓗' err relatively by ≤ 4d²u·κ < 1e-12). Control: the trained student of
-    rank r + 1 held to the rank-r bound."""
+    truncation [K*]_r): the lower bound (D) ℰ_rel(K) = q'(K − K*)/q'(K*) ≥ EY_r/κ(𝓗'),
+    EY_r = Σ_{i>r}σ_i²/‖K*‖²; and, for the truncation, the upper bound ℰ_rel([K*]_r) ≤ κ·EY_r
+    (q'(K* − [K*]_r) ≤ λ_max·Σ_{i>r}σ_i² and q'(K*) ≥ λ_min‖K*‖²). The two-sided sandwich pins
+    EY_r, κ and the truncation: an EY_r too small (e.g. EY_{r+1}) passes the lower bound and fails
+    the upper one. Both bounds hold for every PSD 𝓗', so neither can see a wrong Kronecker order
+    or scale of 𝓗' (the ratios are scale free); that is caught exactly by the symbolic check's
+    risk identity ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c (all 9 entries differ when the order is swapped).
+    Residual: the largest of (EY_r/κ)/ℰ_rel over all students
+    and ℰ_rel/(κ·EY_r) over the truncations, each ≤ 1 by the theorem, collected in one array so
+    that a NaN anywhere fails the check; tolerance 1 + ``rounding_allowance``(κ_max) =
+    1 + 5d⁴uκ_max (the derived first-order rounding bound). Control: the trained student of rank
+    r + 1 held to the rank-r bound."""
     _, _, hess_test, kernels = replicates(ctx.seed)
     lam = np.linalg.eigvalsh(hess_test)
     kappa = lam[:, -1] / lam[:, 0]
     q0 = capacity.quadratic_form(kernels, hess_test)
-    worst, rows = 0.0, []
+    u, s, vt = np.linalg.svd(kernels)
+    lower, upper, rows = [], [], []
     for r in DEFICIENT:
         trained = students(ctx.seed, r + 1 if wrong else r)
-        u, s, vt = np.linalg.svd(kernels)
         truncated = (u[:, :, :r] * s[:, None, :r]) @ vt[:, :r]
         ey = eckart_young(kernels, r)
         for name, k in (("trained", trained), ("[K*]_r", truncated)):
             if wrong and name != "trained":
                 continue
             rel = capacity.quadratic_form(k - kernels, hess_test) / q0
-            worst = max(worst, float(np.max(ey / kappa / rel)))
+            lower.append(ey / kappa / rel)
+            if name == "[K*]_r":
+                upper.append(rel / (kappa * ey))
             rows.append(
                 f"r = {r}, {name}{' (rank r + 1)' if wrong else ''}: ℰ_rel/EY_r ∈ "
                 f"[{np.min(rel / ey):.3f}, {np.max(rel / ey):.3f}]"
             )
-    tol = 1.0 + 1e-10
+    lower_worst = float(np.max(np.concatenate(lower)))
+    upper_worst = float(np.max(np.concatenate(upper))) if upper else float("-inf")
+    worst = float(np.max(np.concatenate(lower + upper)))  # np.max propagates NaN; max() does not
+    tol = 1.0 + rounding_allowance(float(kappa.max()))
     return Outcome.bound(
         worst,
         tol,
-        f"max (EY_r/κ)/ℰ_rel = {worst:.3g}; κ(𝓗') ∈ [{kappa.min():.3f}, {kappa.max():.3f}]; "
+        f"max (EY_r/κ)/ℰ_rel = {lower_worst:.3g}"
+        + (f", max ℰ_rel([K*]_r)/(κ·EY_r) = {upper_worst:.3g}" if upper else "")
+        + f"; κ(𝓗') ∈ [{kappa.min():.3f}, {kappa.max():.3f}]; "
         + "; ".join(rows)
-        + f"; rounding allowance 4d²uκ = {4 * D**2 * FLOAT64_U * kappa.max():.1e} (d² = {D * D})",
+        + f"; rounding allowance 5d⁴uκ_max = {tol - 1.0:.1e} (d⁴ = {D**4})",
     )
 
 
@@ -152,50 +181,41 @@ def achievability(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
-def _exact(a: np.ndarray) -> np.ndarray:
-    """float64 array → object array of exact SymPy rationals (every float is a dyadic rational)."""
-    return np.vectorize(lambda v: sp.Rational(float(v)), otypes=[object])(a)
-
-
 def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
     """Exact check of the trainer's closed-form gradient: S = 2 sequences, n = d = d_v = 2,
     QK rank r = 2, small integer X_s, Y_s, W_V (seed [ctx.seed, 603]; n = 2 and S·n = 4 make
     ``linear_qk_statistics`` exact in float64). With symbolic W_Q, W_K, SymPy differentiates the
     raw risk Σ_s ‖(X_sKX_sᵀ/n)X_sW_V − Y_s‖_F²/(2Sn), K = W_QW_Kᵀ; it must equal
     ``factor_gradients(linear_qk_gradient(K, 𝓗, B), W_Q, W_K)`` entry by entry, and the risk must
-    equal ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c. Residual: number of nonzero differences (0)."""
+    equal ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c (``common.factorised_gradient_check``). Residual: number
+    of nonzero differences (0)."""
     rng = np.random.default_rng([ctx.seed, TAG_SYM])
     s, n, d, r = 2, 2, 2, 2
     x = rng.integers(-2, 3, (s, n, d)).astype(float)
     y = rng.integers(-2, 3, (s, n, d)).astype(float)
     w = rng.integers(-2, 3, (d, d)).astype(float)
     stats = capacity.linear_qk_statistics(x, y, w)
-    hess, b = _exact(stats.hess), _exact(stats.b)
-    wq = np.array(sp.symbols(f"q0:{d * r}", real=True), dtype=object).reshape(d, r)
-    wk = np.array(sp.symbols(f"k0:{d * r}", real=True), dtype=object).reshape(d, r)
-    k = wq @ wk.T
-    g = capacity.linear_qk_gradient(k, hess, b)
-    gq, gk = capacity.factor_gradients(g, wq, wk)
-    if wrong:
-        gk = g @ wq
-    risk = 0
-    for t in range(s):
-        xt = _exact(x[t])
-        pred = xt @ k @ xt.T @ xt @ _exact(w) / n
-        risk += sp.Matrix(pred - _exact(y[t])).norm() ** 2
-    risk = sp.expand(risk / (2 * s * n))
-    left = [sp.expand(sp.diff(risk, p) - q) for p, q in zip(wq.ravel(), gq.ravel(), strict=True)]
-    left += [sp.expand(sp.diff(risk, p) - q) for p, q in zip(wk.ravel(), gk.ravel(), strict=True)]
-    closed = capacity.quadratic_form(k, hess) / 2 - sum(
-        sp.Matrix(b).multiply_elementwise(sp.Matrix(k))
-    )
-    left.append(sp.expand(risk - closed - sp.Rational(stats.c) / 2))
-    nonzero = sum(1 for e in left if e != 0)
-    return Outcome(
-        nonzero == 0,
-        float(nonzero),
-        0.0,
-        f"{nonzero} of {len(left)} gradient entries and risk identity differ from SymPy",
+    hess, b = exact(stats.hess), exact(stats.b)
+
+    def raw_risk(k: np.ndarray) -> sp.Expr:
+        risk = 0
+        for t in range(s):
+            xt = exact(x[t])
+            pred = xt @ k @ xt.T @ xt @ exact(w) / n
+            risk += sp.Matrix(pred - exact(y[t])).norm() ** 2
+        return risk / (2 * s * n)
+
+    def closed_risk(k: np.ndarray) -> sp.Expr:
+        linear = sum(sp.Matrix(b).multiply_elementwise(sp.Matrix(k)))
+        return capacity.quadratic_form(k, hess) / 2 - linear + sp.Rational(stats.c) / 2
+
+    return factorised_gradient_check(
+        symbol_matrix("q", d, r),
+        symbol_matrix("k", d, r),
+        raw_risk,
+        closed_risk,
+        lambda k: capacity.linear_qk_gradient(k, hess, b),
+        wrong,
     )
 
 
@@ -218,7 +238,9 @@ register(
             r"\sigma_i^2(K^*)/\|K^*\|_F^2$ (Eckart--Young--Mirsky; the $n\to\infty$ prediction "
             r"$\sum_{i>r}\sigma_i^2/\|K^*\|_F^2$, i.e. $(r^*-r)/r^*$ for a flat spectrum, with "
             r"the finite-$n$ correction $\kappa(\mathcal{H}')=\lambda_{\max}/\lambda_{\min}"
-            r"\to1$), positive for $r<r^*$. (A) Students of rank $r\ge r^*$ trained by plain "
+            r"\to1$), positive for $r<r^*$; the truncation attains it within $\kappa$: "
+            r"$\mathcal{E}_{\rm rel}([K^*]_r)\le\kappa(\mathcal{H}')\sum_{i>r}\sigma_i^2(K^*)/"
+            r"\|K^*\|_F^2$. (A) Students of rank $r\ge r^*$ trained by plain "
             r"gradient descent from a small initialisation reach the estimation floor: "
             r"$q'(\hat K_r-K^*)\le q'(K_{\rm LS}-K^*)$, $K_{\rm LS}=\mathcal{H}^{-1}B$ the "
             r"unconstrained least-squares kernel (expected in-sample excess $\sigma^2d^2/(Sn)$ "
@@ -231,7 +253,7 @@ register(
         hypotheses=(
             "tokens iid N(0, I_d), noise iid N(0, σ²), independent across sequences",
             "the value map fixed to the teacher's W_V (known, orthogonal, d_v = d)",
-            "(D) holds for every rank-r K and any held-out design with 𝓗' ≻ 0",
+            "(D) holds for every rank-r K and any held-out design with 𝓗' ≻ 0 (both bounds)",
             "(A) a statistical claim: 10 replicates, pass when at least 9 reach the floor",
         ),
         checks=(
@@ -241,7 +263,12 @@ register(
                 symbolic_gradient,
                 CONTROL_GRADIENT,
             ),
-            Check("float64", "deficiency below r*, EY/κ bound", deficiency, CONTROL_DEFICIENCY),
+            Check(
+                "float64",
+                "deficiency below r*, EY/κ bound (and κ·EY for [K*]_r)",
+                deficiency,
+                CONTROL_DEFICIENCY,
+            ),
             Check(
                 "float64",
                 "achievability at r*, r* + 1, ≥ 9 of 10",

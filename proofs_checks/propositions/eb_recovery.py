@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
+from proofs_checks.propositions.common import exact, factorised_gradient_check, symbol_matrix
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 
@@ -73,8 +74,9 @@ def gd_recovery(ctx: Context, wrong: bool) -> Outcome:
     trained by plain GD, α = 1e-3, η = 0.1, T = 1000. A replicate passes when the learned Â has
     numerical rank (τ = 1e-3) = r_0.9 = r_0.99 = r* AND excess risk ℰ(Â) ≤ ℰ(BH⁻¹), the excess
     of the full-rank empirical minimiser. Pass: at least 9 of 10 replicates (residual = number
-    of failing replicates ≤ 1). Control: α = 1, which leaves the noise directions at the
-    empirical minimiser's level ≈ 2σ√(n/(S d_v)) ≈ 0.008 > τσ₁."""
+    of failing replicates ≤ 1). Control: α = 1, from which the noise directions are not
+    suppressed: by T they approach (do not reach) the empirical minimiser's level
+    ≈ 2σ√(n/(S d_v)) ≈ 0.008, well above τσ₁ = 0.002."""
     h, b, mixers, values = replicate_statistics(ctx.seed)
     a = train(h, b, CONTROL_INIT if wrong else INIT, ctx.seed)
     misses, tails, ratios, ranks = 0, [], [], []
@@ -101,48 +103,40 @@ def gd_recovery(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
-def _exact(a: np.ndarray) -> np.ndarray:
-    """float64 array → object array of exact SymPy rationals (every float is a dyadic rational)."""
-    return np.vectorize(lambda v: sp.Rational(float(v)), otypes=[object])(a)
-
-
 def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
     """Exact check of the trainer's closed-form gradient: S = 2 sequences, n = d = d_v = 2,
     width m = 2, small integer X_s, Y_s (seed [ctx.seed, 303]) and W = [[1, 1], [1, −1]] (so
     S‖W‖_F² = 8 and ``static_statistics`` is exact in float64). With symbolic U, V, SymPy
     differentiates the raw risk Σ_s ‖UVᵀX_sW − Y_s‖_F²/(2S‖W‖_F²); it must equal
     ``factor_gradients(static_gradient(UVᵀ, H, B), U, V)`` = (G V, Gᵀ U) entry by entry, and the
-    risk must equal ½tr(AHAᵀ) − tr(BᵀA) + ½c. Residual: number of nonzero differences (0)."""
+    risk must equal ½tr(AHAᵀ) − tr(BᵀA) + ½c (``common.factorised_gradient_check``). Residual:
+    number of nonzero differences (0)."""
     rng = np.random.default_rng([ctx.seed, TAG_SYM])
     s, n, m = 2, 2, 2
     x = rng.integers(-3, 4, (s, n, n)).astype(float)
     y = rng.integers(-3, 4, (s, n, n)).astype(float)
     w = np.array([[1.0, 1.0], [1.0, -1.0]])
     stats = capacity.static_statistics(x, y, w)
-    h, b = _exact(stats.h), _exact(stats.b)
-    u = np.array(sp.symbols(f"u0:{n * m}", real=True), dtype=object).reshape(n, m)
-    v = np.array(sp.symbols(f"v0:{n * m}", real=True), dtype=object).reshape(n, m)
-    a = u @ v.T
-    g = capacity.static_gradient(a, h, b)
-    gu, gv = capacity.factor_gradients(g, u, v)
-    if wrong:
-        gv = g @ u
+    h, b = exact(stats.h), exact(stats.b)
     scale = s * int(np.sum(w * w))
-    risk = sum(
-        sp.Matrix(a @ _exact(x[t]) @ _exact(w) - _exact(y[t])).norm() ** 2 for t in range(s)
-    ) / (2 * scale)
-    risk = sp.expand(risk)
-    left = [sp.expand(sp.diff(risk, p) - q) for p, q in zip(u.ravel(), gu.ravel(), strict=True)]
-    left += [sp.expand(sp.diff(risk, p) - q) for p, q in zip(v.ravel(), gv.ravel(), strict=True)]
-    quad = sp.Matrix(a @ h).multiply_elementwise(sp.Matrix(a))
-    closed = sum(quad) / 2 - sum(sp.Matrix(b).multiply_elementwise(sp.Matrix(a)))
-    left.append(sp.expand(risk - closed - sp.Rational(stats.c) / 2))
-    nonzero = sum(1 for e in left if e != 0)
-    return Outcome(
-        nonzero == 0,
-        float(nonzero),
-        0.0,
-        f"{nonzero} of {len(left)} gradient entries and risk identity differ from SymPy",
+
+    def raw_risk(a: np.ndarray) -> sp.Expr:
+        return sum(
+            sp.Matrix(a @ exact(x[t]) @ exact(w) - exact(y[t])).norm() ** 2 for t in range(s)
+        ) / (2 * scale)
+
+    def closed_risk(a: np.ndarray) -> sp.Expr:
+        quad = sp.Matrix(a @ h).multiply_elementwise(sp.Matrix(a))
+        linear = sp.Matrix(b).multiply_elementwise(sp.Matrix(a))
+        return sum(quad) / 2 - sum(linear) + sp.Rational(stats.c) / 2
+
+    return factorised_gradient_check(
+        symbol_matrix("u", n, m),
+        symbol_matrix("v", n, m),
+        raw_risk,
+        closed_risk,
+        lambda a: capacity.static_gradient(a, h, b),
+        wrong,
     )
 
 
@@ -169,7 +163,10 @@ register(
             r"dimension of the rank-$r^*$ manifold). Statistical claim (checked): at $n=12$, "
             r"$d=d_v=16$, $\sigma(A^*)=(2,1.5,1)$, $\sigma=0.1$, $S=500$, $\alpha=10^{-3}$, "
             r"$\eta=0.1$, $T=1000$, both hold in at least 9 of 10 independent replicates; from "
-            r"$\alpha=1$ they fail (the noise directions converge to those of $BH^{-1}$)."
+            r"$\alpha=1$ they fail: the noise directions are not suppressed and, by $T$, "
+            r"approach those of $BH^{-1}$ without reaching them (measured at seeds 0--10: "
+            r"numerical rank 6--9 of $n=12$, that of $BH^{-1}$ being 7--10, and "
+            r"$\mathcal{E}(\hat A)/\mathcal{E}(BH^{-1})\in[0.78,1.09]$)."
         ),
         hypotheses=(
             "tokens and noise iid N(0, 1), independent across sequences; W* known, orthogonal",

@@ -36,8 +36,8 @@ CONTROL_PARTIAL = "the claim of over-counting made for K = UVᵀ (no self-attent
 @functools.lru_cache(maxsize=8)
 def estimates(seed: int, psd: bool) -> tuple[tuple[int, int, int, float], ...]:
     """Per replicate: (floored gap rank, r_0.9, r_0.99, σ_{r*+1}/floor) of the x_i coefficient of
-    ``first_order_softmax``, the floor being max(SE, σ₁/n) (the rule of ``rattn rank``). Cached
-    per (seed, psd): both checks read the same replicates."""
+    ``first_order_softmax``, the floor being ``capacity.attention_gap_floor`` = max(SE, σ₁/n), the
+    rule of ``rattn rank``. Cached per (seed, psd): both checks read the same replicates."""
     out = []
     for i in range(REPLICATES):
         task = capacity.softmax_task(
@@ -45,7 +45,7 @@ def estimates(seed: int, psd: bool) -> tuple[tuple[int, int, int, float], ...]:
         )
         reg = capacity.first_order_softmax(task.x, task.y)
         sv = np.linalg.svd(reg.coef, compute_uv=False)
-        floor = max(reg.stderr, float(sv[0]) / N)
+        floor = capacity.attention_gap_floor(sv, reg.stderr, N)
         out.append(
             (
                 capacity.largest_gap_rank(sv, floor),
