@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--json", action="store_true", help="print one JSON document")
 
+    exp = sub.add_parser("experiment", help="run an experiment (needs torch and matplotlib)")
+    add_experiment_arguments(exp)
+
     bench = sub.add_parser("bench", help="run a benchmark (not a test) and print its table")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument(
@@ -95,6 +98,69 @@ def add_certify_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--list", action="store_true", help="list the propositions and exit")
     parser.add_argument("--json", action="store_true", help="print the certificate as JSON")
+
+
+def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name", help="grokking, patches, lm, movement, ablation, ladder, native-rank"
+    )
+    parser.add_argument(
+        "--preset",
+        default="quick",
+        choices=("smoke", "quick", "paper"),
+        help="smoke (seconds), quick (CPU minutes, default) or paper (the paper's scale)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    parser.add_argument(
+        "--seeds", default=None, help="comma-separated seeds (default: the preset's)"
+    )
+    parser.add_argument("--out", default="results", help="output directory (default results/)")
+    parser.add_argument("--data-dir", default=None, help="patches: a local CIFAR-10 directory")
+    parser.add_argument("--corpus", default=None, help="lm: a text file (default: stdlib sources)")
+    parser.add_argument(
+        "--no-resume", action="store_true", help="start afresh, ignoring checkpoints"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as one JSON document"
+    )
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    """``rattn experiment NAME``: bad usage (unknown name, no torch or matplotlib, CUDA
+    missing, bad seeds or paths) exits 2 before the run; the run's summary is printed."""
+    try:
+        from torch_port import experiments
+        from torch_port.experiments.common import RunOptions, require_matplotlib, resolve_device
+    except ImportError as exc:
+        raise ValueError(
+            f"rattn experiment needs torch (pip install 'rattn[torch]'): {exc}"
+        ) from None
+    if args.name not in experiments.EXPERIMENTS:
+        experiments.load(args.name)  # raises, listing the known experiments
+    try:
+        seeds = None if args.seeds is None else tuple(int(s) for s in args.seeds.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    resolve_device(args.device)
+    require_matplotlib()
+    module = experiments.load(args.name)
+    options = RunOptions(
+        preset=args.preset,
+        device=args.device,
+        seeds=seeds,
+        out=Path(args.out),
+        data_dir=None if args.data_dir is None else Path(args.data_dir),
+        corpus=None if args.corpus is None else Path(args.corpus),
+        progress=not args.json,
+        resume=not args.no_resume,
+    )
+    document = module.run(options)
+    if args.json:
+        print(json.dumps(document, indent=2, ensure_ascii=False))
+    else:
+        print(module.format_summary(document))
+        print(f"\nwrote {Path(args.out) / args.name}")
+    return 0
 
 
 def run_certify(args: argparse.Namespace) -> int:
@@ -219,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "compare": run_compare,
             "bench": run_bench,
             "rank": run_rank_command,
+            "experiment": run_experiment,
         }
         return commands[args.command](args)
     except _UsageError as exc:

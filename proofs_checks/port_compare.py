@@ -1,6 +1,6 @@
 """The port against the reference: seeded problems run through ``reference.optim`` (float64,
-NumPy) and ``torch_port.optim`` (a chosen device and dtype), step by step (DESIGN §7, issue 4
-item 4; ``rattn compare``).
+NumPy) and ``torch_port.optim`` (a chosen device and dtype), step by step (DESIGN §7;
+``rattn compare``).
 
 This is validation code: it imports ``reference`` (DESIGN §2 allows it here; the core modules of
 ``torch_port`` never do).

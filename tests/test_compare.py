@@ -1,5 +1,5 @@
 """``proofs_checks.port_compare`` and ``rattn compare``: the port against the reference, by
-problem, rule and dtype, with stated bounds (issue 4 item 4); and a smoke run of
+problem, rule and dtype, with stated bounds; and a smoke run of
 ``rattn bench port``.
 
 Bounds are those of ``proofs_checks/port_compare.py`` (module docstring): in float64 the

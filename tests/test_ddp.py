@@ -1,4 +1,4 @@
-"""DistributedDataParallel with Riemannian attention (issue 4 item 5; DESIGN §7).
+"""DistributedDataParallel with Riemannian attention (DESIGN §7).
 
 Two processes (torch.distributed, gloo backend, CPU, a free port on 127.0.0.1) each train a small
 model built on ``RiemannianMultiheadAttention`` (QK and VO frames on St(16, 4), GQA, biases, plain

@@ -1,4 +1,4 @@
-"""torch_port.nn: RiemannianMultiheadAttention and build_optimizer (issue 4 item 3).
+"""torch_port.nn: RiemannianMultiheadAttention and build_optimizer.
 
 Orthonormality bound. Every frame is either the float64 QR factor of a Gaussian cast to the
 working dtype, or the output Y = fl(A·S) of the polar retraction, A = W + ξ stored in the working

@@ -1,4 +1,4 @@
-"""torch_port.nn with every geometry on the QK and VO products (issue 4 item 3).
+"""torch_port.nn with every geometry on the QK and VO products.
 
 Cases: the eleven names of ``ATTENTION_GEOMETRIES`` × {MHA (d_model 8, 4 heads, head_dim 2), GQA
 (d_model 8, 4 query heads, 2 key/value heads, head_dim 3) where allowed: "stiefel" and the block_

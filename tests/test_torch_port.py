@@ -1,4 +1,4 @@
-"""The torch port (Stiefel slice of issue 4) against reference/ and against torch.optim.AdamW.
+"""The torch port (Stiefel) against reference/ and against torch.optim.AdamW.
 
 Agreement bound in float64. Each step of either side rounds O(d·r) products and sums of length
 ≤ d, one r×r eigendecomposition and a handful of per-frame scalars; the two sides round them in

@@ -1,5 +1,5 @@
-"""Multi-head attention whose QK (and optionally VO) products live on a geometry (DESIGN §4, §7,
-issue 4 item 3), and a helper that builds the optimizer for a whole model.
+"""Multi-head attention whose QK (and optionally VO) products live on a geometry (DESIGN §4, §7),
+and a helper that builds the optimizer for a whole model.
 
 ``RiemannianMultiheadAttention`` is batch first: inputs (B, T, d_model), output (B, T, d_model),
 attention by ``torch.nn.functional.scaled_dot_product_attention``. Its projections are stored per
@@ -582,8 +582,11 @@ def build_optimizer(
     ``tag_frame`` are grouped by geometry as before. Groups come in the order of their first
     parameter in ``named_parameters``, the plain group last. Parameters without
     ``requires_grad`` are left out (a point only as a whole), empty groups are not made.
-    Geometry groups get ``weight_decay=0`` (decay does nothing on a frame, RA-5: asking for it
-    would only warn), then ``frame_options`` (e.g. ``{"trust_radius": 0.1}``), then
+    Geometry groups get ``weight_decay=0``: on frames (Stiefel, P1, P2, P3 and their block
+    variants) decay does nothing (RA-5; asking for it would only warn), and on the fixed-rank
+    factors (R1, R2) it would scale the stored factors, which is not decay of the product W;
+    ``geometry_options={"fixed_rank_embedded": {"weight_decay": λ}}`` asks for that coupled
+    factor decay explicitly. Then ``frame_options`` (e.g. ``{"trust_radius": 0.1}``), then
     ``geometry_options[name]`` for that geometry (e.g. ``{"fixed_rank_quotient": {"metric":
     "balanced"}}`` or ``{"stiefel": {"retraction": "qr"}}``); the plain group gets
     ``plain_options`` (e.g. its own ``lr``) and the optimizer's defaults from ``kwargs`` (e.g.

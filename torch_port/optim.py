@@ -1,4 +1,4 @@
-"""Riemannian optimizers as ``torch.optim.Optimizer`` subclasses (DESIGN §5, §7; issue 4 item 2).
+"""Riemannian optimizers as ``torch.optim.Optimizer`` subclasses (DESIGN §5, §7).
 
 Each class mirrors a preset of ``reference/optim.py`` with the same formulas, so that float64
 trajectories agree with the reference to rounding:

@@ -1,0 +1,239 @@
+"""What every experiment shares: run options, devices and seeds, outputs and checkpoints.
+
+An experiment module (``torch_port.experiments.<name>``) defines
+
+- ``PRESETS``: ``{"smoke": {...}, "quick": {...}, "paper": {...}}``, each a plain dict of its
+  configuration (``seeds`` included); smoke runs in seconds (the test suite runs it), quick in
+  minutes on a 2-core CPU, paper at the scale of the paper it reproduces;
+- ``run(options: RunOptions) -> dict``: runs the preset's configuration, writes its outputs
+  under ``options.out / <name>`` and returns the results document;
+- ``format_summary(document: dict) -> str``: the few lines ``rattn experiment`` prints.
+
+Outputs of a run in ``<out>/<name>/``: ``results.json`` (see ``results_document``),
+``results.md`` (the tables people read), PNG plots, and ``checkpoint-*.pt`` files while a long
+run is in progress (removed when it completes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run one experiment.
+
+    ``seeds`` None means the preset's own seeds; ``overrides`` replaces entries of the preset's
+    configuration (unknown keys are refused by ``configure``). ``data_dir`` and ``corpus`` are
+    the local data paths of the experiments that take them (others ignore them)."""
+
+    preset: str = "quick"
+    device: str = "cpu"
+    seeds: tuple[int, ...] | None = None
+    out: Path = Path("results")
+    data_dir: Path | None = None
+    corpus: Path | None = None
+    progress: bool = True
+    resume: bool = True
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def configure(presets: Mapping[str, Mapping[str, Any]], options: RunOptions) -> dict[str, Any]:
+    """The preset's configuration with ``options.seeds`` and ``options.overrides`` applied."""
+    if options.preset not in presets:
+        raise ValueError(f"unknown preset {options.preset!r}; choose one of {tuple(presets)}")
+    config = dict(presets[options.preset])
+    unknown = sorted(set(options.overrides) - set(config))
+    if unknown:
+        raise ValueError(f"unknown configuration keys {unknown}; known: {sorted(config)}")
+    config.update(options.overrides)
+    if options.seeds is not None:
+        if not options.seeds or any(s < 0 for s in options.seeds):
+            raise ValueError(f"seeds must be a non-empty list of integers ≥ 0, got {options.seeds}")
+        config["seeds"] = list(options.seeds)
+    return config
+
+
+def resolve_device(name: str) -> torch.device:
+    """``torch.device(name)`` for "cpu" or "cuda[:i]"; CUDA without a GPU is a clear error."""
+    if name != "cpu" and not name.startswith("cuda"):
+        raise ValueError(f"unknown device {name!r}; use cpu or cuda")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for but CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch generator seeded with ``seed`` (on ``device``), for initialisation and data order,
+    so that two runs with the same seed draw the same numbers whatever else ran before."""
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def environment(device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Versions and machine facts recorded with every result."""
+    import scipy
+
+    env: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
+    if str(device).startswith("cuda"):
+        env["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
+        env["cuda"] = torch.version.cuda
+    return env
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with tensors, NumPy arrays and scalars, paths and dataclasses made JSON-able;
+    non-finite floats become None (JSON has no NaN)."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray | np.generic):
+        value = value.tolist()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def results_document(
+    name: str,
+    options: RunOptions,
+    config: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+    device: torch.device | str,
+) -> dict[str, Any]:
+    """The JSON document of a run: ``experiment``, ``preset``, ``config`` (seeds included),
+    ``runs`` (one entry per seed and arm, with per-epoch metrics), ``summary`` (the reported
+    numbers) and ``environment`` (library versions)."""
+    return jsonable(
+        {
+            "experiment": name,
+            "preset": options.preset,
+            "config": dict(config),
+            "runs": list(runs),
+            "summary": dict(summary),
+            "environment": environment(device),
+        }
+    )
+
+
+def output_dir(options: RunOptions, name: str) -> Path:
+    """``<out>/<name>``, created; an unusable directory is a clear error before any work."""
+    path = Path(options.out) / name
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot write results to {str(path)!r}: {exc.strerror}") from None
+    return path
+
+
+def write_results(directory: Path, document: Mapping[str, Any], markdown: str) -> list[Path]:
+    """Write ``results.json`` and ``results.md`` into ``directory``; return their paths."""
+    json_path, md_path = directory / "results.json", directory / "results.md"
+    json_path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    md_path.write_text(markdown.rstrip() + "\n", "utf-8")
+    return [json_path, md_path]
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table; floats are written with 4 significant digits."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "–" if not math.isfinite(v) else f"{v:.4g}"
+        return str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def progress(total: int, desc: str, enabled: bool = True) -> tqdm:
+    """A progress bar on stderr (disabled with ``enabled=False``, e.g. under ``--json``)."""
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def require_matplotlib() -> None:
+    """Refuse, before any work, a run that would fail at its plots."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "the experiments write PNG plots and need matplotlib: pip install 'rattn[experiments]'"
+        ) from None
+
+
+@contextmanager
+def figure(path: Path, ncols: int = 1, width: float = 5.0, height: float = 3.6) -> Iterator[Any]:
+    """A matplotlib figure with ``ncols`` axes (Agg backend, no screen needed), saved as PNG at
+    ``path`` when the block ends. Yields the array of axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    try:
+        yield axes[0]
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+class Checkpoint:
+    """Resumable progress of a long run: a dict saved atomically with ``torch.save``.
+
+    The file name carries a hash of the configuration and of the key (e.g. seed and arm), so a
+    checkpoint is only ever resumed by the same configuration."""
+
+    def __init__(self, directory: Path, config: Mapping[str, Any], key: str):
+        digest = hashlib.sha256(
+            json.dumps([jsonable(dict(config)), key], sort_keys=True).encode()
+        ).hexdigest()[:16]
+        self.path = Path(directory) / f"checkpoint-{digest}.pt"
+
+    def load(self) -> dict[str, Any] | None:
+        """The saved state, or None when there is none."""
+        if not self.path.exists():
+            return None
+        return torch.load(self.path, map_location="cpu", weights_only=False)
+
+    def save(self, state: Mapping[str, Any]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(dict(state), tmp)
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)

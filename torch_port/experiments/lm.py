@@ -1,0 +1,902 @@
+"""Character-level language modelling: a learning-rate sweep of AdamW against the ten geometries
+and Stiefel frames on the QK products (DESIGN §8).
+
+Model: ``models.Transformer`` with ``n_layers`` causal pre-norm blocks over the byte vocabulary
+(256 tokens, ``TokenEmbedding``), in two attention configurations: MHA (``n_kv_heads =
+n_heads``) and GQA (``gqa_kv_heads`` key/value heads). The loss is the mean next-byte
+cross-entropy in nats.
+
+Arms. ``adamw``: plain projections, AdamW on every parameter. ``stiefel``: W_Q^h and W_K^g are
+frames on St(d_model, head_dim). Each of the ten design points of DESIGN §4.5
+(``fixed_rank_embedded`` … ``block_stiefel_pair``): the QK products live on that geometry.
+Every arm is trained by one ``torch_port.optim.RiemannianAdam`` built by
+``torch_port.nn.build_optimizer``: the QK points get the Riemannian Adam rule (one scalar second
+moment per frame), every other parameter (embeddings, positions, VO projections, MLP, norms,
+read-out) AdamW with decoupled weight decay — so the ``adamw`` arm is exactly AdamW. The swept
+learning rate applies to the **whole optimizer** (the QK points and the AdamW group share it),
+after a linear warm-up of ``warmup`` steps; there is no annealing.
+
+Weight decay differs between the arms on W_Q/W_K only: the ``adamw`` arm decays them
+(``weight_decay``, 0.01 in every preset) like every other weight, while ``build_optimizer``
+gives every geometry group weight decay 0, so the ``stiefel`` arm and the ten design points do
+not decay their QK points. On frames (Stiefel, partial isometries, Stiefel pairs) decay does
+nothing (the Riemannian gradient of (λ/2)‖W‖² is 0 there, RA-5); on the fixed-rank factors
+(R1, R2) scaling the stored factors is not decay of the product W_Q W_Kᵀ, so it is left off.
+Every other parameter is decayed alike in every arm.
+
+GQA: the plain variants of the five base geometries treat each head's QK product as its own
+point, which needs a one-to-one head pattern; the attention module refuses them under GQA, and
+the refusal (its message) is recorded as a skipped arm. The GQA configuration runs ``adamw``,
+``stiefel`` and the five ``block_`` variants. Under MHA a block group is one head, so each
+``block_`` variant is the plain one (the results say whether the measured losses agree).
+
+Data: by default the Python standard library's sources (``.py`` files under
+``sysconfig.get_paths()["stdlib"]``, ``site-packages``/``dist-packages``/``__pycache__`` left
+out, directories walked in sorted order, files joined by a newline) up to ``corpus_bytes``
+bytes; ``--corpus FILE`` reads the first ``corpus_bytes`` bytes of that file instead. The last
+``val_fraction`` of the bytes is the validation split. Training batches are ``batch_size``
+random windows of ``context + 1`` bytes drawn by a generator seeded with the run's seed (the
+same windows for every arm and learning rate of a seed: paired comparisons); validation uses
+``eval_windows`` fixed windows spread evenly over the validation split.
+
+Reported: for each run the validation loss at the end of training (``val_loss``) and the
+minimum over the evaluations (``best_val_loss``); for each (configuration, arm) the learning
+rate whose mean final validation loss over seeds is lowest, that mean, and the seed spread
+(sample standard deviation, minimum and maximum) at that learning rate. A run whose loss
+becomes non-finite, or whose optimizer step fails the way a divergence does (a non-finite
+gradient or point, or a step that leaves the rank-r manifold: the ValueErrors of
+``torch_port.optim`` matched by ``DIVERGENCE_MARKERS``), is marked diverged and never selected;
+any other error of a step propagates (a bug is not a divergence).
+
+Threads: every preset fixes ``threads`` (torch intra-op threads), so results do not depend on
+the machine's core count; ``results.json`` records the count used.
+
+Each (configuration, arm, lr, seed) run checkpoints every ``checkpoint_every`` steps and keeps
+its finished record in its checkpoint until the whole sweep is done, so an interrupted sweep
+resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import statistics
+import sysconfig
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from torch_port.experiments import common
+from torch_port.experiments.attention_students import torch_threads
+from torch_port.experiments.common import RunOptions
+from torch_port.experiments.models import TokenEmbedding, Transformer
+from torch_port.geometries import GEOMETRIES, PLAIN
+from torch_port.nn import build_optimizer
+from torch_port.optim import FrameDecayWarning, NonFiniteGradientWarning, RiemannianAdam
+
+NAME = "lm"
+VOCAB = 256
+
+#: The ten design points of DESIGN §4.5 (every name of GEOMETRIES except "stiefel").
+TEN_GEOMETRIES: tuple[str, ...] = tuple(g for g in GEOMETRIES if g != "stiefel")
+#: Every arm, in reporting order.
+ALL_ARMS: tuple[str, ...] = ("adamw", "stiefel", *TEN_GEOMETRIES)
+#: Substrings of the ValueErrors ``torch_port.optim`` raises when a step diverges: a non-finite
+#: gradient or point ("non-finite"), or a step that leaves the rank-r manifold ("rank-deficient",
+#: "leaves the rank-"). Any other error of a step is a bug and propagates.
+DIVERGENCE_MARKERS = ("non-finite", "rank-deficient", "leaves the rank-")
+#: The attention module's refusal of a plain base geometry under GQA (a recorded skip).
+GQA_REFUSAL = "one key/value head per query head"
+
+#: Configuration keys that choose which runs make up the sweep; the others define one run,
+#: and only those enter a run's checkpoint key (so a sweep may grow and still resume).
+SWEEP_KEYS = ("seeds", "configs", "arms", "lrs", "threads", "checkpoint_every")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": {
+        "corpus_bytes": 20_000,
+        "val_fraction": 0.1,
+        "context": 16,
+        "batch_size": 4,
+        "steps": 4,
+        "warmup": 2,
+        "eval_every": 2,
+        "eval_windows": 4,
+        "d_model": 16,
+        "n_heads": 2,
+        "gqa_kv_heads": 1,
+        "n_layers": 2,
+        "d_mlp": 32,
+        "weight_decay": 0.01,
+        "betas": [0.9, 0.999],
+        "configs": ["mha", "gqa"],
+        "arms": ["adamw", "stiefel"],
+        "lrs": [3e-3, 1e-2],
+        "seeds": [0],
+        "threads": 1,
+        "checkpoint_every": 2,
+    },
+    "quick": {
+        "corpus_bytes": 1_000_000,
+        "val_fraction": 0.1,
+        "context": 32,
+        "batch_size": 16,
+        "steps": 100,
+        "warmup": 10,
+        "eval_every": 25,
+        "eval_windows": 64,
+        "d_model": 64,
+        "n_heads": 4,
+        "gqa_kv_heads": 2,
+        "n_layers": 2,
+        "d_mlp": 128,
+        "weight_decay": 0.01,
+        "betas": [0.9, 0.999],
+        "configs": ["mha", "gqa"],
+        "arms": "all",
+        "lrs": [1e-3, 3e-3, 1e-2, 3e-2],
+        "seeds": [0, 1],
+        "threads": 1,
+        "checkpoint_every": 50,
+    },
+    "paper": {
+        "corpus_bytes": 8_000_000,
+        "val_fraction": 0.1,
+        "context": 128,
+        "batch_size": 32,
+        "steps": 3000,
+        "warmup": 10,
+        "eval_every": 250,
+        "eval_windows": 256,
+        "d_model": 128,
+        "n_heads": 4,
+        "gqa_kv_heads": 2,
+        "n_layers": 2,
+        "d_mlp": 512,
+        "weight_decay": 0.01,
+        "betas": [0.9, 0.999],
+        "configs": ["mha", "gqa"],
+        "arms": "all",
+        "lrs": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
+        "seeds": [0, 1, 2],
+        "threads": 4,
+        "checkpoint_every": 250,
+    },
+}
+
+
+# -- corpus -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Corpus:
+    """The bytes of the corpus split into training and validation tokens (int64 tensors)."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    info: dict[str, Any]
+
+
+def stdlib_corpus(limit: int) -> tuple[bytes, dict[str, Any]]:
+    """The first ``limit`` bytes of the standard library's ``.py`` sources joined by newlines:
+    directories walked top-down in sorted order (third-party and cache directories left out),
+    files in sorted order, so the text depends only on the Python installation."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    if not root.is_dir():
+        raise ValueError(
+            f"the default corpus needs the standard library sources, but {str(root)!r} is not "
+            "a directory; pass --corpus FILE"
+        )
+    skip = {"site-packages", "dist-packages", "__pycache__"}
+    chunks: list[bytes] = []
+    size, files = 0, []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in skip)
+        for fname in sorted(f for f in filenames if f.endswith(".py")):
+            path = Path(dirpath) / fname
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue
+            chunks.append(text + b"\n")
+            files.append(path.relative_to(root).as_posix())
+            size += len(text) + 1
+            if size >= limit:
+                break
+        if size >= limit:
+            break
+    if not files:
+        raise ValueError(f"no .py files found under {str(root)!r}; pass --corpus FILE")
+    data = b"".join(chunks)[:limit]
+    info = {
+        "source": "stdlib",
+        "root": str(root),
+        "files": len(files),
+        "first_file": files[0],
+        "last_file": files[-1],
+    }
+    return data, info
+
+
+def file_corpus(path: Path, limit: int) -> tuple[bytes, dict[str, Any]]:
+    """The first ``limit`` bytes of ``path``; a missing or unreadable file is a clear error."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"--corpus {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ValueError(f"--corpus {str(path)!r} is not a regular file")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit)
+    except OSError as exc:
+        raise ValueError(f"--corpus {str(path)!r} cannot be read: {exc.strerror}") from None
+    return data, {"source": "file", "path": str(path)}
+
+
+def load_corpus(corpus: Path | None, config: Mapping[str, Any]) -> Corpus:
+    """Bytes → tokens, split so that the last ``val_fraction`` is validation; both splits must
+    hold at least one window of ``context + 1`` bytes."""
+    limit, ctx, frac = int(config["corpus_bytes"]), int(config["context"]), config["val_fraction"]
+    if limit < 1:
+        raise ValueError(f"corpus_bytes must be ≥ 1, got {limit}")
+    if ctx < 1:
+        raise ValueError(f"context must be ≥ 1, got {ctx}")
+    if not 0.0 < float(frac) < 1.0:
+        raise ValueError(f"val_fraction must lie in (0, 1), got {frac}")
+    data, info = stdlib_corpus(limit) if corpus is None else file_corpus(corpus, limit)
+    n_val = int(len(data) * float(frac))
+    n_train = len(data) - n_val
+    if n_train < ctx + 1 or n_val < ctx + 1:
+        need = math.ceil((ctx + 1) / min(float(frac), 1.0 - float(frac)))
+        raise ValueError(
+            f"corpus too short: {len(data)} bytes give {n_train} training and {n_val} "
+            f"validation bytes, but each split needs at least context + 1 = {ctx + 1} "
+            f"(about {need} bytes in all with val_fraction={frac})"
+        )
+    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
+    info = {
+        **info,
+        "bytes": len(data),
+        "train_bytes": n_train,
+        "val_bytes": n_val,
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    return Corpus(tokens[:n_train].clone(), tokens[n_train:].clone(), info)
+
+
+def train_batch(
+    train: torch.Tensor, context: int, batch_size: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` random windows: inputs x = t[s : s + context], targets t[s + 1 : s +
+    context + 1], with starts s uniform on [0, len − context − 1] drawn from ``gen``."""
+    starts = torch.randint(0, len(train) - context, (batch_size,), generator=gen)
+    idx = starts[:, None] + torch.arange(context + 1)
+    window = train[idx]
+    return window[:, :-1], window[:, 1:]
+
+
+def val_windows(val: torch.Tensor, context: int, count: int) -> torch.Tensor:
+    """``count`` fixed windows of ``context + 1`` tokens, starts spread evenly over the split
+    (at most one per start position), shape (count', context + 1)."""
+    last = len(val) - context - 1
+    k = max(1, min(count, last + 1))
+    # round(i·last/(k − 1)) in integers (a float32 linspace rounds past ``last`` above 2²⁴)
+    starts = [0] if k == 1 else [(2 * i * last + k - 1) // (2 * (k - 1)) for i in range(k)]
+    starts = torch.unique(torch.tensor(starts, dtype=torch.int64))
+    return val[starts[:, None] + torch.arange(context + 1)]
+
+
+# -- arms and models ----------------------------------------------------------------------------
+def attention_options(arm: str) -> dict[str, Any]:
+    """Keyword arguments of ``models.Transformer`` for ``arm``: the QK geometry (None for
+    AdamW) and ``block`` for the ``block_`` design points."""
+    if arm == "adamw":
+        return {"qk_geometry": None, "block": False}
+    if arm not in ALL_ARMS:
+        raise ValueError(f"unknown arm {arm!r}; choose from {list(ALL_ARMS)}")
+    return {"qk_geometry": arm, "block": arm.startswith("block_")}
+
+
+def kv_heads(config: Mapping[str, Any], name: str) -> int:
+    """Key/value heads of attention configuration ``name`` ("mha" or "gqa")."""
+    if name == "mha":
+        return int(config["n_heads"])
+    if name == "gqa":
+        return int(config["gqa_kv_heads"])
+    raise ValueError(f"unknown attention configuration {name!r}; choose mha or gqa")
+
+
+def build_model(config: Mapping[str, Any], name: str, arm: str, seed: int) -> Transformer:
+    """The causal byte-level transformer of one arm (paired initialisation from ``seed``)."""
+    d = int(config["d_model"])
+    return Transformer(
+        TokenEmbedding(VOCAB, d),
+        d,
+        int(config["n_layers"]),
+        int(config["n_heads"]),
+        int(config["d_mlp"]),
+        VOCAB,
+        int(config["context"]),
+        seed=seed,
+        n_kv_heads=kv_heads(config, name),
+        causal=True,
+        **attention_options(arm),
+    )
+
+
+def arm_refusal(config: Mapping[str, Any], name: str, arm: str) -> str | None:
+    """The attention module's refusal message when ``arm`` is a plain base geometry and
+    configuration ``name`` has fewer key/value heads than query heads (each head's QK product
+    is its own point, which needs a one-to-one head pattern: a known, recorded skip); None when
+    the model builds. Any other error building the model propagates (a bad setting, not a skip)."""
+    if arm in PLAIN and kv_heads(config, name) < int(config["n_heads"]):
+        try:
+            build_model(config, name, arm, 0)
+        except ValueError as exc:
+            if GQA_REFUSAL not in str(exc):
+                raise
+            return str(exc)
+        return None
+    build_model(config, name, arm, 0)
+    return None
+
+
+def resolve_arms(config: Mapping[str, Any]) -> list[str]:
+    """The arms asked for: ``"all"`` or a list of names from ``ALL_ARMS``."""
+    arms = config["arms"]
+    if arms == "all":
+        return list(ALL_ARMS)
+    if isinstance(arms, str) or not isinstance(arms, Sequence) or not arms:
+        raise ValueError(f"arms must be 'all' or a non-empty list of names, got {arms!r}")
+    unknown = [a for a in arms if a not in ALL_ARMS]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown}; choose from {list(ALL_ARMS)}")
+    return list(dict.fromkeys(arms))
+
+
+def check_config(config: Mapping[str, Any]) -> None:
+    """Refuse, before any work, values that cannot define a run (the measured value named)."""
+    for key in (
+        "steps",
+        "batch_size",
+        "eval_every",
+        "eval_windows",
+        "checkpoint_every",
+        "threads",
+        "d_model",
+        "n_heads",
+        "gqa_kv_heads",
+        "n_layers",
+        "d_mlp",
+    ):
+        v = config[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{key} must be a positive integer, got {v!r}")
+    d, heads, kv = config["d_model"], config["n_heads"], config["gqa_kv_heads"]
+    if d % heads:
+        raise ValueError(f"d_model = {d} must be divisible by n_heads = {heads}")
+    if heads % kv:
+        raise ValueError(
+            f"gqa_kv_heads = {kv} must divide n_heads = {heads} (GQA groups of equal size)"
+        )
+    if isinstance(config["warmup"], bool) or int(config["warmup"]) < 0:
+        raise ValueError(f"warmup must be ≥ 0, got {config['warmup']!r}")
+    lrs = config["lrs"]
+    if not lrs or any(not (isinstance(x, int | float) and math.isfinite(x) and x > 0) for x in lrs):
+        raise ValueError(f"lrs must be a non-empty list of finite positive numbers, got {lrs!r}")
+    if not config["configs"] or any(c not in ("mha", "gqa") for c in config["configs"]):
+        raise ValueError(
+            f"configs must be a non-empty list of 'mha'/'gqa', got {config['configs']}"
+        )
+    resolve_arms(config)
+
+
+# -- one run ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunSpec:
+    """One point of the sweep."""
+
+    config_name: str
+    arm: str
+    lr: float
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.config_name}/{self.arm}/lr={self.lr!r}/seed={self.seed}"
+
+
+def run_config(config: Mapping[str, Any], corpus: Corpus) -> dict[str, Any]:
+    """The part of the configuration that defines a single run (plus the corpus hash): the
+    checkpoint key of every run."""
+    keep = {k: v for k, v in config.items() if k not in SWEEP_KEYS}
+    keep["corpus_sha256"] = corpus.info["sha256"]
+    return keep
+
+
+@torch.no_grad()
+def evaluate(model: Transformer, windows: torch.Tensor, batch: int = 64) -> float:
+    """Mean next-byte cross-entropy (nats) over every position of the validation windows."""
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch):
+        w = windows[i : i + batch]
+        logits = model(w[:, :-1])
+        total += float(F.cross_entropy(logits.flatten(0, 1), w[:, 1:].flatten(), reduction="sum"))
+        count += w[:, 1:].numel()
+    model.train()
+    return total / count
+
+
+def is_divergence(exc: BaseException) -> bool:
+    """Whether an optimizer step's error is a divergence (``DIVERGENCE_MARKERS``)."""
+    return isinstance(exc, ValueError) and any(m in str(exc) for m in DIVERGENCE_MARKERS)
+
+
+def _warmup_factor(step: int, warmup: int) -> float:
+    """Linear warm-up: lr_t = lr · min(1, (t + 1)/warmup) (1 when warmup = 0)."""
+    return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
+
+
+def train_run(
+    spec: RunSpec,
+    config: Mapping[str, Any],
+    corpus: Corpus,
+    device: torch.device,
+    checkpoint: common.Checkpoint | None = None,
+    *,
+    resume: bool = True,
+    bar: Any = None,
+    stop_after: int | None = None,
+) -> dict[str, Any] | None:
+    """Train one run and return its record; with ``checkpoint`` the state is saved every
+    ``checkpoint_every`` steps and at the end (with the record), and a saved state is resumed.
+
+    ``stop_after`` (for resume checks) saves the state after that many steps and returns None."""
+    state = checkpoint.load() if (checkpoint is not None and resume) else None
+    if state is not None and state.get("done"):
+        if bar is not None:
+            bar.update(int(config["steps"]))
+        return state["record"]
+    steps, ctx, warmup = int(config["steps"]), int(config["context"]), int(config["warmup"])
+    model = build_model(config, spec.config_name, spec.arm, spec.seed).to(device)
+    optimizer = build_optimizer(
+        model,
+        RiemannianAdam,
+        lr=spec.lr,
+        betas=tuple(config["betas"]),
+        weight_decay=float(config["weight_decay"]),
+    )
+    gen = common.generator(spec.seed)
+    windows = val_windows(corpus.val, ctx, int(config["eval_windows"])).to(device)
+    history: list[dict[str, Any]] = []
+    start, seconds, train_sum, train_count = 0, 0.0, 0.0, 0
+    diverged, error = False, None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        start, history, seconds = state["step"], state["history"], state["seconds"]
+        train_sum, train_count = state["train_sum"], state["train_count"]
+        if bar is not None:
+            bar.update(start)
+
+    def snapshot(step: int) -> dict[str, Any]:
+        return {
+            "done": False,
+            "step": step,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "generator": gen.get_state(),
+            "history": history,
+            "seconds": seconds,
+            "train_sum": train_sum,
+            "train_count": train_count,
+        }
+
+    model.train()
+    step = start
+    while step < steps:
+        t0 = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = spec.lr * _warmup_factor(step, warmup)
+        x, y = train_batch(corpus.train, ctx, int(config["batch_size"]), gen)
+        x, y = x.to(device), y.to(device)
+        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        if not torch.isfinite(loss):
+            diverged, error = True, f"non-finite training loss at step {step}"
+            break
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", NonFiniteGradientWarning)
+                warnings.simplefilter("ignore", FrameDecayWarning)
+                optimizer.step()
+        except ValueError as exc:
+            if not is_divergence(exc):
+                raise
+            diverged, error = True, f"optimizer step {step} failed: {exc}"
+            break
+        train_sum, train_count = train_sum + loss.item(), train_count + 1
+        step += 1
+        seconds += time.perf_counter() - t0
+        if bar is not None:
+            bar.update(1)
+        if step % int(config["eval_every"]) == 0 or step == steps:
+            val = evaluate(model, windows)
+            history.append(
+                {"step": step, "train_loss": train_sum / max(train_count, 1), "val_loss": val}
+            )
+            train_sum, train_count = 0.0, 0
+            if not math.isfinite(val):
+                diverged, error = True, f"non-finite validation loss at step {step}"
+                break
+        if checkpoint is not None and (
+            step % int(config["checkpoint_every"]) == 0 or step == stop_after
+        ):
+            checkpoint.save(snapshot(step))
+        if stop_after is not None and step >= stop_after:
+            return None
+    if bar is not None and step < steps:
+        bar.update(steps - step)
+    vals = [h["val_loss"] for h in history]
+    record = {
+        "config": spec.config_name,
+        "arm": spec.arm,
+        "lr": spec.lr,
+        "seed": spec.seed,
+        "n_kv_heads": kv_heads(config, spec.config_name),
+        "steps_done": step,
+        "diverged": diverged,
+        "error": error,
+        "val_loss": float("nan") if diverged or not vals else vals[-1],
+        "best_val_loss": float("nan") if not vals else min(vals),
+        "final_train_loss": history[-1]["train_loss"] if history else float("nan"),
+        "seconds": seconds,
+        "history": history,
+    }
+    if checkpoint is not None:
+        checkpoint.save({"done": True, "record": record})
+    return record
+
+
+# -- summary, tables and plots ------------------------------------------------------------------
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def _lr_means(
+    runs: Sequence[Mapping[str, Any]], name: str, arm: str
+) -> tuple[dict[float, list[float]], dict[float, float | None]]:
+    """Final validation losses per lr of (configuration, arm), and their means over seeds (None
+    when a seed diverged)."""
+    per_lr: dict[float, list[float]] = {}
+    for r in runs:
+        if r["config"] == name and r["arm"] == arm:
+            per_lr.setdefault(r["lr"], []).append(r["val_loss"])
+    means = {
+        lr: (statistics.fmean(v) if all(_finite(x) for x in v) else None)
+        for lr, v in sorted(per_lr.items())
+    }
+    return per_lr, means
+
+
+def _best_mean(runs: Sequence[Mapping[str, Any]], name: str, arm: str) -> float | None:
+    """The lowest finite mean final validation loss over the lrs of (configuration, arm)."""
+    finite = [m for m in _lr_means(runs, name, arm)[1].values() if m is not None]
+    return min(finite) if finite else None
+
+
+def summarise(
+    runs: Sequence[Mapping[str, Any]], configs: Sequence[str], arms: Sequence[str]
+) -> list[dict[str, Any]]:
+    """For each (configuration, arm): mean final validation loss over seeds for every lr (None
+    when a seed diverged), the best lr (lowest mean), the seed spread at that lr, and (for
+    every arm but AdamW, whatever the order of ``arms``) ``minus_adamw``: its best mean minus
+    AdamW's in the same configuration, when AdamW ran there."""
+    rows = []
+    for name in configs:
+        adamw_best = _best_mean(runs, name, "adamw") if "adamw" in arms else None
+        for arm in arms:
+            per_lr, means = _lr_means(runs, name, arm)
+            if not per_lr:
+                continue
+            finite = {lr: m for lr, m in means.items() if m is not None}
+            row: dict[str, Any] = {
+                "config": name,
+                "arm": arm,
+                "val_loss_by_lr": {repr(lr): m for lr, m in means.items()},
+                "diverged_lrs": [lr for lr, m in means.items() if m is None],
+            }
+            if finite:
+                best_lr = min(finite, key=finite.get)
+                seeds = per_lr[best_lr]
+                row.update(
+                    best_lr=best_lr,
+                    best_val_loss=finite[best_lr],
+                    seed_std=statistics.stdev(seeds) if len(seeds) > 1 else None,
+                    seed_min=min(seeds),
+                    seed_max=max(seeds),
+                    n_seeds=len(seeds),
+                    best_lr_at_sweep_edge=best_lr in (min(per_lr), max(per_lr)),
+                )
+                if arm != "adamw" and adamw_best is not None:
+                    row["minus_adamw"] = finite[best_lr] - adamw_best
+            else:
+                row.update(best_lr=None, best_val_loss=None)
+            rows.append(row)
+    return rows
+
+
+def block_equals_plain(runs: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Under MHA, max |val_loss(block_X) − val_loss(X)| over the shared (lr, seed) runs of each
+    base geometry X (the block variant of a one-to-one pattern is the plain one)."""
+    out: dict[str, float | None] = {}
+    mha = {(r["arm"], r["lr"], r["seed"]): r["val_loss"] for r in runs if r["config"] == "mha"}
+    for arm in TEN_GEOMETRIES:
+        if arm.startswith("block_"):
+            continue
+        diffs = [
+            abs(v - mha[("block_" + arm, lr, seed)])
+            for (a, lr, seed), v in mha.items()
+            if a == arm
+            and ("block_" + arm, lr, seed) in mha
+            and _finite(v)
+            and _finite(mha[("block_" + arm, lr, seed)])
+        ]
+        if diffs:
+            out[arm] = max(diffs)
+    return out
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    return "–" if not _finite(x) else f"{x:.{digits}f}"
+
+
+def markdown(document: Mapping[str, Any]) -> str:
+    """results.md: the best-lr table, the full sweep, the skipped arms and the setup."""
+    cfg, summary = document["config"], document["summary"]
+    rows = summary["table"]
+    lines = [
+        "# lm: character-level LM, learning-rate sweep (AdamW vs QK geometries)",
+        "",
+        f"Preset `{document['preset']}`; corpus: {summary['corpus']['source']} "
+        f"({summary['corpus']['bytes']} bytes, sha256 {summary['corpus']['sha256'][:12]}…); "
+        f"{cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads "
+        f"(GQA: {cfg['gqa_kv_heads']} kv heads), context {cfg['context']}, batch "
+        f"{cfg['batch_size']}, {cfg['steps']} steps (warm-up {cfg['warmup']}, no annealing), "
+        f"seeds {cfg['seeds']}. Validation loss = next-byte cross-entropy in nats after the "
+        "last step. The learning rate is swept for the whole optimizer (QK points and the AdamW "
+        f"group share it). Weight decay {cfg['weight_decay']} on every AdamW-trained weight, "
+        "W_Q and W_K included in the adamw arm; the other arms do not decay their QK points "
+        "(on frames decay does nothing, RA-5; on fixed-rank factors scaling the stored factors "
+        "is not decay of the product W_Q W_Kᵀ).",
+        "",
+        "## Best learning rate per arm",
+        "",
+    ]
+    table = []
+    for r in rows:
+        spread = (
+            "–"
+            if r.get("best_val_loss") is None
+            else (
+                f"{_fmt(r.get('seed_std'))} [{_fmt(r['seed_min'])}, {_fmt(r['seed_max'])}]"
+                if r.get("n_seeds", 1) > 1
+                else "1 seed"
+            )
+        )
+        edge = " (edge)" if r.get("best_lr_at_sweep_edge") else ""
+        table.append(
+            [
+                r["arm"],
+                r["config"],
+                _fmt(r.get("best_val_loss")),
+                "–" if r.get("best_lr") is None else f"{r['best_lr']:g}{edge}",
+                spread,
+                f"{r['minus_adamw']:+.4f}" if _finite(r.get("minus_adamw")) else "–",
+            ]
+        )
+    lines.append(
+        common.markdown_table(
+            ["arm", "config", "best val loss", "best lr", "seed std [min, max]", "− AdamW"],
+            table,
+        )
+    )
+    lrs = sorted({float(x) for x in cfg["lrs"]})
+    lines += ["", "## Mean final validation loss for every learning rate", ""]
+    lines.append(
+        common.markdown_table(
+            ["arm", "config", *[f"lr {lr:g}" for lr in lrs]],
+            [
+                [r["arm"], r["config"], *[_fmt(r["val_loss_by_lr"].get(repr(lr))) for lr in lrs]]
+                for r in rows
+            ],
+        )
+    )
+    if summary["skipped"]:
+        lines += ["", "## Arms not run", ""]
+        lines += [f"- {s['config']} / {s['arm']}: {s['reason']}" for s in summary["skipped"]]
+    if summary["block_equals_plain_mha"]:
+        lines += [
+            "",
+            "Under MHA each block group is one head, so each `block_` variant is the plain one: "
+            "max |Δ final val loss| over shared runs: "
+            + ", ".join(f"{k} {v:.2g}" for k, v in summary["block_equals_plain_mha"].items())
+            + ".",
+        ]
+    failed = [r for r in document["runs"] if r["diverged"]]
+    if failed:
+        lines += ["", "## Diverged runs", ""]
+        lines += [
+            f"- {r['config']} / {r['arm']} / lr {r['lr']:g} / seed {r['seed']}: {r['error']}"
+            for r in failed
+        ]
+    lines += [
+        "",
+        f"Compute: {summary['seconds']:.0f} s of training steps over {len(document['runs'])} runs "
+        f"({summary['environment_threads']} torch thread(s), device "
+        f"{document['environment']['device']}).",
+        "",
+        '"(edge)": the best lr is the smallest or largest swept, so the optimum may lie '
+        'outside the sweep. "− AdamW": best val loss minus AdamW\'s in the same configuration '
+        "(negative: better than AdamW).",
+        "",
+        "Plots: `lr_sweep.png` (final validation loss against lr, mean over seeds, bars = seed "
+        "range), `curves.png` (validation loss against step at each arm's best lr, seed "
+        f"{cfg['seeds'][0]}).",
+    ]
+    return "\n".join(lines)
+
+
+def plot(document: Mapping[str, Any], directory: Path) -> list[Path]:
+    """lr_sweep.png and curves.png, one panel per attention configuration."""
+    cfg, rows, runs = document["config"], document["summary"]["table"], document["runs"]
+    names = [c for c in cfg["configs"] if any(r["config"] == c for r in rows)]
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    bases = [a for a in TEN_GEOMETRIES if not a.startswith("block_")]
+    colour = {"adamw": "black", "stiefel": "grey"}
+    for i, base in enumerate(bases):  # tab20 pairs: dark for plain, light for block_
+        colour[base], colour["block_" + base] = cmap(2 * i), cmap(2 * i + 1)
+    paths = [directory / "lr_sweep.png", directory / "curves.png"]
+    with common.figure(paths[0], ncols=max(1, len(names)), width=6.0, height=4.2) as axes:
+        for ax, name in zip(axes, names or ["mha"], strict=False):
+            for r in (r for r in rows if r["config"] == name):
+                pts = []
+                for lr_key, mean in r["val_loss_by_lr"].items():
+                    lr = float(lr_key)
+                    vals = [
+                        x["val_loss"]
+                        for x in runs
+                        if x["config"] == name and x["arm"] == r["arm"] and x["lr"] == lr
+                    ]
+                    if mean is not None:
+                        pts.append((lr, mean, mean - min(vals), max(vals) - mean))
+                if not pts:
+                    continue
+                lr_, m_, lo, hi = zip(*sorted(pts), strict=True)
+                style = "--" if r["arm"].startswith("block_") else "-"
+                ax.errorbar(
+                    lr_,
+                    m_,
+                    yerr=[lo, hi],
+                    fmt="o" + style,
+                    ms=3,
+                    capsize=2,
+                    color=colour[r["arm"]],
+                    label=r["arm"],
+                    lw=2.0 if r["arm"] == "adamw" else 1.0,
+                )
+            ax.set_xscale("log")
+            ax.set_xlabel("learning rate")
+            ax.set_ylabel("final validation loss (nats/byte)")
+            ax.set_title(f"{name.upper()}")
+            ax.legend(fontsize=6, ncol=2)
+    with common.figure(paths[1], ncols=max(1, len(names)), width=6.0, height=4.2) as axes:
+        for ax, name in zip(axes, names or ["mha"], strict=False):
+            for r in (r for r in rows if r["config"] == name and r.get("best_lr") is not None):
+                match = [
+                    x
+                    for x in runs
+                    if x["config"] == name
+                    and x["arm"] == r["arm"]
+                    and x["lr"] == r["best_lr"]
+                    and x["seed"] == cfg["seeds"][0]
+                ]
+                if match and match[0]["history"]:
+                    h = match[0]["history"]
+                    ax.plot(
+                        [p["step"] for p in h],
+                        [p["val_loss"] for p in h],
+                        color=colour[r["arm"]],
+                        label=f"{r['arm']} ({r['best_lr']:g})",
+                        lw=2.0 if r["arm"] == "adamw" else 1.0,
+                    )
+            ax.set_xlabel("step")
+            ax.set_ylabel("validation loss (nats/byte)")
+            ax.set_title(f"{name.upper()}, best lr per arm")
+            ax.legend(fontsize=6, ncol=2)
+    return paths
+
+
+# -- the experiment -----------------------------------------------------------------------------
+def run(options: RunOptions) -> dict[str, Any]:
+    """Run the sweep of the preset (every configuration × arm × lr × seed) and write
+    results.json, results.md, lr_sweep.png and curves.png under ``<out>/lm``."""
+    config = common.configure(PRESETS, options)
+    check_config(config)
+    device = common.resolve_device(options.device)
+    corpus = load_corpus(options.corpus, config)
+    directory = common.output_dir(options, NAME)
+    arms = resolve_arms(config)
+    with torch_threads(config["threads"]):
+        specs, skipped = [], []
+        for name in config["configs"]:
+            for arm in arms:
+                reason = arm_refusal(config, name, arm)
+                if reason is not None:
+                    skipped.append({"config": name, "arm": arm, "reason": reason})
+                    continue
+                specs += [
+                    RunSpec(name, arm, float(lr), int(seed))
+                    for lr in config["lrs"]
+                    for seed in config["seeds"]
+                ]
+        base = run_config(config, corpus)
+        checkpoints = [common.Checkpoint(directory, base, s.key) for s in specs]
+        runs = []
+        with common.progress(
+            len(specs) * int(config["steps"]), "lm sweep", options.progress
+        ) as bar:
+            for spec, ckpt in zip(specs, checkpoints, strict=True):
+                bar.set_postfix_str(f"{spec.config_name} {spec.arm} lr={spec.lr:g}")
+                record = train_run(
+                    spec, config, corpus, device, ckpt, resume=options.resume, bar=bar
+                )
+                runs.append(record)
+        table = summarise(runs, config["configs"], arms)
+        summary = {
+            "table": table,
+            "skipped": skipped,
+            "lr_sweep_applies_to": "whole optimizer (QK points and the AdamW group share the lr)",
+            "selection": "lowest mean (over seeds) final validation loss over the swept lrs",
+            "qk_weight_decay": (
+                f"adamw arm: W_Q, W_K decayed like every weight (weight_decay "
+                f"{config['weight_decay']}); geometry arms: QK points not decayed"
+            ),
+            "block_equals_plain_mha": block_equals_plain(runs),
+            "corpus": corpus.info,
+            "seconds": sum(r["seconds"] for r in runs),
+            "environment_threads": torch.get_num_threads(),
+        }
+        document = common.results_document(NAME, options, config, runs, summary, device)
+    common.write_results(directory, document, markdown(document))
+    plot(document, directory)
+    for ckpt in checkpoints:
+        ckpt.remove()
+    return document
+
+
+def format_summary(document: Mapping[str, Any]) -> str:
+    """One line per (configuration, arm): best validation loss, its lr, and − AdamW."""
+    lines = [f"lm ({document['preset']}): best final validation loss over lrs (nats/byte)"]
+    for r in document["summary"]["table"]:
+        if r.get("best_val_loss") is None:
+            lines.append(f"  {r['config']:<4} {r['arm']:<32} diverged at every lr")
+            continue
+        delta = r.get("minus_adamw")
+        lines.append(
+            f"  {r['config']:<4} {r['arm']:<32} {r['best_val_loss']:.4f} at lr {r['best_lr']:g}"
+            + ("" if delta is None or r["arm"] == "adamw" else f"  (− AdamW {delta:+.4f})")
+        )
+    for s in document["summary"]["skipped"]:
+        lines.append(f"  skipped {s['config']}/{s['arm']}: {s['reason'][:90]}")
+    return "\n".join(lines)

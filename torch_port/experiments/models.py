@@ -1,0 +1,141 @@
+"""Small transformers built on ``RiemannianMultiheadAttention`` for the experiments.
+
+``Transformer(embed, ...)`` is a stack of blocks x ← x + attn(norm(x)); x ← x + mlp(norm(x))
+(pre-norm; ``layernorm=False`` makes every norm the identity, as in the grokking model), then a
+final norm and a linear read-out. Positions enter through a learned positional embedding added
+to ``embed``'s output, so token rows are not exchangeable. The attention's QK (and optionally VO)
+products live on the geometry the caller names; every other weight is plain, and
+``torch_port.nn.build_optimizer`` routes them accordingly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torch_port.nn import RiemannianMultiheadAttention
+
+Tensor = torch.Tensor
+
+
+class TokenEmbedding(nn.Embedding):
+    """Integer tokens (B, T) → vectors (B, T, d_model)."""
+
+
+class PatchEmbedding(nn.Linear):
+    """Flattened patches (B, T, patch_dim) → vectors (B, T, d_model), a linear map."""
+
+
+class Block(nn.Module):
+    """One pre-norm transformer block: attention and a ReLU MLP, each with a residual."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_mlp: int,
+        *,
+        n_kv_heads: int | None = None,
+        qk_geometry: str | None = None,
+        vo_geometry: str | None = None,
+        block: bool = False,
+        layernorm: bool = True,
+        causal: bool = False,
+        generator: torch.Generator | None = None,
+    ):
+        super().__init__()
+        self.causal = causal
+        self.norm1 = nn.LayerNorm(d_model) if layernorm else nn.Identity()
+        self.attn = RiemannianMultiheadAttention(
+            d_model,
+            n_heads,
+            n_kv_heads=n_kv_heads,
+            qk_geometry=qk_geometry,
+            vo_geometry=vo_geometry,
+            block=block,
+            generator=generator,
+        )
+        self.norm2 = nn.LayerNorm(d_model) if layernorm else nn.Identity()
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.ReLU(), nn.Linear(d_mlp, d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.norm1(x), is_causal=self.causal)
+        return x + self.mlp(self.norm2(x))
+
+
+class Transformer(nn.Module):
+    """``embed`` → + positional embedding → ``n_layers`` blocks → norm → linear read-out.
+
+    ``forward(inputs)`` returns logits of shape (B, T, n_out). Initialisation from ``seed``:
+    the attention projections (frames or plain) are drawn by the attention modules from one
+    stream (seed + 2³¹), every other weight from another (seed), in module order, so that models
+    that differ only in their geometries share every non-attention weight exactly (paired
+    comparisons), whatever ran before. Plain weights: N(0, 1/fan_in) for linear maps,
+    N(0, 1/d_model) for embedding tables, N(0, 0.02²) for the positional table, zero biases,
+    unit LayerNorm gains. Inputs longer than ``max_len`` are refused."""
+
+    def __init__(
+        self,
+        embed: nn.Module,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        d_mlp: int,
+        n_out: int,
+        max_len: int,
+        *,
+        seed: int = 0,
+        n_kv_heads: int | None = None,
+        qk_geometry: str | None = None,
+        vo_geometry: str | None = None,
+        block: bool = False,
+        layernorm: bool = True,
+        causal: bool = False,
+    ):
+        super().__init__()
+        self.embed = embed
+        self.pos = nn.Parameter(torch.zeros(max_len, d_model))
+        attention_stream = torch.Generator().manual_seed(seed + 2**31)
+        self.blocks = nn.ModuleList(
+            Block(
+                d_model,
+                n_heads,
+                d_mlp,
+                n_kv_heads=n_kv_heads,
+                qk_geometry=qk_geometry,
+                vo_geometry=vo_geometry,
+                block=block,
+                layernorm=layernorm,
+                causal=causal,
+                generator=attention_stream,
+            )
+            for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if layernorm else nn.Identity()
+        self.head = nn.Linear(d_model, n_out)
+        self._draw_plain(torch.Generator().manual_seed(seed))
+
+    @torch.no_grad()
+    def _draw_plain(self, gen: torch.Generator) -> None:
+        for name, p in self.named_parameters():
+            if ".attn." in name:
+                continue
+            if name == "pos":
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            elif p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+            elif "norm" in name and name.endswith("weight"):
+                p.fill_(1.0)
+            else:
+                p.zero_()
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        if inputs.shape[1] > self.pos.shape[0]:
+            raise ValueError(
+                f"sequence length {inputs.shape[1]} exceeds max_len={self.pos.shape[0]}"
+            )
+        x = self.embed(inputs)
+        x = x + self.pos[: x.shape[1]]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.norm(x))

@@ -1,0 +1,503 @@
+"""Patch-transformer classification: AdamW against Stiefel W_Q, W_K under ``riemannian_adam``.
+
+Data: scikit-learn's bundled digits by default (8×8 grey images cut into 2×2 patches: 16 tokens
+of 4 pixels; a fixed split of ``val_size`` test images), or CIFAR-10 from a local directory in
+its python-pickle format (``--data-dir``: data_batch_1 … data_batch_5 and test_batch, or a
+directory holding cifar-10-batches-py; 32×32×3 images cut into 4×4 patches: 64 tokens of 48
+values). Pixels are standardised per channel with the training set's mean and SD.
+
+Model: ``models.Transformer`` with a linear patch embedding, learned positions, pre-LayerNorm
+blocks, logits averaged over tokens. Paired seeds: for one seed both arms share every
+non-attention weight and the minibatch order (``arms.train_run``); frames start orthonormal.
+
+Reported: the paired test-accuracy difference C − A (pp) over the seeds, ``scipy.stats.ttest_rel``
+and the win count; and a sweep over training-set fractions at a fixed step budget (does the gap
+grow with data?), the full training set being the main comparison itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from torch_port.experiments import arms as arms_lib
+from torch_port.experiments.common import (
+    RunOptions,
+    configure,
+    figure,
+    markdown_table,
+    output_dir,
+    resolve_device,
+    results_document,
+    write_results,
+)
+from torch_port.experiments.models import PatchEmbedding, Transformer
+
+NAME = "patches"
+CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
+
+_SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=128)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "smoke": dict(
+        dataset="digits",
+        patch_digits=4,
+        patch_cifar10=8,
+        val_size=300,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        d_mlp=32,
+        lr=3e-3,
+        betas=[0.9, 0.999],
+        weight_decay=0.05,
+        trust_tau=0.1,
+        batch_size=64,
+        steps=12,
+        eval_every=6,
+        fractions=[0.5],
+        sweep_seeds=[0, 1],
+        arms=["A", "C"],
+        seeds=[0, 1],
+    ),
+    "quick": dict(
+        dataset="digits",
+        patch_digits=2,
+        patch_cifar10=4,
+        val_size=497,
+        **_SMALL,
+        lr=1e-3,
+        betas=[0.9, 0.999],
+        weight_decay=0.05,
+        trust_tau=0.1,
+        batch_size=64,
+        steps=300,
+        eval_every=100,
+        fractions=[0.125, 0.25, 0.5],
+        sweep_seeds=[0, 1, 2, 3, 4, 5],
+        arms=["A", "C"],
+        seeds=list(range(12)),
+    ),
+    "paper": dict(
+        dataset="cifar10",
+        patch_digits=2,
+        patch_cifar10=4,
+        val_size=497,
+        d_model=128,
+        n_layers=4,
+        n_heads=4,
+        d_mlp=512,
+        lr=1e-3,
+        betas=[0.9, 0.999],
+        weight_decay=0.05,
+        trust_tau=0.1,
+        batch_size=128,
+        steps=20000,
+        eval_every=2000,
+        fractions=[0.1, 0.2, 0.5],
+        sweep_seeds=list(range(12)),
+        arms=["A", "C"],
+        seeds=list(range(12)),
+    ),
+}
+
+#: The paper's reported numbers (CIFAR-10, 12 paired starts).
+PAPER = {"mean_diff_pp": 8.98, "t": 60.6, "wins": 12, "n": 12}
+
+
+# -- data ---------------------------------------------------------------------------------------
+def cifar_directory(data_dir: Path) -> Path:
+    """The directory holding the CIFAR-10 batches: ``data_dir`` or its cifar-10-batches-py."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise ValueError(f"CIFAR-10 directory {str(data_dir)!r} does not exist")
+    nested = data_dir / "cifar-10-batches-py"
+    return nested if nested.is_dir() else data_dir
+
+
+def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 32, 32, 3) uint8 and labels (N,) of one pickled CIFAR-10 batch."""
+    try:
+        with open(path, "rb") as fh:
+            batch = pickle.load(fh, encoding="bytes")
+    except Exception as exc:  # a truncated or foreign file: name it
+        raise ValueError(
+            f"CIFAR-10 file {str(path)!r} is not a python pickle batch: {exc}"
+        ) from None
+    if not isinstance(batch, dict):
+        raise ValueError(f"CIFAR-10 file {str(path)!r} holds a {type(batch).__name__}, not a dict")
+    data = batch.get(b"data", batch.get("data"))
+    labels = batch.get(b"labels", batch.get("labels"))
+    if data is None or labels is None:
+        raise ValueError(f"CIFAR-10 file {str(path)!r} lacks the 'data' or 'labels' entry")
+    data, labels = np.asarray(data), np.asarray(labels)
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise ValueError(
+            f"CIFAR-10 file {str(path)!r}: data of shape {data.shape} with {len(labels)} labels "
+            "(expected (N, 3072) and N labels)"
+        )
+    if len(labels) and (labels.min() < 0 or labels.max() > 9):
+        raise ValueError(
+            f"CIFAR-10 file {str(path)!r}: labels outside 0…9 ({labels.min()}…{labels.max()})"
+        )
+    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.uint8)
+    return images, labels.astype(np.int64)
+
+
+def load_cifar10(data_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train images, train labels, test images, test labels) from a local CIFAR-10 copy in the
+    python-pickle format; a missing or malformed file is a ValueError naming it."""
+    root = cifar_directory(data_dir)
+    for name in CIFAR_FILES:
+        if not (root / name).is_file():
+            raise ValueError(
+                f"CIFAR-10 directory {str(root)!r} lacks the file {name} (expected the python "
+                f"version: {', '.join(CIFAR_FILES)})"
+            )
+    parts = [_read_cifar_batch(root / name) for name in CIFAR_FILES[:-1]]
+    x_test, y_test = _read_cifar_batch(root / "test_batch")
+    x_train = np.concatenate([p[0] for p in parts])
+    y_train = np.concatenate([p[1] for p in parts])
+    return x_train, y_train, x_test, y_test
+
+
+def load_digits_split(val_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits (1,797 8×8 images, values 0…16) as (N, 8, 8, 1), split by a fixed
+    permutation into train and ``val_size`` test images (the same split for every seed)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = digits.images.astype(np.float32)[..., None]
+    labels = digits.target.astype(np.int64)
+    n = len(labels)
+    if isinstance(val_size, bool) or not isinstance(val_size, int) or not 0 < val_size < n:
+        raise ValueError(f"val_size must be an integer in [1, {n - 1}], got {val_size!r}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0)).numpy()
+    test, train = perm[:val_size], perm[val_size:]
+    return images[train], labels[train], images[test], labels[test]
+
+
+def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
+    """(N, H, W, C) → (N, (H/patch)·(W/patch), patch·patch·C), patches in row-major order."""
+    n, h, w, c = images.shape
+    if h % patch or w % patch:
+        raise ValueError(f"patch size {patch} does not divide the image size {h}×{w}")
+    x = images.reshape(n, h // patch, patch, w // patch, patch, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(n, (h // patch) * (w // patch), patch * patch * c)
+
+
+def load_data(config: dict[str, Any], data_dir: Path | None) -> dict[str, torch.Tensor]:
+    """Standardised patch tensors and labels of the configured dataset."""
+    if config["dataset"] == "cifar10":
+        if data_dir is None:
+            raise ValueError(
+                "the CIFAR-10 configuration needs --data-dir DIR (a local copy in the python "
+                f"pickle format: {', '.join(CIFAR_FILES)})"
+            )
+        xtr, ytr, xte, yte = load_cifar10(data_dir)
+        patch = config["patch_cifar10"]
+    elif config["dataset"] == "digits":
+        xtr, ytr, xte, yte = load_digits_split(config["val_size"])
+        patch = config["patch_digits"]
+    else:
+        raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
+    xtr_t = torch.as_tensor(xtr, dtype=torch.float32)
+    xte_t = torch.as_tensor(xte, dtype=torch.float32)
+    mean = xtr_t.mean(dim=(0, 1, 2))
+    sd = xtr_t.std(dim=(0, 1, 2)).clamp_min(1e-6)
+    return {
+        "x_train": patchify((xtr_t - mean) / sd, patch),
+        "y_train": torch.as_tensor(ytr),
+        "x_val": patchify((xte_t - mean) / sd, patch),
+        "y_val": torch.as_tensor(yte),
+    }
+
+
+def make_task(
+    config: dict[str, Any],
+    data: dict[str, torch.Tensor],
+    fraction: float = 1.0,
+    device: torch.device | str = "cpu",
+) -> arms_lib.Task:
+    """The classification task on the first ⌈fraction·N⌉ training images (the split order is
+    already random), with the model of ``config``."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"training-set fraction must lie in (0, 1], got {fraction!r}")
+    n = max(1, math.ceil(fraction * len(data["y_train"])))
+    tokens, patch_dim = data["x_train"].shape[1:]
+    d = config["d_model"]
+
+    def make_model(seed: int, qk_geometry: str | None) -> torch.nn.Module:
+        return Transformer(
+            PatchEmbedding(patch_dim, d),
+            d,
+            config["n_layers"],
+            config["n_heads"],
+            config["d_mlp"],
+            10,
+            tokens,
+            seed=seed,
+            qk_geometry=qk_geometry,
+        ).to(device)
+
+    dev = torch.device(device)
+    return arms_lib.Task(
+        "patches",
+        make_model,
+        data["x_train"][:n].to(dev),
+        data["y_train"][:n].to(dev),
+        data["x_val"].to(dev),
+        data["y_val"].to(dev),
+        batch_size=config["batch_size"],
+        readout="mean",
+    )
+
+
+def trust_radius(config: dict[str, Any]) -> float:
+    """Δ = τ·√d_head."""
+    return config["trust_tau"] * math.sqrt(config["d_model"] // config["n_heads"])
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Refuse a configuration that cannot run, naming the bad value."""
+    for key in ("steps", "eval_every", "batch_size", "d_model", "n_heads", "d_mlp", "n_layers"):
+        v = config[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{key} must be a positive integer, got {v!r}")
+    if config["d_model"] % config["n_heads"]:
+        raise ValueError(
+            f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
+        )
+    lr = config["lr"]
+    if not (isinstance(lr, int | float) and lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be positive and finite, got {lr!r}")
+    for f in config["fractions"]:
+        if not (isinstance(f, int | float) and 0 < f < 1):
+            raise ValueError(f"sweep fractions must lie in (0, 1), got {f!r}")
+    arms_lib.check_arms(config["arms"])
+
+
+# -- the experiment -------------------------------------------------------------------------------
+def train_task(task: arms_lib.Task, config: dict[str, Any], arm: str, seed: int, **kw: Any) -> Any:
+    """``arms.train_run`` with the configuration's optimizer settings."""
+    return arms_lib.train_run(
+        task,
+        arm,
+        seed,
+        steps=config["steps"],
+        lr=config["lr"],
+        betas=tuple(config["betas"]),
+        weight_decay=config["weight_decay"],
+        trust_radius=trust_radius(config),
+        eval_every=config["eval_every"],
+        **kw,
+    )
+
+
+def _compare(runs: list[dict[str, Any]], base: str, other: str) -> dict[str, Any]:
+    """Paired statistics (in pp) of ``other`` against ``base`` over the seeds both ran."""
+    acc = {(r["arm"], r["seed"]): 100 * r["final_val_acc"] for r in runs}
+    seeds = sorted(
+        {r["seed"] for r in runs if (base, r["seed"]) in acc and (other, r["seed"]) in acc}
+    )
+    a = [acc[(base, s)] for s in seeds]
+    b = [acc[(other, s)] for s in seeds]
+    stats = arms_lib.paired_stats(a, b)
+    stats.update(mean_base=float(np.mean(a)), mean_other=float(np.mean(b)), seeds=seeds)
+    return stats
+
+
+def run(options: RunOptions) -> dict[str, Any]:
+    """Main paired comparison over ``seeds`` and the training-fraction sweep; writes the
+    outputs."""
+    config = configure(PRESETS, options)
+    if options.data_dir is not None:
+        config["dataset"] = "cifar10"
+    check_config(config)
+    device = resolve_device(options.device)
+    data = load_data(config, options.data_dir)
+    directory = output_dir(options, NAME)
+    base, other = config["arms"][0], config["arms"][-1]
+    keys: list[str] = []
+    runs: list[dict[str, Any]] = []
+
+    def one(task: arms_lib.Task, fraction: float, seed: int, arm: str) -> dict[str, Any]:
+        key = f"{fraction}-{seed}-{arm}"
+        keys.append(key)
+        record = arms_lib.run_cached(
+            directory,
+            config,
+            key,
+            options.resume,
+            lambda ck: train_task(
+                task, config, arm, seed, checkpoint=ck, show_progress=options.progress
+            ),
+        )
+        record["fraction"] = fraction
+        record["n_train"] = len(task.y_train)
+        return record
+
+    full = make_task(config, data, 1.0, device)
+    for seed in config["seeds"]:
+        for arm in config["arms"]:
+            runs.append(one(full, 1.0, seed, arm))
+    for fraction in config["fractions"]:
+        task = make_task(config, data, fraction, device)
+        for seed in config["sweep_seeds"]:
+            for arm in config["arms"]:
+                runs.append(one(task, fraction, seed, arm))
+    main = _compare([r for r in runs if r["fraction"] == 1.0], base, other)
+    main["n_train"] = len(full.y_train)
+    sweep = []
+    for fraction in [*sorted(config["fractions"]), 1.0]:
+        mine = [r for r in runs if r["fraction"] == fraction]
+        entry = _compare(mine, base, other)
+        entry.update(fraction=fraction, n_train=mine[0]["n_train"])
+        sweep.append(entry)
+    gaps = [e["mean_diff"] for e in sweep]
+    summary = {
+        "dataset": config["dataset"],
+        "base": base,
+        "other": other,
+        "main": main,
+        "sweep": sweep,
+        "gap_grows_with_data": bool(all(b >= a for a, b in itertools.pairwise(gaps))),
+        "paper": PAPER,
+    }
+    summary["plots"] = _plots(directory, runs, summary)
+    document = results_document(NAME, options, config, runs, summary, device)
+    write_results(directory, document, markdown(config, summary))
+    arms_lib.forget_cached(directory, config, keys)
+    return document
+
+
+def _plots(directory: Path, runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
+    base, other = summary["base"], summary["other"]
+    acc = {(r["arm"], r["seed"]): 100 * r["final_val_acc"] for r in runs if r["fraction"] == 1.0}
+    path = directory / "patches_paired.png"
+    with figure(path, ncols=2, width=4.5) as axes:
+        seeds = summary["main"]["seeds"]
+        for s in seeds:
+            axes[0].plot([0, 1], [acc[(base, s)], acc[(other, s)]], "o-", color="gray", alpha=0.6)
+        axes[0].set_xticks(
+            [0, 1], [f"{base} {arms_lib.ARMS[base]}", f"{other} {arms_lib.ARMS[other]}"], fontsize=7
+        )
+        axes[0].set_ylabel("test accuracy (%)")
+        axes[0].set_title("paired seeds")
+        sweep = summary["sweep"]
+        axes[1].errorbar(
+            [e["n_train"] for e in sweep],
+            [e["mean_diff"] for e in sweep],
+            yerr=[0.0 if not math.isfinite(e["sd_diff"]) else e["sd_diff"] for e in sweep],
+            fmt="o-",
+        )
+        axes[1].axhline(0.0, color="k", lw=0.5)
+        axes[1].set_xscale("log")
+        axes[1].set_xlabel("training images")
+        axes[1].set_ylabel(f"{other} − {base} (pp), mean ± SD")
+        axes[1].set_title("gap against training-set size")
+    return [path.name]
+
+
+def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
+    """The tables of results.md."""
+    base, other = summary["base"], summary["other"]
+    m = summary["main"]
+    main_table = markdown_table(
+        [
+            "dataset",
+            "train images",
+            "seeds",
+            f"{base} acc (%)",
+            f"{other} acc (%)",
+            f"{other} − {base} (pp)",
+            "SD (pp)",
+            "t",
+            "p",
+            "wins",
+        ],
+        [
+            [
+                summary["dataset"],
+                m["n_train"],
+                m["n"],
+                m["mean_base"],
+                m["mean_other"],
+                m["mean_diff"],
+                m["sd_diff"],
+                m["t"],
+                m["p"],
+                f"{m['wins']}/{m['n']}",
+            ]
+        ],
+    )
+    sweep_table = markdown_table(
+        [
+            "fraction",
+            "train images",
+            "seeds",
+            f"{base} acc (%)",
+            f"{other} acc (%)",
+            "gap (pp)",
+            "SD (pp)",
+            "t",
+            "wins",
+        ],
+        [
+            [
+                e["fraction"],
+                e["n_train"],
+                e["n"],
+                e["mean_base"],
+                e["mean_other"],
+                e["mean_diff"],
+                e["sd_diff"],
+                e["t"],
+                f"{e['wins']}/{e['n']}",
+            ]
+            for e in summary["sweep"]
+        ],
+    )
+    return "\n\n".join(
+        [
+            f"# patches: {summary['dataset']}, {config['steps']} steps of batch "
+            f"{config['batch_size']}, d_model {config['d_model']}, {config['n_layers']} layers",
+            f"Arms: {base} = {arms_lib.ARMS[base]}, {other} = {arms_lib.ARMS[other]}.",
+            "Paired test: scipy.stats.ttest_rel over the seeds (test accuracy in %).",
+            main_table,
+            "Training-set fraction sweep (same step budget; the fraction 1 row is the main "
+            "comparison):",
+            sweep_table,
+            f"Gap grows with data: {summary['gap_grows_with_data']}. Paper (CIFAR-10, 12 paired "
+            f"starts): +{PAPER['mean_diff_pp']} pp, t = {PAPER['t']}, {PAPER['wins']}/12 wins, "
+            "gap widening with data.",
+        ]
+    )
+
+
+def _num(v: float | None, spec: str) -> str:
+    """``v`` formatted with ``spec``; "–" for a missing value (NaN is written as null in JSON)."""
+    return "–" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def format_summary(document: dict[str, Any]) -> str:
+    """The paired result and the sweep's gaps."""
+    s = document["summary"]
+    m = s["main"]
+    gaps = ", ".join(f"{e['n_train']}: {_num(e['mean_diff'], '+.2f')}" for e in s["sweep"])
+    return "\n".join(
+        [
+            f"patches ({document['preset']}, {s['dataset']}): {s['other']} − {s['base']} = "
+            f"{_num(m['mean_diff'], '+.2f')} pp over {m['n']} paired seeds (t = "
+            f"{_num(m['t'], '.2f')}, "
+            f"wins {m['wins']}/{m['n']})",
+            f"  gap by training images: {gaps}",
+            f"  paper: +{PAPER['mean_diff_pp']} pp, t = {PAPER['t']}, {PAPER['wins']}/12",
+        ]
+    )
