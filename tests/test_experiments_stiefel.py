@@ -61,9 +61,8 @@ def test_grokking_summary_and_logs(smoke: dict) -> None:
         assert {"embed", "pos", "w_q", "w_k", "w_v", "w_o", "mlp_in", "mlp_out", "unembed"} <= set(
             h[-1]["norms"]
         )
-        assert h[0]["angles"]["w_q"] < 1e-3 < h[-1]["angles"]["w_q"]  # frames left their start
-    # decay shrinks the decayed MLP weights in both arms; A's W_Q is decayed, C's frames keep
-    # ‖W‖_F = √(heads·d_head) exactly (RA-5: decay cannot act on a frame)
+        assert h[0]["angles"]["w_q"] < 1e-9 < 1e-3 < h[-1]["angles"]["w_q"]  # frames moved
+    # C's frames keep ‖W‖_F = √(heads·d_head) exactly (they stay orthonormal)
     runs = {r["arm"]: r for r in doc["runs"]}
     c_norm = runs["C"]["history"][-1]["norms"]["w_q"]
     assert c_norm == pytest.approx(math.sqrt(32), rel=1e-5)
@@ -117,30 +116,81 @@ def _tasks() -> dict[str, arms_lib.Task]:
     }
 
 
-@pytest.mark.parametrize(
-    ("task_name", "arm"), [("grokking", "C"), ("patches", "E"), ("patches", "H")]
+_RESUME_KW = dict(
+    steps=12,
+    lr=3e-3,
+    betas=(0.9, 0.98),
+    weight_decay=1.0,
+    trust_radius=0.3,
+    eval_every=3,
+    track_movement=True,
 )
-def test_resume_equals_uninterrupted(tmp_path: Path, task_name: str, arm: str) -> None:
+
+
+@pytest.mark.parametrize(
+    ("task_name", "arm", "stop"),
+    [("grokking", "C", 7), ("patches", "E", 7), ("patches", "H", 7), ("grokking", "A", 0)],
+)
+def test_resume_equals_uninterrupted(tmp_path: Path, task_name: str, arm: str, stop: int) -> None:
     task = _tasks()[task_name]
-    kw = dict(
-        steps=12,
-        lr=3e-3,
-        betas=(0.9, 0.98),
-        weight_decay=1.0,
-        trust_radius=0.3,
-        eval_every=3,
-        track_movement=True,
-    )
-    whole = arms_lib.train_run(task, arm, 0, **kw)
+    whole = arms_lib.train_run(task, arm, 0, **_RESUME_KW)
+    assert [h["step"] for h in whole["history"]] == [0, 3, 6, 9, 12]
     ck = Checkpoint(tmp_path, {"t": task_name}, arm)
-    assert arms_lib.train_run(task, arm, 0, checkpoint=ck, stop_after=7, **kw) is None
+    assert arms_lib.train_run(task, arm, 0, checkpoint=ck, stop_after=stop, **_RESUME_KW) is None
     assert ck.path.exists()
-    resumed = arms_lib.train_run(task, arm, 0, checkpoint=ck, **kw)
-    assert resumed == whole
+    resumed = arms_lib.train_run(task, arm, 0, checkpoint=ck, **_RESUME_KW)
+    assert resumed == whole  # stop_after=0: the step-0 evaluation is logged once
     assert not ck.path.exists()
 
 
-def test_arms_keep_frames_orthonormal_and_share_plain_init() -> None:
+def test_logged_train_loss_is_the_whole_training_set_after_the_step(tmp_path: Path) -> None:
+    task = _tasks()["patches"]  # minibatches of 64 out of 749 images
+    ck = Checkpoint(tmp_path, {"t": "loss"}, "C")
+    kw = {**_RESUME_KW, "track_movement": False}
+    assert arms_lib.train_run(task, "C", 0, checkpoint=ck, stop_after=3, **kw) is None
+    saved = ck.load()
+    assert saved["history"][-1]["step"] == 3
+    model = task.make_model(0, "stiefel")
+    model.load_state_dict(saved["model"])  # the model after step 3
+    with torch.no_grad():
+        full = torch.nn.functional.cross_entropy(
+            arms_lib.logits_of(task, model, task.x_train), task.y_train
+        )
+    assert saved["history"][-1]["train_loss"] == pytest.approx(float(full), rel=1e-5)
+    run = arms_lib.train_run(task, "C", 0, checkpoint=ck, **kw)
+    assert run["n_train"] == 749 and run["n_val"] == 300
+
+
+def test_saved_frames_follow_the_model_device() -> None:
+    task = _tasks()["grokking"]
+    model = task.make_model(0, "stiefel").to("meta")
+    saved = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in model.named_parameters()}
+    moved = arms_lib.frames_like(saved, model)
+    assert set(moved) == set(arms_lib.qk_parameters(model))
+    assert all(t.device.type == "meta" and t.dtype == torch.float32 for t in moved.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resume_on_cuda_equals_uninterrupted(tmp_path: Path) -> None:
+    cfg = grokking.PRESETS["smoke"]
+    task = grokking.make_task(cfg, 0, "cuda")
+    whole = arms_lib.train_run(task, "C", 0, **_RESUME_KW)
+    ck = Checkpoint(tmp_path, {"t": "cuda"}, "C")
+    assert arms_lib.train_run(task, "C", 0, checkpoint=ck, stop_after=5, **_RESUME_KW) is None
+    resumed = arms_lib.train_run(task, "C", 0, checkpoint=ck, **_RESUME_KW)
+    assert resumed == whole
+
+
+def _step(task: arms_lib.Task, model: torch.nn.Module, opt: arms_lib.ArmOptimizer) -> None:
+    loss = torch.nn.functional.cross_entropy(
+        arms_lib.logits_of(task, model, task.x_train), task.y_train
+    )
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def test_arms_keep_frames_orthonormal_move_them_and_share_plain_init() -> None:
     task = _tasks()["grokking"]
     models = {}
     for arm in "ABCDEFGH":
@@ -149,23 +199,25 @@ def test_arms_keep_frames_orthonormal_and_share_plain_init() -> None:
         opt = arms_lib.make_optimizer(
             arm, model, lr=1e-2, betas=(0.9, 0.98), weight_decay=1.0, trust_radius=0.3
         )
-        for _ in range(3):
-            loss = torch.nn.functional.cross_entropy(
-                arms_lib.logits_of(task, model, task.x_train), task.y_train
-            )
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
         qk = arms_lib.qk_parameters(model)
-        for p in qk.values():
+        ids = {id(p) for p in qk.values()}
+        for o in opt.optimizers:  # only A decays W_Q, W_K
+            for g in o.param_groups:
+                if any(id(p) in ids for p in g["params"]):
+                    assert g.get("weight_decay", 0.0) == (1.0 if arm == "A" else 0.0), arm
+        for _ in range(3):
+            _step(task, model, opt)
+        for n, p in qk.items():
             res = float(linalg.orthonormality_residual(p.detach()).max())
             if arm == "A":
                 assert res > 0.1  # plain AdamW matrices are not orthonormal
             else:
                 assert res < 1e-5, (arm, res)
-        if arm == "G":
-            for n, p in qk.items():
+            angle = arms_lib.max_principal_angle(init[n], p.detach())
+            if arm == "G":
                 assert torch.equal(p, init[n])
+            else:  # every trained arm turns every head's subspace
+                assert float(angle.min()) > 1e-4, (arm, n, angle)
         assert not torch.equal(model.embed.weight, init["embed.weight"])
         models[arm] = init
     for arm in "BCDEFGH":  # paired starts: every non-attention weight is the same
@@ -174,23 +226,145 @@ def test_arms_keep_frames_orthonormal_and_share_plain_init() -> None:
                 assert torch.equal(models[arm][n], v), (arm, n)
 
 
-def test_arm_e_first_step_is_raw_gradient_adam_then_polar() -> None:
-    gen = torch.Generator().manual_seed(3)
+def _frames(seed: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
     w0 = torch.linalg.qr(torch.randn(2, 12, 4, generator=gen, dtype=torch.float64))[0]
-    g = torch.randn(2, 12, 4, generator=gen, dtype=torch.float64)
-    p = torch.nn.Parameter(w0.clone())
-    opt = arms_lib.ScalarAdamPolar([p], lr=0.05, betas=(0.9, 0.99), eps=0.0)
-    p.grad = g.clone()
-    opt.step()
-    rms = g.square().mean(dim=(-2, -1)).sqrt()[:, None, None]
-    expected = linalg.polar(w0 - 0.05 * g / rms)  # m̂ = G, √v̂ = RMS(G) at step 1
-    assert torch.allclose(p.detach(), expected, atol=1e-12)
-    # the projector matters: riemannian_adam's first step uses P_W(G) instead
-    projected = g - w0 @ linalg.sym(w0.transpose(-1, -2) @ g)
-    other = linalg.polar(
-        w0 - 0.05 * projected / projected.square().mean((-2, -1)).sqrt()[:, None, None]
+    g1 = torch.randn(2, 12, 4, generator=gen, dtype=torch.float64)
+    g2 = (
+        torch.randn(2, 12, 4, generator=gen, dtype=torch.float64)
+        * torch.tensor([1.0, 5.0])[:, None, None]
     )
-    assert not torch.allclose(other, expected, atol=1e-6)
+    return w0, g1, g2
+
+
+@pytest.mark.parametrize("radius", [None, 0.2])
+def test_arm_e_two_steps_match_a_hand_computation(radius: float | None) -> None:
+    w0, g1, g2 = _frames()
+    lr, b1, b2 = 0.05, 0.9, 0.999
+    p = torch.nn.Parameter(w0.clone())
+    opt = arms_lib.ScalarAdamPolar([p], lr=lr, betas=(b1, b2), eps=0.0, trust_radius=radius)
+    w, m, v = w0.clone(), torch.zeros_like(w0), torch.zeros(2, dtype=torch.float64)
+    capped = []
+    for t, g in enumerate((g1, g2), start=1):
+        p.grad = g.clone()
+        opt.step()
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g.square().mean(dim=(-2, -1))
+        xi = -lr * (m / (1 - b1**t)) / (v / (1 - b2**t)).sqrt()[:, None, None]
+        if radius is not None:
+            norm = xi.square().sum(dim=(-2, -1)).sqrt()
+            capped.append(norm > radius)
+            xi = xi * torch.clamp(radius / norm, max=1.0)[:, None, None]
+        w = linalg.polar(w + xi)
+        assert torch.allclose(p.detach(), w, atol=1e-12), t
+    if radius is not None:
+        assert all(bool(c.all()) for c in capped)  # the cap acted at both steps
+    # the projector matters: riemannian_adam's first step uses P_W(G) instead
+    projected = g1 - w0 @ linalg.sym(w0.transpose(-1, -2) @ g1)
+    other = linalg.polar(
+        w0 - lr * projected / projected.square().mean((-2, -1)).sqrt()[:, None, None]
+    )
+    first = linalg.polar(w0 - lr * g1 / g1.square().mean((-2, -1)).sqrt()[:, None, None])
+    assert not torch.allclose(other, first, atol=1e-6)
+
+
+def test_scalar_adam_polar_refuses_bad_options_and_non_finite_gradients() -> None:
+    w0, g1, _ = _frames()
+    p = torch.nn.Parameter(w0.clone())
+    for kw, match in [
+        ({"lr": 0.0}, "lr must be positive and finite, got 0.0"),
+        ({"betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\), got \(0.9, 1.0\)"),
+        ({"eps": -1.0}, "eps must be a finite number ≥ 0, got -1.0"),
+        ({"trust_radius": 0.0}, "trust_radius must be positive and finite .*got 0.0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            arms_lib.ScalarAdamPolar([p], **{"lr": 0.1, **kw})
+    # bfloat16 frames: √v is kept in float32 (√β2·√v would round back to √v in bfloat16)
+    q = torch.nn.Parameter(w0.to(torch.bfloat16))
+    opt = arms_lib.ScalarAdamPolar([q], lr=0.01)
+    q.grad = g1.to(torch.bfloat16)
+    opt.step()
+    assert opt.state[q]["sqrt_v"].dtype == torch.float32
+    state = opt.state_dict()
+    again = arms_lib.ScalarAdamPolar([q], lr=0.01)
+    again.load_state_dict(state)
+    assert again.state[q]["sqrt_v"].dtype == torch.float32
+    # arm E: a NaN in one W_Q gradient stops the step before the AdamW part has run
+    task = _tasks()["grokking"]
+    model = arms_lib.prepare_model("E", task.make_model(0, "stiefel"))
+    opt_e = arms_lib.make_optimizer("E", model, lr=1e-2, betas=(0.9, 0.98), weight_decay=1.0)
+    loss = torch.nn.functional.cross_entropy(
+        arms_lib.logits_of(task, model, task.x_train), task.y_train
+    )
+    loss.backward()
+    model.blocks[0].attn.w_q.grad[0, 0, :3] = float("nan")
+    before = {n: t.detach().clone() for n, t in model.named_parameters()}
+    with pytest.raises(ValueError, match=r"blocks\.0\.attn\.w_q: 3 of \d+ entries"):
+        opt_e.step()
+    for n, t in model.named_parameters():
+        assert torch.equal(t, before[n]), n
+
+
+def test_arm_h_is_undecayed_adamw_then_polar() -> None:
+    task = _tasks()["grokking"]
+    lr, eps = 0.05, 1e-8
+    model = arms_lib.prepare_model("H", task.make_model(0, None))
+    qk = arms_lib.qk_parameters(model)
+    w0 = {n: p.detach().double().clone() for n, p in qk.items()}
+    for p in w0.values():  # H starts from polar(W)
+        assert float(linalg.orthonormality_residual(p).max()) < 1e-5
+    opt = arms_lib.make_optimizer("H", model, lr=lr, betas=(0.9, 0.98), weight_decay=1.0, eps=eps)
+    loss = torch.nn.functional.cross_entropy(
+        arms_lib.logits_of(task, model, task.x_train), task.y_train
+    )
+    opt.zero_grad()
+    loss.backward()
+    grads = {n: p.grad.double().clone() for n, p in qk.items()}
+    opt.step()
+    for n, p in qk.items():
+        g = grads[n]
+        step = lr * g / (g.abs() + eps)  # AdamW's first step: m̂ = G, √v̂ = |G|
+        expected = linalg.polar(w0[n] - step)
+        decayed = linalg.polar((1 - lr * 1.0) * w0[n] - step)  # = polar(W0 − step/(1 − lr·λ))
+        assert torch.allclose(p.detach().double(), expected, atol=2e-5), n
+        assert not torch.allclose(decayed, expected, atol=1e-3), n
+
+
+def _rotated(d: int, r: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """W0 = [e_1 … e_r] and W with its first column turned by θ towards e_{r+1}: the largest
+    principal angle between the spans is θ."""
+    w0 = torch.eye(d, dtype=torch.float64)[:, :r]
+    w = w0.clone()
+    w[:, 0] = math.cos(theta) * w0[:, 0]
+    w[r, 0] = math.sin(theta)
+    return w0, w
+
+
+@pytest.mark.parametrize("theta", [1e-4, 0.3, math.pi / 2 - 1e-4])
+def test_max_principal_angle_of_a_known_rotation(theta: float) -> None:
+    w0, w = _rotated(12, 4, theta)
+    gen = torch.Generator().manual_seed(0)
+    mix = torch.linalg.qr(torch.randn(4, 4, generator=gen, dtype=torch.float64))[0]
+    scale = torch.diag(torch.tensor([1.0, 2.0, 0.5, 3.0], dtype=torch.float64))
+    # the angle is one of subspaces: any change of basis within the span leaves it unchanged
+    got = arms_lib.max_principal_angle(w0 @ scale, w @ mix @ scale)
+    assert float(got) == pytest.approx(math.degrees(theta), rel=1e-9)
+    same = arms_lib.max_principal_angle(w0, w0 @ mix)
+    assert float(same) < 1e-10  # arccos(σ_min) would floor at ~1e-6° here
+
+
+def test_component_of_names_every_part_of_the_models() -> None:
+    task = _tasks()["patches"]
+    names = dict.fromkeys(n for n, _ in task.make_model(0, None).named_parameters())
+    got = {n: arms_lib.component_of(n) for n in names}
+    assert got["pos"] == "pos" and got["embed.weight"] == got["embed.bias"] == "embed"
+    assert got["blocks.0.attn.w_q"] == "w_q" and got["blocks.0.attn.w_o"] == "w_o"
+    assert got["blocks.0.mlp.0.weight"] == got["blocks.0.mlp.0.bias"] == "mlp_in"
+    assert got["blocks.0.mlp.2.weight"] == "mlp_out"
+    assert got["blocks.0.norm1.weight"] == got["norm.bias"] == "norm"
+    assert got["head.weight"] == got["head.bias"] == "unembed"
+    norms = arms_lib.component_norms(task.make_model(0, "stiefel"))
+    assert norms["w_q"] == pytest.approx(math.sqrt(2 * 8))  # 2 heads × 8 orthonormal columns
 
 
 def test_paired_stats_and_grokking_metrics() -> None:
@@ -199,6 +373,13 @@ def test_paired_stats_and_grokking_metrics() -> None:
     assert s["mean_diff"] == pytest.approx(d.mean())
     assert s["t"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(3)))
     assert s["wins"] == 3
+    up = arms_lib.paired_stats([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])  # every seed +0.5: SD 0
+    assert up["t"] == math.inf and up["p"] == 0.0 and up["sd_diff"] == 0.0
+    down = arms_lib.paired_stats([1.0, 2.0], [0.0, 1.0])
+    assert down["t"] == -math.inf and down["p"] == 0.0
+    assert arms_lib.stat_cell(down["t"]) == "−∞"
+    tie = arms_lib.paired_stats([1.0, 2.0], [1.0, 2.0])
+    assert math.isnan(tie["t"]) and math.isnan(tie["p"])
     hist = [
         {"step": k, "val_acc": v, "train_acc": 1.0, "angles": {"w_q": 0.0, "w_k": 0.0}}
         for k, v in [(0, 0.0), (10, 0.2), (20, 0.96), (30, 0.5), (40, 0.97), (50, 0.99)]
@@ -291,8 +472,123 @@ def test_bad_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     with pytest.raises(ValueError, match="unknown arms"):
         arms_lib.check_arms(["A", "Z"])
     with pytest.raises(ValueError, match="unknown tasks"):
-        movement.check_config({**movement.PRESETS["smoke"], "tasks": {"mnist": {}}})
+        arms_lib.check_tasks({**movement.PRESETS["smoke"], "tasks": {"mnist": {}}})
     with pytest.raises(ValueError, match="sweep fractions"):
         patches.check_config({**patches.PRESETS["smoke"], "fractions": [0.0]})
     with pytest.raises(ValueError, match="unknown configuration keys"):
         configure(ablation.PRESETS, RunOptions(preset="smoke", overrides={"lr": 1.0}))
+
+
+def _small_movement(**overrides) -> dict:
+    """Overrides of the movement smoke preset: the patches task only, arms A and G."""
+    tasks = {"patches": movement.PRESETS["smoke"]["tasks"]["patches"]}
+    return {"tasks": tasks, "arms": ["A", "G"], **overrides}
+
+
+def test_movement_with_data_dir_records_and_trains_cifar10(tmp_path: Path) -> None:
+    _fake_cifar(tmp_path / "data")
+    opts = dict(preset="smoke", progress=False, overrides=_small_movement())
+    doc = movement.run(RunOptions(out=tmp_path / "o", data_dir=tmp_path / "data", **opts))
+    assert doc["config"]["tasks"]["patches"]["dataset"] == "cifar10"
+    assert {r["n_train"] for r in doc["runs"]} == {30}  # the fake CIFAR's 5 × 6 images
+    assert movement.PRESETS["smoke"]["tasks"]["patches"]["dataset"] == "digits"  # untouched
+    digits = movement.run(RunOptions(out=tmp_path / "o", **opts))
+    assert {r["n_train"] for r in digits["runs"]} == {1497}
+
+
+def test_missing_cifar10_is_reported_before_any_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_training(*args, **kwargs):
+        raise AssertionError("a run started before the data were checked")
+
+    monkeypatch.setattr(arms_lib, "train_run", no_training)
+    _fake_cifar(tmp_path / "missing", skip="test_batch")
+    for module in (movement, ablation):  # grokking comes first in their tasks
+        with pytest.raises(ValueError, match="lacks the file test_batch"):
+            module.run(
+                RunOptions(
+                    preset="smoke",
+                    out=tmp_path / "o",
+                    data_dir=tmp_path / "missing",
+                    progress=False,
+                )
+            )
+
+
+def test_cached_runs_survive_adding_a_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trained: list[tuple[int, str]] = []
+    real = arms_lib.train_run
+
+    def counting(task, arm, seed, **kw):
+        trained.append((seed, arm))
+        return real(task, arm, seed, **kw)
+
+    monkeypatch.setattr(arms_lib, "train_run", counting)
+    monkeypatch.setattr(arms_lib, "forget_cached", lambda directory, entries: None)  # interrupted
+    opts = dict(preset="smoke", out=tmp_path, progress=False, overrides=_small_movement())
+    first = movement.run(RunOptions(seeds=(0,), **opts))
+    second = movement.run(RunOptions(seeds=(0, 1), **opts))
+    assert trained == [(0, "A"), (0, "G"), (1, "A"), (1, "G")]  # seed 0 read back, not retrained
+    assert second["runs"][:2] == first["runs"]
+
+
+def test_patches_runs_checkpoint_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[int] = []
+    real = arms_lib.train_run
+
+    def spy(task, arm, seed, **kw):
+        seen.append(kw["checkpoint_every"])
+        return real(task, arm, seed, **kw)
+
+    monkeypatch.setattr(arms_lib, "train_run", spy)
+    patches.run(RunOptions(preset="smoke", out=tmp_path, progress=False, seeds=(0,)))
+    assert seen and set(seen) == {patches.PRESETS["smoke"]["checkpoint_every"]} == {6}
+    assert patches.PRESETS["paper"]["checkpoint_every"] == 2000
+
+
+def test_gap_slope_is_least_squares_with_its_standard_error() -> None:
+    from scipy import stats
+
+    runs = []
+    gaps = {100: [0.0, 2.0], 200: [1.0, 3.0], 400: [4.0, 4.0]}  # pp, two seeds per size
+    for n, per_seed in gaps.items():
+        for seed, gap in enumerate(per_seed):
+            runs.append(
+                {"fraction": n, "arm": "A", "seed": seed, "n_train": n, "final_val_acc": 0.5}
+            )
+            runs.append(
+                {
+                    "fraction": n,
+                    "arm": "C",
+                    "seed": seed,
+                    "n_train": n,
+                    "final_val_acc": 0.5 + gap / 100,
+                }
+            )
+    got = patches.gap_slope(runs, "A", "C")
+    x = np.log2([100, 100, 200, 200, 400, 400])
+    y = np.array([0.0, 2.0, 1.0, 3.0, 4.0, 4.0])
+    fit = stats.linregress(x, y)
+    assert got["n"] == 6
+    assert got["slope"] == pytest.approx(fit.slope) and got["se"] == pytest.approx(fit.stderr)
+    assert patches.gap_grows([0.0, 1.0, 1.0]) and not patches.gap_grows([1.0, 0.5, 2.0])
+
+
+def test_task_settings_are_checked_without_experiment_keys() -> None:
+    grok = arms_lib.task_config("grokking", "smoke")
+    assert "arms" not in grok and "threshold" not in grok
+    grokking.check_task(grok)  # no fake "arms" or "last_fraction" needed
+    with pytest.raises(ValueError, match=r"trust_tau must be a finite number > 0, got 0\.0"):
+        grokking.check_task({**grok, "trust_tau": 0.0})
+    with pytest.raises(ValueError, match="checkpoint_every must be an integer ≥ 0, got -1"):
+        patches.check_task({**arms_lib.task_config("patches", "smoke"), "checkpoint_every": -1})
+    with pytest.raises(
+        ValueError, match=r"betas must be two numbers in \[0, 1\), got \[0.9, 1.5\]"
+    ):
+        grokking.check_task({**grok, "betas": [0.9, 1.5]})
+    with pytest.raises(ValueError, match=r"changes \['steps'\] repeat the preset's values"):
+        arms_lib.task_config("patches", "quick", steps=300)
+    assert arms_lib.trust_radius({"trust_tau": 0.1, "d_model": 128, "n_heads": 4}) == (
+        pytest.approx(0.1 * math.sqrt(32))
+    )

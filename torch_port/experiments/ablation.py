@@ -2,7 +2,8 @@
 
 Paired arms on the grokking and patches tasks (``arms``): A Euclidean AdamW, B fixed-step RSGD,
 C ``riemannian_adam``, D normalised RSGD, E no projector (scalar Adam on the raw gradient, then
-polar), F elementwise moment, G frozen frames, H AdamW followed by a polar projection. Same
+polar), F elementwise moment, G frozen frames, H AdamW (no decay on W_Q, W_K) followed by a
+polar projection. Same
 seeds, hence the same non-attention initialisation and data order, in every arm; AdamW with the
 task's decay on every non-frame weight. Reported per task: validation accuracy per arm (mean
 and SD over seeds) and the paired difference of every arm against C and against A
@@ -17,17 +18,8 @@ from typing import Any
 import numpy as np
 
 from torch_port.experiments import arms as arms_lib
-from torch_port.experiments.common import (
-    RunOptions,
-    configure,
-    figure,
-    markdown_table,
-    output_dir,
-    resolve_device,
-    results_document,
-    write_results,
-)
-from torch_port.experiments.movement import _grok, _patch, check_config
+from torch_port.experiments.arms import task_config
+from torch_port.experiments.common import RunOptions, figure, markdown_table
 
 NAME = "ablation"
 ALL_ARMS = list(arms_lib.ARMS)
@@ -35,35 +27,38 @@ ALL_ARMS = list(arms_lib.ARMS)
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         tasks={
-            "grokking": _grok("smoke", steps=6, eval_every=6, checkpoint_every=0),
-            "patches": _patch("smoke", steps=6, eval_every=6),
+            "grokking": task_config("grokking", "smoke", steps=6, eval_every=6, checkpoint_every=0),
+            "patches": task_config("patches", "smoke", steps=6),
         },
         arms=ALL_ARMS,
         seeds=[0],
     ),
     # Smaller than the grokking and patches quick presets, to fit ~5 CPU minutes: grokking on
     # p = 31 with 60% of pairs, d_model 64 (4 heads of 16, MLP 256), 1,200 epochs at lr 3e-3;
-    # patches on digits with the patches quick model, 300 steps.
+    # patches on digits with the patches quick model, 300 steps, one evaluation at the end.
     "quick": dict(
         tasks={
-            "grokking": _grok(
+            "grokking": task_config(
+                "grokking",
                 "quick",
                 p=31,
                 train_fraction=0.6,
                 d_model=64,
-                n_heads=4,
                 d_mlp=256,
                 steps=1200,
                 eval_every=100,
                 checkpoint_every=0,
             ),
-            "patches": _patch("quick", steps=300, eval_every=300),
+            "patches": task_config("patches", "quick", eval_every=300),
         },
         arms=ALL_ARMS,
         seeds=[0, 1],
     ),
     "paper": dict(
-        tasks={"grokking": _grok("paper", eval_every=100), "patches": _patch("paper")},
+        tasks={
+            "grokking": task_config("grokking", "paper", eval_every=100),
+            "patches": task_config("patches", "paper"),
+        },
         arms=ALL_ARMS,
         seeds=list(range(12)),
     ),
@@ -96,7 +91,9 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
     return out
 
 
-def _plots(directory: Any, config: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+def _plots(
+    directory: Any, config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[str, Any]
+) -> list[str]:
     path = directory / "ablation_arms.png"
     tasks = list(summary["tasks"])
     with figure(path, ncols=len(tasks), width=5.0) as axes:
@@ -145,17 +142,15 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
 
 def run(options: RunOptions) -> dict[str, Any]:
     """Train every (task, seed, arm) and write the outputs."""
-    config = configure(PRESETS, options)
-    check_config(config)
-    device = resolve_device(options.device)
-    directory = output_dir(options, NAME)
-    runs, keys = arms_lib.run_tasks(config, options, directory, device, track_movement=False)
-    summary = summarise(config, runs)
-    summary["plots"] = _plots(directory, config, summary)
-    document = results_document(NAME, options, config, runs, summary, device)
-    write_results(directory, document, markdown(config, summary))
-    arms_lib.forget_cached(directory, config, keys)
-    return document
+    return arms_lib.run_experiment(
+        NAME,
+        PRESETS,
+        options,
+        track_movement=False,
+        summarise=summarise,
+        markdown=markdown,
+        plots=_plots,
+    )
 
 
 def format_summary(document: dict[str, Any]) -> str:

@@ -95,8 +95,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 PAPER = {"C": 0.970, "A": 0.611, "epoch": 20000}
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Refuse a configuration that cannot run, naming the bad value."""
+def _positive_int(config: dict[str, Any], key: str, minimum: int = 1) -> None:
+    """Refuse config[key] unless it is an integer ≥ ``minimum``, naming the value."""
+    v = config[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{key} must be an integer ≥ {minimum}, got {v!r}")
+
+
+def check_task(config: dict[str, Any]) -> None:
+    """Refuse task settings that cannot run (p, split, model sizes, optimizer), naming the bad
+    value; the movement and ablation experiments check their grokking task with this."""
     p = config["p"]
     if isinstance(p, bool) or not isinstance(p, int) or p < 3:
         raise ValueError(f"p must be an integer ≥ 3, got {p!r}")
@@ -107,19 +115,23 @@ def check_config(config: dict[str, Any]) -> None:
             f"train_fraction must lie in (0, 1) and leave both splits non-empty, got {f!r}"
         )
     for key in ("steps", "eval_every", "d_model", "n_heads", "d_mlp"):
-        v = config[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{key} must be a positive integer, got {v!r}")
+        _positive_int(config, key)
+    _positive_int(config, "checkpoint_every", 0)
     if config["d_model"] % config["n_heads"]:
         raise ValueError(
             f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
         )
-    if not (
-        isinstance(config["lr"], int | float) and config["lr"] > 0 and math.isfinite(config["lr"])
-    ):
-        raise ValueError(f"lr must be positive and finite, got {config['lr']!r}")
+    arms_lib.check_optimizer_config(config)
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Refuse a grokking configuration that cannot run: ``check_task`` plus the reporting keys
+    (threshold, last_fraction) and the arms."""
+    check_task(config)
     if not 0 < config["last_fraction"] <= 1:
         raise ValueError(f"last_fraction must lie in (0, 1], got {config['last_fraction']!r}")
+    if not 0 < config["threshold"] <= 1:
+        raise ValueError(f"threshold must lie in (0, 1], got {config['threshold']!r}")
     arms_lib.check_arms(config["arms"])
 
 
@@ -154,11 +166,6 @@ def make_task(
     return arms_lib.Task(
         "grokking", make_model, x[tr].to(dev), y[tr].to(dev), x[va].to(dev), y[va].to(dev)
     )
-
-
-def trust_radius(config: dict[str, Any]) -> float:
-    """Δ = τ·√d_head (τ·‖W‖_F for a frame with d_head orthonormal columns)."""
-    return config["trust_tau"] * math.sqrt(config["d_model"] // config["n_heads"])
 
 
 def run_metrics(
@@ -334,30 +341,20 @@ def run(options: RunOptions) -> dict[str, Any]:
     device = resolve_device(options.device)
     directory = output_dir(options, NAME)
     runs = []
-    keys = []
+    entries = []
+    cache_config = arms_lib.run_config(config, ("seeds", "arms", "threshold", "last_fraction"))
     for seed in config["seeds"]:
         task = make_task(config, seed, device)
         for arm in config["arms"]:
             key = f"{seed}-{arm}"
-            keys.append(key)
+            entries.append((cache_config, key))
 
             def train(ckpt: Any, arm: str = arm, seed: int = seed, task: Any = task) -> Any:
-                return arms_lib.train_run(
-                    task,
-                    arm,
-                    seed,
-                    steps=config["steps"],
-                    lr=config["lr"],
-                    betas=tuple(config["betas"]),
-                    weight_decay=config["weight_decay"],
-                    trust_radius=trust_radius(config),
-                    eval_every=config["eval_every"],
-                    checkpoint=ckpt,
-                    checkpoint_every=config["checkpoint_every"],
-                    show_progress=options.progress,
+                return arms_lib.train_with(
+                    task, config, arm, seed, checkpoint=ckpt, show_progress=options.progress
                 )
 
-            record = arms_lib.run_cached(directory, config, key, options.resume, train)
+            record = arms_lib.run_cached(directory, cache_config, key, options.resume, train)
             record["metrics"] = run_metrics(
                 record["history"], config["threshold"], config["last_fraction"]
             )
@@ -366,7 +363,7 @@ def run(options: RunOptions) -> dict[str, Any]:
     summary["plots"] = _plots(directory, config, runs)
     document = results_document(NAME, options, config, runs, summary, device)
     write_results(directory, document, markdown(config, runs, summary))
-    arms_lib.forget_cached(directory, config, keys)
+    arms_lib.forget_cached(directory, entries)
     return document
 
 

@@ -2,13 +2,13 @@
 of freezing the frames.
 
 On the grokking and patches tasks, the same paired seeds train arms A (AdamW on W_Q, W_K), B
-(frames, fixed-step RSGD ξ = −lr·P_W(G)), C (``riemannian_adam``) and G (frozen orthonormal
-frames); every other weight is trained by AdamW in all arms. Logged at every step: the median
-over heads and layers of ‖W_{t+1} − W_t‖_F for W_Q and W_K (each head's matrix is d_model×d_head
-in every arm, so A's matrix is "identically shaped"). Reported per task: the median over steps of
-that movement per arm, the ratios A/B and A/C, the cumulative drift ‖W_T − W_0‖_F and the largest
-principal angle to the initialisation, and the validation-accuracy cost of frozen frames (C − G
-and B − G, paired over seeds).
+(frames, fixed-step RSGD ξ = −lr·P_W(G), no trust cap), C (``riemannian_adam``) and G (frozen
+orthonormal frames); every other weight is trained by AdamW in all arms. Logged at every step:
+the median over heads and layers of ‖W_{t+1} − W_t‖_F for W_Q and W_K (each head's matrix is
+d_model×d_head in every arm, so A's matrix is "identically shaped"). Reported per task: the
+median over steps of that movement per arm, the ratios A/B and A/C, the cumulative drift
+‖W_T − W_0‖_F and the largest principal angle to the initialisation, and the
+validation-accuracy cost of frozen frames (C − G and B − G, paired over seeds).
 
 A fixed-step update is degree one in the gradient: it moves lr·‖P_W(G)‖_F per step, against
 about lr·√(d·r) for an Adam-shaped step, hence the paper's 24–40× (its claim, checked here).
@@ -21,57 +21,43 @@ from typing import Any
 import numpy as np
 
 from torch_port.experiments import arms as arms_lib
-from torch_port.experiments import grokking, patches
-from torch_port.experiments.common import (
-    RunOptions,
-    configure,
-    figure,
-    markdown_table,
-    output_dir,
-    resolve_device,
-    results_document,
-    write_results,
-)
+from torch_port.experiments.arms import task_config
+from torch_port.experiments.common import RunOptions, figure, markdown_table
 
 NAME = "movement"
-
-
-def _grok(preset: str, **changes: Any) -> dict[str, Any]:
-    cfg = {k: v for k, v in grokking.PRESETS[preset].items() if k not in ("arms", "seeds")}
-    return {**cfg, **changes}
-
-
-def _patch(preset: str, **changes: Any) -> dict[str, Any]:
-    drop = ("arms", "seeds", "fractions", "sweep_seeds")
-    cfg = {k: v for k, v in patches.PRESETS[preset].items() if k not in drop}
-    return {**cfg, **changes}
-
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         tasks={
-            "grokking": _grok("smoke", steps=8, eval_every=4, checkpoint_every=0),
-            "patches": _patch("smoke", steps=8, eval_every=4),
+            "grokking": task_config("grokking", "smoke", steps=8, checkpoint_every=0),
+            "patches": task_config("patches", "smoke", steps=8, eval_every=4),
         },
         arms=["A", "B", "C", "G"],
         seeds=[0],
     ),
     # Smaller than the grokking quick preset: p = 31 with 60% of pairs (the d_model 128, 4×32
-    # heads model kept, so the matrices are the paper's shape), 400 full-batch epochs.
+    # heads model kept, so the matrices are the paper's shape), 400 full-batch epochs; patches
+    # as its quick preset (digits, 300 steps).
     "quick": dict(
         tasks={
-            "grokking": _grok(
-                "quick", p=31, train_fraction=0.6, steps=400, eval_every=50, checkpoint_every=0
+            "grokking": task_config(
+                "grokking",
+                "quick",
+                p=31,
+                train_fraction=0.6,
+                steps=400,
+                eval_every=50,
+                checkpoint_every=0,
             ),
-            "patches": _patch("quick", steps=300, eval_every=100),
+            "patches": task_config("patches", "quick"),
         },
         arms=["A", "B", "C", "G"],
         seeds=[0, 1],
     ),
     "paper": dict(
         tasks={
-            "grokking": _grok("paper", eval_every=100),
-            "patches": _patch("paper"),
+            "grokking": task_config("grokking", "paper", eval_every=100),
+            "patches": task_config("patches", "paper"),
         },
         arms=["A", "B", "C", "G"],
         seeds=[0, 1, 2],
@@ -81,17 +67,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 #: The paper's claims: RSGD frames move 24–40× less per step than an AdamW matrix; freezing
 #: the frames costs 0.28 pp.
 PAPER = {"ratio_low": 24.0, "ratio_high": 40.0, "frozen_cost_pp": 0.28}
-
-
-def check_config(config: dict[str, Any]) -> None:
-    """Refuse a configuration without tasks, or with unknown tasks or arms."""
-    tasks = config["tasks"]
-    if not isinstance(tasks, dict) or not tasks:
-        raise ValueError(f"tasks must be a non-empty mapping, got {tasks!r}")
-    bad = sorted(set(tasks) - set(arms_lib.TASKS))
-    if bad:
-        raise ValueError(f"unknown tasks {bad}; choose among {arms_lib.TASKS}")
-    arms_lib.check_arms(config["arms"])
 
 
 def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -136,7 +111,9 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
     return out
 
 
-def _plots(directory: Any, config: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
+def _plots(
+    directory: Any, config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[str, Any]
+) -> list[str]:
     path = directory / "movement_steps.png"
     tasks = list(config["tasks"])
     with figure(path, ncols=len(tasks), width=5.0) as axes:
@@ -188,7 +165,14 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
         ratio = ", ".join(f"{k} = {v:.3g}×" for k, v in t["ratios"].items() if v is not None)
         parts.append(f"Per-step movement ratios (median, W_Q and W_K pooled): {ratio}.")
         cost = [
-            [k, s["n"], s["mean_diff"], s["sd_diff"], s["t"], f"{s['wins']}/{s['n']}"]
+            [
+                k,
+                s["n"],
+                s["mean_diff"],
+                s["sd_diff"],
+                arms_lib.stat_cell(s["t"]),
+                f"{s['wins']}/{s['n']}",
+            ]
             for k, s in t["frozen_cost"].items()
         ]
         parts.append(
@@ -203,17 +187,15 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
 
 def run(options: RunOptions) -> dict[str, Any]:
     """Train every (task, seed, arm) with per-step movement logs and write the outputs."""
-    config = configure(PRESETS, options)
-    check_config(config)
-    device = resolve_device(options.device)
-    directory = output_dir(options, NAME)
-    runs, keys = arms_lib.run_tasks(config, options, directory, device, track_movement=True)
-    summary = summarise(config, runs)
-    summary["plots"] = _plots(directory, config, runs)
-    document = results_document(NAME, options, config, runs, summary, device)
-    write_results(directory, document, markdown(config, summary))
-    arms_lib.forget_cached(directory, config, keys)
-    return document
+    return arms_lib.run_experiment(
+        NAME,
+        PRESETS,
+        options,
+        track_movement=True,
+        summarise=summarise,
+        markdown=markdown,
+        plots=_plots,
+    )
 
 
 def format_summary(document: dict[str, Any]) -> str:

@@ -12,7 +12,10 @@ non-attention weight and the minibatch order (``arms.train_run``); frames start 
 
 Reported: the paired test-accuracy difference C − A (pp) over the seeds, ``scipy.stats.ttest_rel``
 and the win count; and a sweep over training-set fractions at a fixed step budget (does the gap
-grow with data?), the full training set being the main comparison itself.
+grow with data?), the full training set being the main comparison itself: the least-squares
+slope of the per-seed gap against log2(training images) with its standard error
+(``gap_slope``), and whether the mean gaps never decrease (``gap_grows``, descriptive only).
+Long runs save a checkpoint every ``checkpoint_every`` steps and resume from it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         batch_size=64,
         steps=12,
         eval_every=6,
+        checkpoint_every=6,
         fractions=[0.5],
         sweep_seeds=[0, 1],
         arms=["A", "C"],
@@ -79,6 +83,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         batch_size=64,
         steps=300,
         eval_every=100,
+        checkpoint_every=100,
         fractions=[0.125, 0.25, 0.5],
         sweep_seeds=[0, 1, 2, 3, 4, 5],
         arms=["A", "C"],
@@ -100,6 +105,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         batch_size=128,
         steps=20000,
         eval_every=2000,
+        checkpoint_every=2000,
         fractions=[0.1, 0.2, 0.5],
         sweep_seeds=list(range(12)),
         arms=["A", "C"],
@@ -259,24 +265,29 @@ def make_task(
     )
 
 
-def trust_radius(config: dict[str, Any]) -> float:
-    """Δ = τ·√d_head."""
-    return config["trust_tau"] * math.sqrt(config["d_model"] // config["n_heads"])
-
-
-def check_config(config: dict[str, Any]) -> None:
-    """Refuse a configuration that cannot run, naming the bad value."""
+def check_task(config: dict[str, Any]) -> None:
+    """Refuse task settings that cannot run (sizes, intervals, optimizer), naming the bad
+    value; the movement and ablation experiments check their patches task with this."""
     for key in ("steps", "eval_every", "batch_size", "d_model", "n_heads", "d_mlp", "n_layers"):
         v = config[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{key} must be a positive integer, got {v!r}")
+    every = config["checkpoint_every"]
+    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
+        raise ValueError(f"checkpoint_every must be an integer ≥ 0, got {every!r}")
     if config["d_model"] % config["n_heads"]:
         raise ValueError(
             f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
         )
-    lr = config["lr"]
-    if not (isinstance(lr, int | float) and lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be positive and finite, got {lr!r}")
+    if config["dataset"] not in ("digits", "cifar10"):
+        raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
+    arms_lib.check_optimizer_config(config)
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Refuse a patches configuration that cannot run: ``check_task`` plus the sweep fractions
+    and the arms, naming the bad value."""
+    check_task(config)
     for f in config["fractions"]:
         if not (isinstance(f, int | float) and 0 < f < 1):
             raise ValueError(f"sweep fractions must lie in (0, 1), got {f!r}")
@@ -284,22 +295,6 @@ def check_config(config: dict[str, Any]) -> None:
 
 
 # -- the experiment -------------------------------------------------------------------------------
-def train_task(task: arms_lib.Task, config: dict[str, Any], arm: str, seed: int, **kw: Any) -> Any:
-    """``arms.train_run`` with the configuration's optimizer settings."""
-    return arms_lib.train_run(
-        task,
-        arm,
-        seed,
-        steps=config["steps"],
-        lr=config["lr"],
-        betas=tuple(config["betas"]),
-        weight_decay=config["weight_decay"],
-        trust_radius=trust_radius(config),
-        eval_every=config["eval_every"],
-        **kw,
-    )
-
-
 def _compare(runs: list[dict[str, Any]], base: str, other: str) -> dict[str, Any]:
     """Paired statistics (in pp) of ``other`` against ``base`` over the seeds both ran."""
     acc = {(r["arm"], r["seed"]): 100 * r["final_val_acc"] for r in runs}
@@ -313,6 +308,33 @@ def _compare(runs: list[dict[str, Any]], base: str, other: str) -> dict[str, Any
     return stats
 
 
+def gap_slope(runs: list[dict[str, Any]], base: str, other: str) -> dict[str, float]:
+    """Least-squares slope of the per-seed gap y = acc(other) − acc(base) (pp) against
+    x = log2(training images), over every paired (fraction, seed): b = Σ(x − x̄)(y − ȳ)/Σ(x − x̄)²,
+    its standard error SE = sqrt(Σ r²/(n − 2) / Σ(x − x̄)²) (r the residuals) and t = b/SE.
+    A slope in pp per doubling of the data, with its noise; NaN where it is undefined."""
+    acc = {(r["fraction"], r["arm"], r["seed"]): r for r in runs}
+    points = [
+        (math.log2(r["n_train"]), 100 * (acc[(f, other, s)]["final_val_acc"] - r["final_val_acc"]))
+        for (f, arm, s), r in acc.items()
+        if arm == base and (f, other, s) in acc
+    ]
+    x, y = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    sxx = float(((x - x.mean()) ** 2).sum()) if len(x) else 0.0
+    if len(x) < 3 or sxx == 0:
+        return {"slope": math.nan, "se": math.nan, "t": math.nan, "n": len(x)}
+    slope = float(((x - x.mean()) * (y - y.mean())).sum() / sxx)
+    resid = y - y.mean() - slope * (x - x.mean())
+    se = math.sqrt(float((resid**2).sum()) / (len(x) - 2) / sxx)
+    return {"slope": slope, "se": se, "t": slope / se if se > 0 else math.nan, "n": len(x)}
+
+
+def gap_grows(gaps: list[float]) -> bool:
+    """Whether the mean gaps never decrease from one fraction to the next: a description of
+    noisy means, not a test (``gap_slope`` gives the slope with its standard error)."""
+    return bool(all(b >= a for a, b in itertools.pairwise(gaps)))
+
+
 def run(options: RunOptions) -> dict[str, Any]:
     """Main paired comparison over ``seeds`` and the training-fraction sweep; writes the
     outputs."""
@@ -324,18 +346,19 @@ def run(options: RunOptions) -> dict[str, Any]:
     data = load_data(config, options.data_dir)
     directory = output_dir(options, NAME)
     base, other = config["arms"][0], config["arms"][-1]
-    keys: list[str] = []
+    cache_config = arms_lib.run_config(config, ("seeds", "arms", "fractions", "sweep_seeds"))
+    entries: list[tuple[dict[str, Any], str]] = []
     runs: list[dict[str, Any]] = []
 
     def one(task: arms_lib.Task, fraction: float, seed: int, arm: str) -> dict[str, Any]:
         key = f"{fraction}-{seed}-{arm}"
-        keys.append(key)
+        entries.append((cache_config, key))
         record = arms_lib.run_cached(
             directory,
-            config,
+            cache_config,
             key,
             options.resume,
-            lambda ck: train_task(
+            lambda ck: arms_lib.train_with(
                 task, config, arm, seed, checkpoint=ck, show_progress=options.progress
             ),
         )
@@ -367,13 +390,14 @@ def run(options: RunOptions) -> dict[str, Any]:
         "other": other,
         "main": main,
         "sweep": sweep,
-        "gap_grows_with_data": bool(all(b >= a for a, b in itertools.pairwise(gaps))),
+        "gap_grows_with_data": gap_grows(gaps),
+        "gap_slope": gap_slope(runs, base, other),
         "paper": PAPER,
     }
     summary["plots"] = _plots(directory, runs, summary)
     document = results_document(NAME, options, config, runs, summary, device)
     write_results(directory, document, markdown(config, summary))
-    arms_lib.forget_cached(directory, config, keys)
+    arms_lib.forget_cached(directory, entries)
     return document
 
 
@@ -408,7 +432,7 @@ def _plots(directory: Path, runs: list[dict[str, Any]], summary: dict[str, Any])
 def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
     """The tables of results.md."""
     base, other = summary["base"], summary["other"]
-    m = summary["main"]
+    m, g = summary["main"], summary["gap_slope"]
     main_table = markdown_table(
         [
             "dataset",
@@ -431,8 +455,8 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 m["mean_other"],
                 m["mean_diff"],
                 m["sd_diff"],
-                m["t"],
-                m["p"],
+                arms_lib.stat_cell(m["t"]),
+                arms_lib.stat_cell(m["p"]),
                 f"{m['wins']}/{m['n']}",
             ]
         ],
@@ -458,7 +482,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 e["mean_other"],
                 e["mean_diff"],
                 e["sd_diff"],
-                e["t"],
+                arms_lib.stat_cell(e["t"]),
                 f"{e['wins']}/{e['n']}",
             ]
             for e in summary["sweep"]
@@ -474,9 +498,12 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             "Training-set fraction sweep (same step budget; the fraction 1 row is the main "
             "comparison):",
             sweep_table,
-            f"Gap grows with data: {summary['gap_grows_with_data']}. Paper (CIFAR-10, 12 paired "
-            f"starts): +{PAPER['mean_diff_pp']} pp, t = {PAPER['t']}, {PAPER['wins']}/12 wins, "
-            "gap widening with data.",
+            f"Slope of the per-seed gap against log2(training images): {_num(g['slope'], '+.3g')} "
+            f"pp per doubling, SE {_num(g['se'], '.3g')}, t = {_num(g['t'], '.3g')} over "
+            f"{g['n']} paired runs. Mean gaps never decreasing with data (a description of "
+            f"noisy means, not a test): {summary['gap_grows_with_data']}.",
+            f"Paper (CIFAR-10, 12 paired starts): +{PAPER['mean_diff_pp']} pp, t = {PAPER['t']}, "
+            f"{PAPER['wins']}/12 wins, gap widening with data.",
         ]
     )
 
