@@ -585,10 +585,10 @@ def test_bad_hyperparameters_and_groups_are_refused():
 
 def test_frame_off_the_manifold_is_refused_before_any_change():
     frames, plain = _model()
+    opt = tp.RiemannianAdam(_groups(frames, plain), lr=LR)  # on St when the group is added
     with torch.no_grad():
         frames[0, 1] *= 1.5
     before = frames.detach().clone()
-    opt = tp.RiemannianAdam(_groups(frames, plain), lr=LR)
     frames.grad, plain.grad = _grads(1)[0]
     with pytest.raises(ValueError, match=r"off St\(7, 3\).*frame \(0, 1\)"):
         opt.step()

@@ -74,6 +74,8 @@ class FixedRankEmbedded(FactoredGeometry):
     moment_groups = ((0, 1, 2),)
     point_kinds = ("row", "core", "col")
     tangent_kinds = ("core", "row", "col")
+    #: Point factors with orthonormal columns (``optim.reproject`` restores them).
+    orthonormal_factors = (0, 2)
 
     def __init__(self, m: int, n: int, r: int, retraction: str = "projection"):
         _check_sizes(m, n, r)
@@ -243,6 +245,7 @@ class FixedRankQuotient(FactoredGeometry):
     moment_groups = ((0, 1),)
     point_kinds = ("row", "col")
     tangent_kinds = ("row", "col")
+    orthonormal_factors = ()  # any full-rank pair (A, B) is a point
 
     def __init__(self, m: int, n: int, r: int, metric: str = "preconditioned"):
         _check_sizes(m, n, r)

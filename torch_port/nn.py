@@ -78,6 +78,7 @@ from torch import nn
 from torch_port import linalg
 from torch_port.geometries import GEOMETRIES, PLAIN
 from torch_port.optim import RiemannianAdam
+from torch_port.optim import reproject as reproject_groups
 
 Tensor = torch.Tensor
 
@@ -572,7 +573,33 @@ def build_optimizer(
     geometry_options: dict[str, dict[str, Any]] | None = None,
     **kwargs: Any,
 ) -> torch.optim.Optimizer:
-    """``optimizer_cls(groups, **kwargs)`` with one parameter group per declared point, one per
+    """``optimizer_cls(parameter_groups(model, ...), **kwargs)``: the optimizer of ``model``
+    with the groups of ``parameter_groups`` and the optimizer's defaults from ``kwargs`` (e.g.
+    ``lr``, ``weight_decay`` of the plain group)."""
+    groups = parameter_groups(
+        model,
+        frame_options=frame_options,
+        plain_options=plain_options,
+        geometry_options=geometry_options,
+    )
+    return optimizer_cls(groups, **kwargs)
+
+
+def reproject(model: nn.Module) -> dict[str, float]:
+    """Put every frame and point of ``model`` back on its manifold, in place
+    (``torch_port.optim.reproject`` of ``parameter_groups(model)``), e.g. after
+    ``model.to(torch.float64)``; returns the largest residual found before, per group."""
+    return reproject_groups(parameter_groups(model))
+
+
+def parameter_groups(
+    model: nn.Module,
+    *,
+    frame_options: dict[str, Any] | None = None,
+    plain_options: dict[str, Any] | None = None,
+    geometry_options: dict[str, dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """The optimizer groups of ``model``: one parameter group per declared point, one per
     geometry for the other frames of ``model``, and one plain group (AdamW, decoupled decay) for
     the rest.
 
@@ -589,9 +616,8 @@ def build_optimizer(
     factor decay explicitly. Then ``frame_options`` (e.g. ``{"trust_radius": 0.1}``), then
     ``geometry_options[name]`` for that geometry (e.g. ``{"fixed_rank_quotient": {"metric":
     "balanced"}}`` or ``{"stiefel": {"retraction": "qr"}}``); the plain group gets
-    ``plain_options`` (e.g. its own ``lr``) and the optimizer's defaults from ``kwargs`` (e.g.
-    ``weight_decay``). Every group carries ``"param_names"``, so error messages name the
-    parameter.
+    ``plain_options`` (e.g. its own ``lr``); the optimizer's defaults fill the rest. Every
+    group carries ``"param_names"``, so error messages name the parameter.
     """
     frames = frame_parameters(model)
     owner: dict[int, dict[str, Any]] = {}
@@ -633,7 +659,7 @@ def build_optimizer(
         groups.append({**plain, **(plain_options or {})})
     if not groups:
         raise ValueError("the model has no trainable parameters")
-    return optimizer_cls(groups, **kwargs)
+    return groups
 
 
 def frame_groups(optimizer: torch.optim.Optimizer) -> Iterable[dict[str, Any]]:
@@ -652,5 +678,7 @@ __all__ = [
     "frame_parameters",
     "geometry_of_product",
     "manifold_points",
+    "parameter_groups",
+    "reproject",
     "tag_frame",
 ]

@@ -70,7 +70,7 @@ from typing import Any
 
 import torch
 
-from torch_port import linalg
+from torch_port import linalg, validation
 from torch_port.blocks import BlockGeometry
 from torch_port.geometries import GEOMETRIES, PLAIN
 from torch_port.linalg import Tensor, sym, transpose
@@ -96,6 +96,12 @@ class FrameDecayWarning(UserWarning):
 class NonFiniteGradientWarning(UserWarning):
     """A step was skipped because a gradient had NaN or inf entries (``skip_nonfinite=True``)."""
 
+
+_REPROJECT_HINT = (
+    "if the parameters were cast or loaded (e.g. model.to(torch.float64) after building in "
+    "float32), put them back on their manifold first with torch_port.nn.reproject(model) or "
+    "torch_port.optim.reproject(param_groups)"
+)
 
 _DECAY_MESSAGE = (
     "weight decay on frames does nothing: the Riemannian gradient of (λ/2)‖W‖² is P_W(λW) = 0 "
@@ -179,7 +185,7 @@ def _frame_rms(geometry, x: Sequence[Tensor], g: Sequence[Tensor]) -> Tensor:
     safe = torch.where(s == 0, torch.ones_like(s), s)
     scaled = geometry.frame_norms(x, tuple(p / _col(safe).to(p.dtype) for p in g))
     extra = scaled.ndim - s.ndim
-    s = s.reshape(*s.shape, *([1] * extra)).to(n.dtype)
+    s = s.reshape(tuple(s.shape) + (1,) * extra).to(n.dtype)
     return torch.where(torch.isinf(n), s * (scaled / root), n / root)
 
 
@@ -191,6 +197,27 @@ def _lerp(geometry, m: Sequence[Tensor], g: Sequence[Tensor], weight: float) -> 
         torch.lerp(mi, gi, weight, out=gi) if fresh else torch.lerp(mi, gi, weight)
         for mi, gi in zip(m, g, strict=True)
     )
+
+
+def _ratio_step(
+    geometry, u: Sequence[Tensor], num: float, den: Tensor, lr: float
+) -> tuple[tuple, Tensor]:
+    """(u', k) with k·u' = (num/den)·u frame by frame (0/0 := 0) and lr·k finite in u's dtype,
+    so that a gradient of any representable scale gives a finite step ξ = −lr·k·u' (DESIGN
+    §5). k = num/den where lr·k is representable; where den is so small that it is not
+    (subnormal gradients with ε = 0, or a float16 frame whose step factor exceeds 65504), u is
+    first multiplied by the exact power of two 2^e, den = f·2^{−e} with f ∈ [½, 1), in two
+    halves (each a representable factor), and k = num/(den·2^e) = num/f. Powers of two scale
+    without rounding, so the step is the one the formula gives."""
+    k = _safe_ratio(num, den)
+    ok = torch.isfinite((lr * k).to(u[0].dtype))
+    if bool(ok.all()):
+        return tuple(u), k
+    e = torch.where(ok, 0, -torch.frexp(den).exponent)
+    one = torch.ones_like(den)
+    h1, h2 = torch.ldexp(one, e // 2), torch.ldexp(one, e - e // 2)
+    u = geometry.scale_frames(geometry.scale_frames(u, h1), h2)
+    return tuple(u), _safe_ratio(num, den * h1 * h2)
 
 
 def _trust_factor(norm: Tensor, radius: float) -> Tensor:
@@ -243,7 +270,14 @@ class _StiefelFrames:
         if not self.embedded:
             return (self.st.egrad_to_rgrad(w, grad),)
         w3, g3 = self._flat(w), self._flat(grad)
-        out = torch.baddbmm(g3, w3, sym(transpose(w3) @ g3), alpha=-1.0)
+        s = sym(transpose(w3) @ g3)
+        if bool(torch.isfinite(s).all()):
+            out = torch.baddbmm(g3, w3, s, alpha=-1.0)
+        else:  # WᵀG overflows the dtype (e.g. float16 gradients near 6e4): P_W is linear
+            scale = _power_of_two_scale(g3)
+            g_s = g3 / scale
+            out = torch.baddbmm(g_s, w3, sym(transpose(w3) @ g_s), alpha=-1.0).mul_(scale)
+            _check_representable("the Riemannian gradient P_W(G)", out, g3)
         return (out.reshape(grad.shape),)
 
     def proj_tangent(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
@@ -281,14 +315,52 @@ class _StiefelFrames:
         if not m.is_contiguous():
             m = m.contiguous()
         m3 = self._flat(m)
-        if isinstance(yy, _LazyProduct):
+        lazy = isinstance(yy, _LazyProduct)
+        if lazy:
             a3, h3 = self._flat(yy.a), self._flat(yy.h)
-            s = sym(h3 @ (transpose(a3) @ m3))
-            m3.baddbmm_(a3, h3 @ s, alpha=-1.0)
         else:
             y3 = self._flat(yy)
-            m3.baddbmm_(y3, sym(transpose(y3) @ m3), alpha=-1.0)
+
+        def subtract_normal_part(t: Tensor) -> None:  # t ← t − Y sym(Yᵀt), in place
+            if lazy:
+                t.baddbmm_(a3, h3 @ sym(h3 @ (transpose(a3) @ t)), alpha=-1.0)
+            else:
+                t.baddbmm_(y3, sym(transpose(y3) @ t), alpha=-1.0)
+
+        if bool(torch.isfinite(m3).all()) and not _overflows_gram(m3):
+            subtract_normal_part(m3)
+        else:  # Yᵀm would overflow the dtype: P_Y is linear, apply it at scale 1
+            scale = _power_of_two_scale(m3)
+            m3.div_(scale)
+            subtract_normal_part(m3)
+            m3.mul_(scale)
+            _check_representable("the transported moment P_Y(m)", m3, m3)
         return (m,)
+
+
+def _power_of_two_scale(a: Tensor) -> Tensor:
+    """Per matrix of a (n, d, r) batch, the power of two 2^e ≤ max|A| < 2^{e+1} (1 for a zero
+    matrix): representable in A's dtype, and dividing by it is exact and brings the entries
+    into [−2, 2]."""
+    top = linalg.max_abs(a)[:, None, None]
+    e = torch.frexp(torch.where(top > 0, top, torch.ones_like(top))).exponent
+    return torch.ldexp(torch.ones_like(top), e - 1)
+
+
+def _overflows_gram(m3: Tensor) -> bool:
+    """Whether an r×r product Yᵀm of a frame Y (|Y_ij| ≤ 1) with m could overflow m's dtype:
+    |(Yᵀm)_ij| ≤ ‖m_:j‖ ≤ sqrt(d)·max|m| (Cauchy–Schwarz), so only when that bound reaches the
+    largest float."""
+    limit = torch.finfo(m3.dtype).max / math.sqrt(max(m3.shape[-2], 1))
+    return bool((linalg.max_abs(m3) >= limit).any())
+
+
+def _check_representable(what: str, out: Tensor, source: Tensor) -> None:
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"{what} of this frame is not representable in {out.dtype} (largest |entry| of its "
+            f"input {float(linalg.max_abs(source).max()):.3e})"
+        )
 
 
 class _LazyProduct:
@@ -359,80 +431,14 @@ class _Point:
         return self.geometry.g.to_heads(y) if self.block else tuple(y)
 
 
-# -- the base class ----------------------------------------------------------------------------
-class _RiemannianOptimizer(torch.optim.Optimizer):
-    """Shared machinery: group validation, the bad-gradient check, AdamW for plain groups, and
-    the compute-all-then-commit step of points. Subclasses define ``_init_point_state`` and
-    ``_rule`` (the step of a point as (u, c): ξ = c·u frame by frame, c None for ξ = u) and list
-    the state entries that are tangent vectors in ``_transported``."""
+class _Geometries:
+    """The geometries of parameter groups, built from the groups' shapes and options and
+    cached, and the points of a group (shared by the optimizers and ``reproject``)."""
 
-    _transported: tuple[str, ...] = ()
+    def __init__(self) -> None:
+        self._cache: dict[tuple, Any] = {}
 
-    def __init__(self, params: Iterable, defaults: dict[str, Any]):
-        self._geometries: dict[tuple, Any] = {}
-        #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
-        self.skipped_steps = 0
-        super().__init__(params, defaults)
-
-    # -- groups ------------------------------------------------------------------------------
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
-        """Validate the hyperparameters of one group (subclasses extend)."""
-        _positive("lr", group["lr"])
-        _betas(group["betas"])
-        _nonnegative("eps", group["eps"])
-        _nonnegative("weight_decay", group["weight_decay"])
-        if group.get("trust_radius") is not None:
-            _positive("trust_radius", group["trust_radius"])
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        try:
-            self._check_group(group)
-        except Exception:
-            self.param_groups.pop()
-            raise
-
-    def _check_group(self, group: dict[str, Any]) -> None:
-        self._check_hyperparameters(group)
-        name = group.get("geometry")
-        for p in group["params"]:
-            if not p.dtype.is_floating_point or p.is_complex():
-                raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
-        if name is None:
-            return
-        if name not in GEOMETRIES:
-            raise ValueError(
-                f"unknown geometry {name!r} for a parameter group; choose one of "
-                f"{tuple(GEOMETRIES)} (or none, for plain parameters updated by AdamW)"
-            )
-        if name == "stiefel":
-            self._check_stiefel_group(group)
-        else:
-            self._factored_geometry(group)  # builds it from the shapes: validates the group
-        if name in FRAME_GEOMETRIES and group["weight_decay"] > 0.0:
-            warnings.warn(
-                _DECAY_MESSAGE.format(wd=group["weight_decay"]),
-                FrameDecayWarning,
-                stacklevel=_caller_stacklevel(),
-            )
-
-    @staticmethod
-    def _check_stiefel_group(group: dict[str, Any]) -> None:
-        if group.get("retraction", "polar") not in RETRACTIONS:
-            raise ValueError(
-                f"unknown retraction {group['retraction']!r}; choose one of {RETRACTIONS}"
-            )
-        if group.get("metric", "embedded") not in METRICS:
-            raise ValueError(f"unknown metric {group['metric']!r}; choose one of {METRICS}")
-        for p in group["params"]:
-            if p.ndim < 2 or p.shape[-1] > p.shape[-2] or p.shape[-1] < 1:
-                raise ValueError(
-                    "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
-                    f"parameter of shape {tuple(p.shape)}"
-                )
-
-    def _stiefel(self, group: dict[str, Any], p: Tensor) -> _StiefelFrames:
+    def stiefel(self, group: dict[str, Any], p: Tensor) -> _StiefelFrames:
         key = (
             "stiefel",
             int(p.shape[-2]),
@@ -440,14 +446,12 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
             group.get("retraction", "polar"),
             group.get("metric", "embedded"),
         )
-        if key not in self._geometries:
+        if key not in self._cache:
             _, d, r, retraction, metric = key
-            self._geometries[key] = _StiefelFrames(
-                Stiefel(d, r, retraction=retraction, metric=metric)
-            )
-        return self._geometries[key]
+            self._cache[key] = _StiefelFrames(Stiefel(d, r, retraction=retraction, metric=metric))
+        return self._cache[key]
 
-    def _factored_geometry(self, group: dict[str, Any]) -> _Factored:
+    def factored(self, group: dict[str, Any]) -> _Factored:
         """The geometry of a group of factors, built from the parameters' shapes and the group's
         options (and cached); raises ValueError on a group that does not fit it."""
         name = group["geometry"]
@@ -484,8 +488,8 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
                 options["pattern"] = tuple(tuple(int(i) for i in e) for e in group["pattern"])
             options["groups"] = group.get("groups", "components")
         key = (name, tuple(tuple(p.shape) for p in params), tuple(sorted(options.items())))
-        if key in self._geometries:
-            return self._geometries[key]
+        if key in self._cache:
+            return self._cache[key]
         try:
             geometry = GEOMETRIES[name](sizes["m"], sizes["n"], sizes["r"], **options)
         except TypeError as err:
@@ -504,23 +508,111 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
             raise ValueError(
                 f"{label}: the factors' batch shapes differ: {[tuple(q.shape) for q in params]}"
             )
-        self._geometries[key] = _Factored(geometry)
-        return self._geometries[key]
+        self._cache[key] = _Factored(geometry)
+        return self._cache[key]
 
-    def _points(self, gi: int, group: dict[str, Any]) -> list[_Point]:
-        """The points of a geometry group that have a gradient: each parameter of a Stiefel
-        group, or the group's one point when any of its factors has a gradient (a factor
-        without one counts as zero)."""
+    def points(self, gi: int, group: dict[str, Any], all_: bool = False) -> list[_Point]:
+        """The points of a geometry group that have a gradient (every point with ``all_``):
+        each parameter of a Stiefel group, or the group's one point when any of its factors has
+        a gradient (a factor without one counts as zero)."""
         params = group["params"]
         if group["geometry"] == "stiefel":
             return [
-                _Point(self._stiefel(group, p), [p], gi, [pi])
+                _Point(self.stiefel(group, p), [p], gi, [pi])
                 for pi, p in enumerate(params)
-                if p.grad is not None
+                if all_ or p.grad is not None
             ]
-        if all(p.grad is None for p in params):
+        if not all_ and all(p.grad is None for p in params):
             return []
-        return [_Point(self._factored_geometry(group), params, gi, range(len(params)))]
+        return [_Point(self.factored(group), params, gi, range(len(params)))]
+
+
+# -- the base class ----------------------------------------------------------------------------
+class _RiemannianOptimizer(torch.optim.Optimizer):
+    """Shared machinery: group validation, the bad-gradient check, AdamW for plain groups, and
+    the compute-all-then-commit step of points. Subclasses define ``_init_point_state`` and
+    ``_rule`` (the step of a point as (u, c): ξ = c·u frame by frame, c None for ξ = u) and list
+    the state entries that are tangent vectors in ``_transported``."""
+
+    _transported: tuple[str, ...] = ()
+
+    def __init__(self, params: Iterable, defaults: dict[str, Any]):
+        self._geometries = _Geometries()
+        self._layouts: dict[tuple, dict[str, Any]] = {}
+        #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
+        self.skipped_steps = 0
+        super().__init__(params, defaults)
+
+    # -- groups ------------------------------------------------------------------------------
+    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+        """Validate the hyperparameters of one group (subclasses extend)."""
+        _positive("lr", group["lr"])
+        _betas(group["betas"])
+        _nonnegative("eps", group["eps"])
+        _nonnegative("weight_decay", group["weight_decay"])
+        if group.get("trust_radius") is not None:
+            _positive("trust_radius", group["trust_radius"])
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, then the group's checks (hyperparameters, geometry,
+        shapes, every point on its manifold); a refused group leaves the optimizer as it was."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._check_group(group)
+            if group.get("geometry") is not None:
+                self._check_points(
+                    self._geometries.points(len(self.param_groups) - 1, group, all_=True)
+                )
+        except Exception:
+            self.param_groups.pop()
+            raise
+
+    def _check_points(self, points: Sequence[_Point]) -> None:
+        for point in points:
+            try:
+                point.geometry.check_point(point.value())
+            except ValueError as err:
+                raise ValueError(f"{self._point_name(point)}: {err}; {_REPROJECT_HINT}") from None
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        self._check_hyperparameters(group)
+        name = group.get("geometry")
+        for p in group["params"]:
+            if not p.dtype.is_floating_point or p.is_complex():
+                raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
+        if name is None:
+            return
+        if name not in GEOMETRIES:
+            raise ValueError(
+                f"unknown geometry {name!r} for a parameter group; choose one of "
+                f"{tuple(GEOMETRIES)} (or none, for plain parameters updated by AdamW)"
+            )
+        if name == "stiefel":
+            self._check_stiefel_group(group)
+        else:
+            self._geometries.factored(group)  # builds it from the shapes: validates the group
+        if name in FRAME_GEOMETRIES and group["weight_decay"] > 0.0:
+            warnings.warn(
+                _DECAY_MESSAGE.format(wd=group["weight_decay"]),
+                FrameDecayWarning,
+                stacklevel=_caller_stacklevel(),
+            )
+
+    @staticmethod
+    def _check_stiefel_group(group: dict[str, Any]) -> None:
+        if group.get("retraction", "polar") not in RETRACTIONS:
+            raise ValueError(
+                f"unknown retraction {group['retraction']!r}; choose one of {RETRACTIONS}"
+            )
+        if group.get("metric", "embedded") not in METRICS:
+            raise ValueError(f"unknown metric {group['metric']!r}; choose one of {METRICS}")
+        for p in group["params"]:
+            if p.ndim < 2 or p.shape[-1] > p.shape[-2] or p.shape[-1] < 1:
+                raise ValueError(
+                    "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
+                    f"parameter of shape {tuple(p.shape)}"
+                )
 
     @staticmethod
     def _new_step() -> Tensor:
@@ -584,13 +676,171 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
                 message + "; no parameter or state was changed (pass skip_nonfinite=True to "
                 "skip such steps with a warning instead)"
             )
+        self._check_points([point for point in points if not self.state.get(point.key)])
         for point in points:
-            if not self.state.get(point.key):
-                try:
-                    point.geometry.check_point(point.value())
-                except ValueError as err:
-                    raise ValueError(f"{self._point_name(point)}: {err}") from None
+            if self.state.get(point.key):
+                self._check_state(point, self.state[point.key], deep=False)
+        for gi, pi, p in items:
+            if self.param_groups[gi].get("geometry") is None and self.state.get(p):
+                self._check_plain_state(gi, pi, p, self.state[p], deep=False)
         return True
+
+    # -- state checks (before a step writes anything, and on load) ------------------------------
+    def _expected_state(self, point: _Point) -> dict[str, Any]:
+        """The layout (key -> shape, or tuple of shapes) of the state of ``point``, from the
+        state this optimizer would create for it (computed once per layout)."""
+        group = self.param_groups[point.gi]
+        key = (
+            point.geometry.name,
+            tuple(tuple(p.shape) for p in point.params),
+            group.get("moment"),
+        )
+        if key not in self._layouts:
+            fresh = self._init_point_state(group, point.geometry, point)
+            del fresh["step"]
+            self._layouts[key] = {k: validation.shape_of(v) for k, v in fresh.items()}
+        return self._layouts[key]
+
+    def _check_state(self, point: _Point, state: Any, deep: bool) -> None:
+        """The stored state of ``point`` has this optimizer's keys and layout; with ``deep``
+        also finite entries, √v ≥ 0, an integer step and tangent moments (``validation``)."""
+        where = f"state of {self._point_name(point)}"
+        expected = self._expected_state(point)
+        if not isinstance(state, dict) or set(state) != {"step", *expected}:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"{where}: expected the entries {sorted({'step', *expected})} of "
+                f"{type(self).__name__}, got {got}"
+            )
+        for k, shape in expected.items():
+            validation.check_layout(f"{where}['{k}']", state[k], shape)
+        if not deep:
+            return
+        validation.check_step(f"{where}['step']", state["step"])
+        for k in expected:
+            validation.check_values(f"{where}['{k}']", state[k], nonnegative=k == "sqrt_v")
+        single = isinstance(point.geometry, _StiefelFrames)
+        for k in self._transported:
+            u = (state[k],) if single else tuple(state[k])
+            validation.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
+
+    def _check_plain_state(self, gi: int, pi: int, p: Tensor, state: Any, deep: bool) -> None:
+        """The AdamW state of a plain parameter: step, exp_avg and exp_avg_sq of p's shape
+        (with ``deep``: finite, exp_avg_sq ≥ 0, an integer step)."""
+        where = f"state of {self._param_name(gi, pi, p)}"
+        keys = {"step", "exp_avg", "exp_avg_sq"}
+        if not isinstance(state, dict) or set(state) != keys:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
+        for k in ("exp_avg", "exp_avg_sq"):
+            validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
+            if deep:
+                validation.check_values(f"{where}['{k}']", state[k], k == "exp_avg_sq")
+        if deep:
+            validation.check_step(f"{where}['step']", state["step"])
+
+    # -- loading state -------------------------------------------------------------------------
+    #: Group entries that fix the geometry of a group's points and the layout of their state.
+    _STRUCTURE = (
+        "geometry",
+        "retraction",
+        "metric",
+        "moment",
+        "n_heads",
+        "n_kv_heads",
+        "pattern",
+        "groups",
+    )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict`` after checking everything it would load: the groups
+        (same geometry and options as this optimizer's, valid hyperparameters), and the state
+        of every parameter (this optimizer's entries and shapes, finite values, √v ≥ 0, integer
+        steps, moments tangent at the current points within sqrt(ε) of their dtype — load the
+        model's state first). A refused state dict changes nothing. √v keeps its documented
+        dtype (at least float32; torch would cast it to the parameter's dtype, and in bfloat16
+        √β2·√v rounds back to √v, so √v would stop decaying)."""
+        if not (
+            isinstance(state_dict, dict)
+            and isinstance(state_dict.get("state"), dict)
+            and isinstance(state_dict.get("param_groups"), list | tuple)
+        ):
+            raise ValueError(
+                "not an optimizer state dict: expected {'state': ..., 'param_groups': [...]}"
+            )
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"the state dict has {len(saved_groups)} parameter groups, this optimizer "
+                f"{len(self.param_groups)}"
+            )
+        ids: dict[Any, tuple[int, int]] = {}
+        for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
+            self._check_saved_group(gi, saved, group)
+            for pi, sid in enumerate(saved["params"]):
+                ids[sid] = (gi, pi)
+        unknown = [k for k in state_dict["state"] if k not in ids]
+        if unknown:
+            raise ValueError(
+                f"the state dict has state for parameter ids {unknown} that no group lists"
+            )
+        saved = state_dict["state"]
+        self._check_saved_state(saved, ids, saved_groups)
+        sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
+        super().load_state_dict(state_dict)
+        for (gi, pi), value in sqrt_v.items():
+            group = self.param_groups[gi]
+            p = group["params"][pi]
+            if group.get("moment", "frame") == "frame":
+                dtype = torch.promote_types(p.dtype, torch.float32)
+                self.state[p]["sqrt_v"] = value.to(device=p.device, dtype=dtype).clone()
+
+    def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
+        where = f"param_groups[{gi}] of the state dict"
+        if not isinstance(saved, dict) or not isinstance(saved.get("params"), list | tuple):
+            raise ValueError(f"{where}: expected a dict with a 'params' list")
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(
+                f"{where}: {len(saved['params'])} parameters, this optimizer's group "
+                f"{len(group['params'])}"
+            )
+        for k in self._STRUCTURE:
+            if saved.get(k) != group.get(k):
+                raise ValueError(
+                    f"{where}: {k}={saved.get(k)!r}, but this optimizer's group has "
+                    f"{k}={group.get(k)!r} (a state dict of another optimizer or another "
+                    "model layout; e.g. loading torch.optim.AdamW's would train frames as plain "
+                    "parameters)"
+                )
+        merged = {**group, **{k: v for k, v in saved.items() if k != "params"}}
+        try:
+            self._check_hyperparameters(merged)
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{where}: {err}") from None
+
+    def _check_saved_state(
+        self, saved: dict[Any, Any], ids: dict[Any, tuple[int, int]], saved_groups: Sequence
+    ) -> None:
+        """Every saved state entry against the current parameters (``_check_state``)."""
+        for gi, group in enumerate(self.param_groups):
+            sids = list(saved_groups[gi]["params"])
+            if group.get("geometry") is None:
+                for pi, p in enumerate(group["params"]):
+                    entry = saved.get(sids[pi])
+                    if entry:
+                        self._check_plain_state(gi, pi, p, entry, deep=True)
+                continue
+            for point in self._geometries.points(gi, group, all_=True):
+                owners = [sids[pi] for pi in point.pis]
+                entry = saved.get(owners[0])
+                stray = [sid for sid in owners[1:] if saved.get(sid)]
+                if stray:
+                    raise ValueError(
+                        f"state of {self._point_name(point)}: a point's state lives with its "
+                        f"first factor, got state for parameter ids {stray} too"
+                    )
+                if entry:
+                    self._check_state(point, entry, deep=True)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -611,7 +861,7 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
             point
             for gi, group in enumerate(self.param_groups)
             if group.get("geometry") is not None
-            for point in self._points(gi, group)
+            for point in self._geometries.points(gi, group)
         ]
         if not self._validate(items, points):
             self.skipped_steps += 1
@@ -710,6 +960,43 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         return tangent[0] if isinstance(geometry, _StiefelFrames) else tuple(tangent)
 
 
+# -- re-projection -------------------------------------------------------------------------------
+@torch.no_grad()
+def reproject(param_groups: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Put every point of the geometry groups back on its manifold, in place, and return the
+    largest orthonormality residual ‖FᵀF − I‖ found before, per group (``"param_groups[i]"``).
+
+    Each orthonormal factor F (a Stiefel frame; U and V of R1, P1, P2, P3; the stacked factors
+    of a block variant) becomes polar(F) = F(FᵀF)^{-1/2}, the nearest frame in Frobenius norm,
+    computed in float64 and cast back to F's dtype; the other factors (S of R1, R2's A and B)
+    are left as they are. Use it after a dtype cast (``model.to(torch.float64)`` of a model
+    built in float32 leaves frames off St by float32 rounding, which the optimizer refuses) or
+    after loading weights made elsewhere; ``param_groups`` are those given to an optimizer (or
+    ``torch_port.nn.parameter_groups(model)``). Groups without a geometry are skipped."""
+    geometries = _Geometries()
+    worst: dict[str, float] = {}
+    for gi, group in enumerate(param_groups):
+        if group.get("geometry") is None:
+            continue
+        group = {**group, "params": list(group["params"])}
+        for point in geometries.points(gi, group, all_=True):
+            x = list(point.value())
+            inner = point.geometry.g if isinstance(point.geometry, _Factored) else None
+            indices = (0,) if inner is None else _orthonormal_factors(inner)
+            for i in indices:
+                res = float(linalg.orthonormality_residual(x[i]).max()) if x[i].numel() else 0.0
+                worst[f"param_groups[{gi}]"] = max(worst.get(f"param_groups[{gi}]", 0.0), res)
+                x[i] = linalg.polar(x[i].to(torch.float64)).to(x[i].dtype)
+            for p, v in zip(point.params, point.unpack(tuple(x)), strict=True):
+                p.copy_(v)
+    return worst
+
+
+def _orthonormal_factors(geometry: Any) -> tuple[int, ...]:
+    base = geometry.base if isinstance(geometry, BlockGeometry) else geometry
+    return tuple(base.orthonormal_factors)
+
+
 # -- the four presets ----------------------------------------------------------------------------
 class RiemannianAdam(_RiemannianOptimizer):
     """Riemannian Adam of Stiefel attention (``reference.optim.riemannian_adam``).
@@ -797,11 +1084,17 @@ class RiemannianAdam(_RiemannianOptimizer):
             else:
                 root = geometry.frame_norms(x, g)
             sqrt_v = torch.hypot(rb2 * sv, r1mb2 * root.to(sv.dtype))
+            if eps == 0.0 and bool(((sqrt_v == 0) & (root > 0)).any()):
+                raise ValueError(
+                    f"√v = √(1 − β2)·RMS(g) underflows to 0 in {sqrt_v.dtype} for a nonzero "
+                    f"gradient (RMS(g) = {float(root[sqrt_v == 0].max()):.3e}), so with eps = 0 "
+                    "the step is undefined; use eps > 0 or float64 parameters"
+                )
             m = _lerp(geometry, state["exp_avg"], g, 1.0 - b1)  # may overwrite g
-            c = -lr * _safe_ratio(1.0 / c1, sqrt_v / c2 + eps)  # ξ = c·m per frame
+            u, k = _ratio_step(geometry, m, 1.0 / c1, sqrt_v / c2 + eps, lr)
+            c = -lr * k  # ξ = c·u per frame
             if radius is not None:
-                c = c * _trust_factor(c.abs() * geometry.frame_norms(x, m).to(c.dtype), radius)
-            u = m
+                c = c * _trust_factor(c.abs() * geometry.frame_norms(x, u).to(c.dtype), radius)
         else:
             sqrt_v = tuple(
                 torch.hypot(rb2 * s, r1mb2 * torch.abs(gi)) for s, gi in zip(sv, g, strict=True)
@@ -916,8 +1209,8 @@ class NormalizedRSGD(_RiemannianOptimizer):
         super().__init__(params, defaults)
 
     def _rule(self, group, geometry, x, g, state):
-        c = -group["lr"] * _safe_ratio(1.0, _frame_rms(geometry, x, g))
-        return g, c, {"step": state["step"] + 1}
+        u, k = _ratio_step(geometry, g, 1.0, _frame_rms(geometry, x, g), group["lr"])
+        return u, -group["lr"] * k, {"step": state["step"] + 1}
 
 
 __all__ = [
@@ -928,4 +1221,5 @@ __all__ = [
     "NormalizedRSGD",
     "RiemannianAdam",
     "RiemannianMomentum",
+    "reproject",
 ]

@@ -48,6 +48,8 @@ class _FramePair(FactoredGeometry):
 
     _retractions: tuple[str, ...]
     point_kinds = ("row", "col")
+    #: Point factors with orthonormal columns (``optim.reproject`` restores them).
+    orthonormal_factors = (0, 1)
 
     def __init__(self, m: int, n: int, r: int, retraction: str):
         _validate(type(self).__name__, m, n, r, retraction, self._retractions)

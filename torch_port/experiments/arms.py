@@ -459,7 +459,8 @@ def train_run(
     and layers of ‖W_{t+1} − W_t‖_F for W_Q and W_K) and the final ``drift`` (mean over heads of
     ‖W_T − W_0‖_F). With a ``checkpoint`` the state is saved every ``checkpoint_every`` steps
     and a saved state is resumed (onto the model's device); ``stop_after`` stops after that many
-    steps of this call (saving first) and returns None, to test resumption."""
+    steps of this call (saving first) and returns None, to test resumption. The checkpoint is
+    left in place: ``run_cached`` removes it once the finished record is saved."""
     check_arms([arm])
     model = prepare_model(arm, task.make_model(seed, arm_geometry(arm)))
     opt = make_optimizer(
@@ -555,8 +556,6 @@ def train_run(
     if track_movement:
         record["movement"] = movement
         record["drift"] = _drift(init, model)
-    if checkpoint is not None:
-        checkpoint.remove()
     return record
 
 
@@ -599,6 +598,7 @@ def run_cached(
     if record is None:
         raise RuntimeError(f"run {key} stopped before its last step")
     finished.save({"record": record})
+    running.remove()  # only now: a kill before this line resumes from either file, never retrains
     return record
 
 

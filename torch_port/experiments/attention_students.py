@@ -287,7 +287,7 @@ def run_cells(
     """``[work(cell) for cell in cells]`` with a progress bar, saving the finished results to
     ``checkpoint`` after every cell. With ``resume`` a saved prefix is reused (each cell is a
     deterministic function of its own description, so resuming gives the uninterrupted result);
-    the checkpoint is removed when every cell is done."""
+    the caller removes the checkpoint once the results are written."""
     state = checkpoint.load() if resume else None
     done: list[dict[str, Any]] = list(state["done"]) if state else []
     if len(done) > len(cells):
@@ -299,7 +299,6 @@ def run_cells(
         checkpoint.save({"done": done})
         bar.update(1)
     bar.close()
-    checkpoint.remove()
     return done
 
 
@@ -366,10 +365,11 @@ def run_experiment(
     directory = output_dir(options, name)
     start, cpu = time.perf_counter(), time.process_time()
     with torch_threads(config["threads"]):
+        checkpoint = Checkpoint(directory, config, "cells")
         runs = run_cells(
             cells(config),
             work(config),
-            Checkpoint(directory, config, "cells"),
+            checkpoint,
             resume=options.resume,
             desc=name,
             show=options.progress,
@@ -380,4 +380,5 @@ def run_experiment(
         summary["plots"] = plots(directory, config, summary, runs)
         document = results_document(name, options, config, runs, summary, "cpu")
     write_results(directory, document, markdown(config, summary, summary["wall_seconds"]))
+    checkpoint.remove()  # after the results: a kill before this line loses no finished cell
     return document

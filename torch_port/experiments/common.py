@@ -16,13 +16,17 @@ run is in progress (removed when it completes).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import fcntl
 import hashlib
+import io
 import json
 import math
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -148,21 +152,69 @@ def results_document(
     )
 
 
+#: Output directories this process holds the lock of: path -> open lock file.
+_LOCKS: dict[Path, Any] = {}
+
+
 def output_dir(options: RunOptions, name: str) -> Path:
-    """``<out>/<name>``, created; an unusable directory is a clear error before any work."""
+    """``<out>/<name>``, created and locked for this process; an unusable directory, or one
+    that another running process holds, is a clear error before any work.
+
+    The lock is ``fcntl.flock`` on ``<out>/<name>/.lock``, which holds the owner's pid: the
+    system releases it when the owner exits, however it exits, so a killed run leaves no stale
+    lock. ``write_results`` (a run's last write) gives it up; a run that fails keeps it until
+    this process ends."""
     path = Path(options.out) / name
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot write results to {str(path)!r}: {exc.strerror}") from None
+    key = path.resolve()
+    if key in _LOCKS:
+        return path
+    lock_path = path / ".lock"
+    try:
+        fh = open(lock_path, "a+")
+    except OSError as exc:
+        raise ValueError(f"cannot write results to {str(path)!r}: {exc.strerror}") from None
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.seek(0)
+        owner = fh.read().strip() or "unknown"
+        fh.close()
+        raise ValueError(
+            f"another run (pid {owner}) is writing to {str(path)!r}; wait for it to finish or "
+            "choose another --out"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    _LOCKS[key] = fh
     return path
 
 
+def release_output_dir(path: Path) -> None:
+    """Give up this process's lock on an output directory of ``output_dir`` (if held)."""
+    fh = _LOCKS.pop(Path(path).resolve(), None)
+    if fh is not None:
+        fh.close()
+
+
+@atexit.register
+def _release_all() -> None:
+    for path in list(_LOCKS):
+        release_output_dir(path)
+
+
 def write_results(directory: Path, document: Mapping[str, Any], markdown: str) -> list[Path]:
-    """Write ``results.json`` and ``results.md`` into ``directory``; return their paths."""
+    """Write ``results.json`` and ``results.md`` into ``directory`` and release its lock
+    (``output_dir``); return their paths."""
     json_path, md_path = directory / "results.json", directory / "results.md"
     json_path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", "utf-8")
     md_path.write_text(markdown.rstrip() + "\n", "utf-8")
+    release_output_dir(directory)
     return [json_path, md_path]
 
 
@@ -212,11 +264,45 @@ def figure(path: Path, ncols: int = 1, width: float = 5.0, height: float = 3.6) 
         plt.close(fig)
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with NumPy scalars as Python numbers (equal values; pickled NumPy scalars
+    would need one more allowed global), containers rebuilt, everything else as it is."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+#: What ``weights_only`` loading may build besides tensors and containers: NumPy arrays and
+#: scalars of numeric and bool dtypes (results of finished cells); no object arrays.
+_NUMPY_GLOBALS = [
+    np.zeros(1).__reduce__()[0],  # numpy's array reconstructor (its module moved in NumPy 2)
+    np.ndarray,
+    np.dtype,
+    *(type(np.dtype(code)) for code in "?bBhHiIlLqQefdg"),
+]
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be trusted: not one of ours, corrupted or unreadable."""
+
+
 class Checkpoint:
-    """Resumable progress of a long run: a dict saved atomically with ``torch.save``.
+    """Resumable progress of a long run: a dict of tensors and plain values, saved atomically.
 
     The file name carries a hash of the configuration and of the key (e.g. seed and arm), so a
-    checkpoint is only ever resumed by the same configuration."""
+    checkpoint is only ever resumed by the same configuration.
+
+    File format (no code runs when it is read): the line ``MAGIC``, the SHA-256 of the payload
+    in hex and a newline, then the payload, ``torch.save`` of the dict. It is read back with
+    ``torch.load(weights_only=True)``, which admits tensors, containers and numbers only, after
+    the checksum has been verified, so a flipped bit or a truncated file is refused with the
+    file's name (``CheckpointError``) instead of resuming to different results."""
+
+    MAGIC = b"rattn-checkpoint 1\n"
 
     def __init__(self, directory: Path, config: Mapping[str, Any], key: str):
         digest = hashlib.sha256(
@@ -224,16 +310,55 @@ class Checkpoint:
         ).hexdigest()[:16]
         self.path = Path(directory) / f"checkpoint-{digest}.pt"
 
+    def _refuse(self, problem: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint {str(self.path)!r} {problem}; delete it or rerun with --no-resume to "
+            "start this run afresh"
+        )
+
     def load(self) -> dict[str, Any] | None:
-        """The saved state, or None when there is none."""
-        if not self.path.exists():
+        """The saved state, or None when there is none; CheckpointError for a file that is not
+        a checkpoint of this format, fails its checksum or does not load as plain data."""
+        try:
+            blob = self.path.read_bytes()
+        except FileNotFoundError:
             return None
-        return torch.load(self.path, map_location="cpu", weights_only=False)
+        except OSError as exc:
+            raise self._refuse(f"cannot be read ({exc.strerror})") from None
+        head = len(self.MAGIC) + 65  # magic, 64 hex digits, newline
+        if not blob.startswith(self.MAGIC):
+            raise self._refuse("is not a rattn checkpoint (its first bytes are not the header)")
+        if len(blob) < head:
+            raise self._refuse(f"is truncated ({len(blob)} bytes, shorter than its header)")
+        digest, payload = blob[len(self.MAGIC) : head - 1], blob[head:]
+        if hashlib.sha256(payload).hexdigest().encode() != digest:
+            raise self._refuse(
+                f"is corrupted: the SHA-256 of its {len(payload)}-byte payload does not match "
+                "the one recorded in it (flipped bits or a truncated file)"
+            )
+        try:
+            with torch.serialization.safe_globals(_NUMPY_GLOBALS):
+                state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise self._refuse(f"does not load as plain data ({type(exc).__name__})") from None
+        if not isinstance(state, dict):
+            raise self._refuse(f"holds a {type(state).__name__}, not a dict")
+        return state
 
     def save(self, state: Mapping[str, Any]) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(dict(state), tmp)
-        os.replace(tmp, self.path)
+        """Write ``state`` to a temporary file of this process, then rename it into place."""
+        buffer = io.BytesIO()
+        torch.save(_plain(dict(state)), buffer)
+        payload = buffer.getvalue()
+        digest = hashlib.sha256(payload).hexdigest().encode()
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(self.MAGIC + digest + b"\n" + payload)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)

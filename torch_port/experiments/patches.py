@@ -127,12 +127,83 @@ def cifar_directory(data_dir: Path) -> Path:
     return nested if nested.is_dir() else data_dir
 
 
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler for CIFAR-10's python batches that can build nothing but what the format
+    holds: dicts, lists, bytes, str and numbers (pickle's own opcodes) and NumPy arrays of a
+    numeric dtype (``ndarray``, ``dtype`` and the array reconstructor). Any other global, e.g. a
+    planted ``os.system``, is refused before it is called, so no code from the file runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _CIFAR_GLOBALS.get((module, name))
+        if allowed is None:
+            raise pickle.UnpicklingError(
+                f"refused to load {module}.{name}: a CIFAR-10 batch holds only dicts, lists, "
+                "bytes, numbers and numeric NumPy arrays"
+            )
+        return allowed
+
+
+def _numeric_dtype(spec: Any, align: bool = False, copy: bool = False) -> np.dtype:
+    """``numpy.dtype`` for a plain numeric type code only (no object or structured dtypes)."""
+    if isinstance(spec, bytes):
+        spec = spec.decode("ascii", "replace")
+    if not isinstance(spec, str | np.dtype):
+        raise pickle.UnpicklingError(f"refused a NumPy dtype built from {type(spec).__name__}")
+    dtype = np.dtype(spec)
+    if dtype.kind not in "biuf":
+        raise pickle.UnpicklingError(f"refused a NumPy array of dtype {dtype} (not numeric)")
+    return dtype
+
+
+def _reconstruct(cls: Any, shape: Any, dtype: Any) -> np.ndarray:
+    """NumPy's pickle reconstructor for a plain ndarray (no subclass)."""
+    if cls is not np.ndarray:
+        raise pickle.UnpicklingError(f"refused to reconstruct a {cls!r}")
+    return np.ndarray.__new__(np.ndarray, shape, _numeric_dtype(dtype))
+
+
+def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: str) -> np.ndarray:
+    """NumPy's pickle-protocol-5 array constructor, for a numeric dtype only."""
+    return np.frombuffer(buffer, dtype=_numeric_dtype(dtype)).reshape(shape, order=order)
+
+
+def _scalar(dtype: Any, data: bytes) -> Any:
+    """NumPy's pickled scalar (e.g. a label saved as numpy.int64), for a numeric dtype only."""
+    return np.frombuffer(data, dtype=_numeric_dtype(dtype), count=1)[0]
+
+
+def _encode(text: Any, encoding: str = "utf-8") -> bytes:
+    """``_codecs.encode`` for a string: how pickle protocol 2 writes Python 3 bytes."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise pickle.UnpicklingError("refused _codecs.encode of anything but a latin-1 string")
+    return text.encode("latin1")
+
+
+#: The only globals a CIFAR-10 batch may name (NumPy 1 and NumPy 2 module paths).
+_CIFAR_GLOBALS = {
+    ("_codecs", "encode"): _encode,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): _numeric_dtype,
+    **{
+        (f"numpy.{core}.{module}", name): function
+        for core in ("core", "_core")
+        for module, name, function in (
+            ("multiarray", "_reconstruct", _reconstruct),
+            ("multiarray", "scalar", _scalar),
+            ("numeric", "_frombuffer", _frombuffer),
+        )
+    },
+}
+
+
 def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, 32, 32, 3) uint8 and labels (N,) of one pickled CIFAR-10 batch."""
+    """Images (N, 32, 32, 3) uint8 and labels (N,) of one pickled CIFAR-10 batch, read with
+    ``_CifarUnpickler`` (no code runs) and checked: pixel values integers in 0…255, labels
+    integers in 0…9."""
     try:
         with open(path, "rb") as fh:
-            batch = pickle.load(fh, encoding="bytes")
-    except Exception as exc:  # a truncated or foreign file: name it
+            batch = _CifarUnpickler(fh, encoding="bytes").load()
+    except Exception as exc:  # a truncated, foreign or planted file: name it
         raise ValueError(
             f"CIFAR-10 file {str(path)!r} is not a python pickle batch: {exc}"
         ) from None
@@ -142,18 +213,37 @@ def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     labels = batch.get(b"labels", batch.get("labels"))
     if data is None or labels is None:
         raise ValueError(f"CIFAR-10 file {str(path)!r} lacks the 'data' or 'labels' entry")
-    data, labels = np.asarray(data), np.asarray(labels)
-    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+    data, labels = _numeric(path, "data", data), _numeric(path, "labels", labels)
+    if data.ndim != 2 or data.shape[1] != 3072 or labels.ndim != 1 or len(labels) != len(data):
         raise ValueError(
-            f"CIFAR-10 file {str(path)!r}: data of shape {data.shape} with {len(labels)} labels "
-            "(expected (N, 3072) and N labels)"
+            f"CIFAR-10 file {str(path)!r}: data of shape {data.shape} with labels of shape "
+            f"{labels.shape} (expected (N, 3072) and (N,))"
         )
-    if len(labels) and (labels.min() < 0 or labels.max() > 9):
-        raise ValueError(
-            f"CIFAR-10 file {str(path)!r}: labels outside 0…9 ({labels.min()}…{labels.max()})"
-        )
+    for what, values, top in (("pixel values", data, 255), ("labels", labels, 9)):
+        if values.size == 0:
+            continue
+        bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0) | (values > top)
+        if bad.any():
+            first = values.reshape(-1)[np.argmax(bad.reshape(-1))].item()
+            raise ValueError(
+                f"CIFAR-10 file {str(path)!r}: {int(bad.sum())} {what} are not integers in "
+                f"0…{top} (e.g. {first!r})"
+            )
     images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.uint8)
     return images, labels.astype(np.int64)
+
+
+def _numeric(path: Path, what: str, value: Any) -> np.ndarray:
+    """``value`` as a real numeric array, or a ValueError naming the file and the entry."""
+    try:
+        array = np.asarray(value)
+    except ValueError as exc:  # ragged lists
+        raise ValueError(f"CIFAR-10 file {str(path)!r}: '{what}' is not an array: {exc}") from None
+    if array.dtype.kind not in "biuf":
+        raise ValueError(
+            f"CIFAR-10 file {str(path)!r}: '{what}' must be numeric, got dtype {array.dtype}"
+        )
+    return array.astype(np.float64) if array.dtype.kind == "f" else array
 
 
 def load_cifar10(data_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -1,0 +1,111 @@
+"""Checks of optimizer state before an optimizer uses it: layout, finiteness, ranges, tangency.
+
+``torch_port.optim`` runs the layout checks (``check_layout``) on every state a step will touch,
+before it writes anything, and the full checks (``check_values``, ``check_tangent``) on every
+state ``load_state_dict`` is given, before it changes anything. Each raises ValueError naming
+the state entry (``where``) and the measured value.
+
+Tangency tolerance. A stored moment m is tangent at the point x up to rounding: the library
+writes m = P_x(m') (the transport) in the state's dtype, with x itself within sqrt(ε) of its
+manifold (``check_point``'s rule). The defect ‖P_x(m) − m‖_x, measured in float64 from the
+stored entries, is refused above sqrt(ε)·‖m‖_x per frame (ε of the state's dtype; 1.5e-8 in
+float64, 3.5e-4 in float32, 0.088 in bfloat16), plus the smallest normal number of the dtype
+(for m at zero). That is the rule ``check_point`` uses for points: states written by this
+library sit orders of magnitude below it (tests/test_reliability_torch.py measures them after
+training in each dtype), while a moment that is not tangent has a defect of order ‖m‖ (for a
+random m on St(d, r): about sqrt((r + 1)/(2d))·‖m‖).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def tangent_tolerance(dtype: torch.dtype) -> float:
+    """sqrt(ε) of ``dtype``: the relative tangency defect a stored moment may have."""
+    return math.sqrt(torch.finfo(dtype).eps)
+
+
+def shape_of(value: Any) -> Any:
+    """The shape of a tensor, or the tuple of the shapes of a tuple of tensors."""
+    if isinstance(value, tuple | list):
+        return tuple(shape_of(v) for v in value)
+    return tuple(value.shape)
+
+
+def check_layout(where: str, value: Any, expected: Any) -> None:
+    """``value`` is a floating tensor (or a tuple of them) of the ``expected`` shapes (a shape
+    tuple, or a tuple of them for a tangent vector with several parts)."""
+    parts = isinstance(expected, tuple) and bool(expected) and isinstance(expected[0], tuple)
+    if parts:
+        if not isinstance(value, tuple | list) or len(value) != len(expected):
+            got = f"{len(value)} parts" if isinstance(value, tuple | list) else type(value).__name__
+            raise ValueError(f"{where}: expected a tuple of {len(expected)} tensors, got {got}")
+        for k, (v, e) in enumerate(zip(value, expected, strict=True)):
+            check_layout(f"{where}[{k}]", v, e)
+        return
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(
+            f"{where}: expected a tensor of shape {expected}, got {type(value).__name__}"
+        )
+    if not value.dtype.is_floating_point:
+        raise ValueError(f"{where}: expected a real floating tensor, got dtype {value.dtype}")
+    if tuple(value.shape) != tuple(expected):
+        raise ValueError(f"{where}: expected shape {tuple(expected)}, got {tuple(value.shape)}")
+
+
+def check_step(where: str, value: Any) -> None:
+    """The step count: a finite integer ≥ 0 (a 0-dim tensor or a number)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.is_complex():
+            raise ValueError(
+                f"{where}: expected a scalar step count, got shape {tuple(value.shape)}"
+            )
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{where}: expected a step count, got {type(value).__name__}")
+    if not (math.isfinite(value) and value >= 0 and value == int(value)):
+        raise ValueError(f"{where}: the step count must be an integer ≥ 0, got {value!r}")
+
+
+def check_values(where: str, value: Any, nonnegative: bool = False) -> None:
+    """Every entry finite (and ≥ 0 when ``nonnegative``, e.g. √v or Adam's v)."""
+    for k, t in enumerate(value if isinstance(value, tuple | list) else (value,)):
+        label = f"{where}[{k}]" if isinstance(value, tuple | list) else where
+        bad = int((~torch.isfinite(t)).sum())
+        if bad:
+            raise ValueError(f"{label}: {bad} non-finite entries (NaN or inf) of {t.numel()}")
+        if nonnegative and t.numel() and bool((t < 0).any()):
+            raise ValueError(
+                f"{label}: {int((t < 0).sum())} negative entries (smallest {float(t.min()):.3e}); "
+                "a second moment is ≥ 0"
+            )
+
+
+def check_tangent(where: str, geometry: Any, x: Sequence[Tensor], u: Sequence[Tensor]) -> None:
+    """‖P_x(u) − u‖_x ≤ sqrt(ε)·‖u‖_x + tiny per frame, measured in float64 (module docstring);
+    ``geometry`` is the optimizer's view of the point's geometry (``proj_tangent``,
+    ``frame_norms``)."""
+    dtype = u[0].dtype
+    x64 = tuple(t.to(torch.float64) for t in x)
+    u64 = tuple(t.to(torch.float64) for t in u)
+    p64 = geometry.proj_tangent(x64, u64)
+    defect = geometry.frame_norms(x64, tuple(a - b for a, b in zip(p64, u64, strict=True)))
+    size = geometry.frame_norms(x64, u64)
+    bound = tangent_tolerance(dtype) * size + torch.finfo(dtype).tiny
+    off = defect > bound
+    if bool(off.any()):
+        worst = int(torch.argmax((defect / bound).reshape(-1)))
+        raise ValueError(
+            f"{where} is not tangent at the point: ‖P(m) − m‖ = "
+            f"{float(defect.reshape(-1)[worst]):.3e} against ‖m‖ = "
+            f"{float(size.reshape(-1)[worst]):.3e} (tolerance sqrt(ε) = "
+            f"{tangent_tolerance(dtype):.1e} relative, {int(off.sum())} of {off.numel()} frames "
+            "off)"
+        )
