@@ -290,3 +290,15 @@ def test_float16_gradient_near_its_largest_value_steps(d: int, r: int) -> None:
     assert step == pytest.approx(
         _one_step(tp.RiemannianAdam, torch.float64, 6e4, d=d, r=r), rel=2e-2
     )
+
+
+def test_reliability_doc_examples_run() -> None:
+    """Every Python block of docs/reliability.md runs as written."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "reliability.md").read_text("utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/reliability.md", "exec"), {})
