@@ -10,6 +10,7 @@ the candidates are interleaved round by round so that machine noise hits all of 
 from __future__ import annotations
 
 import gc
+import importlib.util
 import itertools
 import linecache
 import math
@@ -26,6 +27,7 @@ import scipy
 from tqdm import tqdm
 
 import reference as ref
+from proofs_checks.memory import require_memory
 from reference.linalg import Array
 
 #: Shortest wall time of one timed sample; a sample repeats the call until it lasts about this long,
@@ -164,6 +166,12 @@ def _import_pymanopt(notes: list[str]) -> Any:
     return None
 
 
+def stiefel_bytes(d: int, r: int) -> int:
+    """Estimated peak memory of ``bench_stiefel(d, r)`` in bytes: 16 float64 d×r frames and 16
+    r×r matrices (9 to 12 d×r frames were measured at the peak, pymanopt's rows included)."""
+    return 8 * 16 * (d * r + r * r)
+
+
 def bench_stiefel(
     d: int = 512, r: int = 64, repeats: int = 30, seed: int = 0, *, progress: bool = True
 ) -> dict[str, Any]:
@@ -201,6 +209,7 @@ def bench_stiefel(
     """
     _check_repeats(repeats)
     st = ref.Stiefel(d, r)  # validates d and r
+    require_memory(f"bench stiefel at d={d}, r={r}", stiefel_bytes(d, r))
     rng = np.random.default_rng(seed)
     w = st.random_point(rng)
     z = rng.standard_normal(st.shape)
@@ -425,6 +434,22 @@ def _median_rows(
     return rows
 
 
+def geometries_bytes(m: int, n: int, r: int, scaling_sizes: tuple[int, ...] = SCALING_SIZES) -> int:
+    """Estimated peak memory of ``bench_geometries(m, n, r)`` in bytes. Every step it times is
+    built before the timing starts, so all are held at once: per geometry (and per peer row)
+    16 float64 (m + n)×r factors and 20 r×r matrices; with pymanopt importable, whose transport
+    forms the m×n matrix of ξ, 3 m×n matrices more; the scaling series likewise at (s, s, r).
+    (Measured: about 11 factors and 14 r×r matrices per geometry, 2 m×n matrices.)"""
+    peer = importlib.util.find_spec("pymanopt") is not None
+
+    def steps(m: int, n: int, geometries: int) -> int:
+        rows = geometries + (2 if peer else 0)
+        return rows * (16 * (m + n) * r + 20 * r * r) + (3 * m * n if peer else 0)
+
+    series = sum(steps(s, s, len(SCALING_GEOMETRIES)) for s in scaling_sizes)
+    return 8 * (steps(m, n, len(ref.GEOMETRIES)) + series)
+
+
 def bench_geometries(
     m: int = 512,
     n: int = 512,
@@ -472,6 +497,9 @@ def bench_geometries(
         raise ValueError(f"bench geometries needs r ≤ min(m, n), got m={m}, n={n}, r={r}")
     if any(s < r for s in scaling_sizes):
         raise ValueError(f"every scaling size must be ≥ r = {r}, got {list(scaling_sizes)}")
+    require_memory(
+        f"bench geometries at m={m}, n={n}, r={r}", geometries_bytes(m, n, r, scaling_sizes)
+    )
     rng = np.random.default_rng(seed)
     fns: dict[str, Callable[[], Any]] = {}
     extra: dict[str, dict[str, Any]] = {}
@@ -665,6 +693,18 @@ def _port_sizes(d: int, r: int) -> list[dict[str, Any]]:
             "r": 64,
         },
     ]
+
+
+def check_port_sizes(d: int, r: int, sizes: list[dict[str, Any]] | None = None) -> None:
+    """Refuse, before torch is imported or anything allocated, sizes ``bench_port`` cannot run:
+    not 1 ≤ r ≤ d, or an estimated peak above ``memory_limit``. The estimate: 28 float64 copies
+    of every frame (d×r, with an r×r matrix) of ``sizes`` (default ``_port_sizes(d, r)``): each
+    of four optimizers holds its own frames, gradients and state; 25 to 28 were measured."""
+    if isinstance(d, bool) or isinstance(r, bool) or not (1 <= r <= d):
+        raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={d}, r={r}")
+    sizes = _port_sizes(d, r) if sizes is None else sizes
+    entries = sum(s["params"] * math.prod(s["batch"]) * (s["d"] + s["r"]) * s["r"] for s in sizes)
+    require_memory(f"bench port at d={d}, r={r}", 8 * 28 * entries)
 
 
 def _import_geoopt(notes: list[str]) -> Any:
@@ -871,16 +911,15 @@ def bench_port(
     "ratio_to_adamw", "state_bytes", "param_bytes", "calls_per_sample"}], "targets": [...],
     "profile": {dtype: {...}}, "notes", "environment"}``.
     """
+    _check_repeats(repeats)
+    sizes = _port_sizes(d, r) if sizes is None else sizes
+    check_port_sizes(d, r, sizes)
     import torch
 
-    _check_repeats(repeats)
-    if isinstance(d, bool) or isinstance(r, bool) or not (1 <= r <= d):
-        raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={d}, r={r}")
     names = {"float32": torch.float32, "float64": torch.float64}
     bad = [t for t in dtypes if t not in names]
     if bad:
         raise ValueError(f"bench port dtypes are float32 and float64, got {bad}")
-    sizes = _port_sizes(d, r) if sizes is None else sizes
     notes: list[str] = []
     geoopt = _import_geoopt(notes)
     rows: list[dict[str, Any]] = []

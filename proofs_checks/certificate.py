@@ -5,9 +5,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
 import platform
+import secrets
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -19,6 +22,8 @@ from tqdm import tqdm
 from proofs_checks.registry import REGISTRY, CheckResult, Context, PropositionResult, run_check
 
 LIBRARIES = ("numpy", "scipy", "mpmath", "sympy", "hypothesis", "rattn")
+#: The files ``Certificate.write`` produces, in this order.
+CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex")
 
 
 def environment() -> dict[str, Any]:
@@ -186,19 +191,59 @@ class Certificate:
         return "\n".join(out)
 
     def write(self, out_dir: str | Path) -> list[Path]:
-        """Write certificate.json, certificate.md and certificate.tex into ``out_dir``."""
+        """Write certificate.json, certificate.md and certificate.tex into ``out_dir`` (created
+        if needed; refused first by ``check_destination``), all three or none: each is written
+        in full to a temporary file in ``out_dir``, and they are renamed into place
+        (``os.replace``) only when all three are written. An error or an interrupt while
+        writing leaves the previous certificates as they were and no temporary file behind."""
+        check_destination(out_dir)
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for suffix, text in (
-            ("json", self.to_json()),
-            ("md", self.to_markdown()),
-            ("tex", self.to_latex()),
-        ):
-            path = out / f"certificate.{suffix}"
-            path.write_text(text + ("\n" if suffix == "json" else ""), encoding="utf-8")
-            paths.append(path)
-        return paths
+        texts = {"json": self.to_json() + "\n", "md": self.to_markdown(), "tex": self.to_latex()}
+        temps: list[Path] = []
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for suffix, text in texts.items():
+                temps.append(out / f".certificate.{suffix}.{secrets.token_hex(4)}.tmp")
+                with temps[-1].open("x", encoding="utf-8") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            for tmp, name in zip(temps, CERTIFICATE_FILES, strict=True):
+                os.replace(tmp, out / name)
+        except BaseException:
+            for tmp in temps:
+                tmp.unlink(missing_ok=True)
+            raise
+        return [out / name for name in CERTIFICATE_FILES]
+
+
+def check_destination(out_dir: str | Path) -> None:
+    """Refuse a destination the certificates could not be written to, so that ``rattn certify``
+    says so before its checks run rather than after: ``out_dir`` must be a directory or be
+    creatable as one (its nearest existing ancestor a directory), none of CERTIFICATE_FILES in
+    it may be a directory, and that directory must take a new file (probed with a temporary
+    file, removed at once). Raises ValueError naming the path and the problem; creates
+    nothing."""
+    out = Path(out_dir)
+    prefix = f"cannot write certificates to {str(out)!r}"
+    for name in CERTIFICATE_FILES:
+        if (out / name).is_dir():
+            raise ValueError(f"{prefix}: {str(out / name)!r} is a directory")
+    existing = out
+    while not os.path.lexists(existing):
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "it" if existing == out else repr(str(existing))
+        kind = "a file, not a directory" if existing.is_file() else "not a directory"
+        raise ValueError(f"{prefix}: {what} is {kind}")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".certificate-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(
+            f"{prefix}: cannot create files in {str(existing)!r} ({exc.strerror})"
+        ) from None
 
 
 def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
@@ -287,8 +332,9 @@ def certify(
     ctx = Context(seed=seed, quick=quick)
     results = [PropositionResult(p) for p in chosen]
     jobs = [(r, c) for r in results for c in r.proposition.checks]
-    bar = tqdm(jobs, desc="certify", unit="check", disable=not progress, file=sys.stderr)
-    for result, check in bar:
-        bar.set_postfix_str(f"{result.proposition.id} {check.kind}")
-        result.checks.append(run_check(check, ctx))
+    # the context manager closes the bar at once when a check raises or is interrupted
+    with tqdm(jobs, desc="certify", unit="check", disable=not progress, file=sys.stderr) as bar:
+        for result, check in bar:
+            bar.set_postfix_str(f"{result.proposition.id} {check.kind}")
+            result.checks.append(run_check(check, ctx))
     return Certificate(results, seed, quick)

@@ -8,11 +8,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from proofs_checks.certificate import certify, resolve_ids, summary_table
+from proofs_checks.certificate import certify, check_destination, resolve_ids, summary_table
 from proofs_checks.rank import add_rank_arguments, run_rank_command
 from proofs_checks.registry import REGISTRY
 
 BENCHMARKS = ("stiefel", "geometries", "port")
+
+#: ``--seeds`` must lie in 0 ≤ s < SEED_LIMIT = 2**32, the seed range of NumPy's legacy
+#: ``np.random.seed`` / ``RandomState``; larger values overflow where a run uses them.
+SEED_LIMIT = 2**32
+
+#: Exit status after Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
+INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,9 +132,35 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_seeds(text: str | None) -> tuple[int, ...] | None:
+    """The seeds of ``--seeds A,B,...`` (None when not given). Refused, naming the values:
+    anything but comma-separated integers; a seed outside 0 ≤ s < SEED_LIMIT; a seed given
+    twice (it would run once and be counted as two independent seeds)."""
+    if text is None:
+        return None
+    try:
+        seeds = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    outside = [s for s in seeds if not 0 <= s < SEED_LIMIT]
+    if outside:
+        raise ValueError(
+            f"--seeds must be integers in 0 ≤ s < 2**32 = {SEED_LIMIT} (NumPy's seed range), got "
+            f"{', '.join(map(str, outside))}"
+        )
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(
+            f"--seeds {text!r} repeats {', '.join(map(str, repeated))}: each seed is one run, "
+            "give each once"
+        )
+    return seeds
+
+
 def run_experiment(args: argparse.Namespace) -> int:
-    """``rattn experiment NAME``: bad usage (unknown name, no torch or matplotlib, CUDA
-    missing, bad seeds or paths) exits 2 before the run; the run's summary is printed."""
+    """``rattn experiment NAME``: bad usage (bad seeds, unknown name, no torch or matplotlib,
+    CUDA missing, bad paths) exits 2 before the run; the run's summary is printed."""
+    seeds = parse_seeds(args.seeds)  # first: needs neither torch nor the experiment
     try:
         from torch_port import experiments
         from torch_port.experiments.common import RunOptions, require_matplotlib, resolve_device
@@ -137,10 +170,6 @@ def run_experiment(args: argparse.Namespace) -> int:
         ) from None
     if args.name not in experiments.EXPERIMENTS:
         experiments.load(args.name)  # raises, listing the known experiments
-    try:
-        seeds = None if args.seeds is None else tuple(int(s) for s in args.seeds.split(","))
-    except ValueError:
-        raise ValueError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
     resolve_device(args.device)
     require_matplotlib()
     module = experiments.load(args.name)
@@ -177,12 +206,12 @@ def run_certify(args: argparse.Namespace) -> int:
             for row in rows:
                 print(f"{row['id']:<6} {row['title']}  [{', '.join(row['kinds'])}]")
         return 0
-    try:  # refuse an unusable output directory before the checks run, not after
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"cannot write certificates to {args.out!r}: {exc.strerror}") from None
+    check_destination(args.out)  # refuse an unusable destination before the checks run
     cert = certify(ids, quick=args.quick, seed=args.seed, progress=not args.json)
-    paths = cert.write(args.out)
+    try:
+        paths = cert.write(args.out)
+    except OSError as exc:  # e.g. the disk filled up; the previous certificates are intact
+        raise ValueError(f"cannot write certificates to {args.out!r}: {exc.strerror}") from None
     if args.json:
         print(cert.to_json())
     else:
@@ -243,10 +272,9 @@ def run_bench(args: argparse.Namespace) -> int:
     )
 
     if args.name == "port":
-        from proofs_checks.bench import bench_port, format_port
+        from proofs_checks.bench import bench_port, check_port_sizes, format_port
 
-        if not (1 <= args.r <= args.d):
-            raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={args.d}, r={args.r}")
+        check_port_sizes(args.d, args.r)  # sizes and memory, before torch is imported
         try:
             import torch  # noqa: F401
         except ImportError as exc:
@@ -294,6 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # bad input named by the library: report it, no traceback
         print(f"rattn: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; certificates are not touched
+        print("rattn: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 def certify_main(argv: Sequence[str] | None = None) -> int:

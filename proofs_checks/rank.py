@@ -18,15 +18,18 @@ reported with the caveats that apply.
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib.util
 import json
 import math
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from proofs_checks.memory import require_memory
 from reference import capacity
 
 ATTENTION = ("linear", "softmax", "static")
@@ -37,56 +40,135 @@ SHOWN = 12
 # ---------------------------------------------------------------------------------------------
 # Input
 # ---------------------------------------------------------------------------------------------
+#: Readers of the .npy header by format version; 3.0 is written only for structured dtypes with
+#: Unicode field names, which are not real numeric data.
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
 def load_sequences(
     path: str | Path, x_key: str = "X", y_key: str = "Y"
 ) -> tuple[np.ndarray, np.ndarray]:
     """X (S, n, d) and Y (S, n, d_v) from a .npz archive, as float64. Raises ValueError naming
-    the problem and the measured value: missing file or key, not an archive, non-numeric or
-    non-finite data, wrong number of axes, mismatched (S, n)."""
+    the problem and the measured value: a missing file, a directory, an empty file, a file that
+    is not a .npz archive (a text file, other bytes, a single .npy array), a missing key, a
+    corrupted member (bad CRC), a member whose .npy header declares non-numeric data, the wrong
+    number of axes or more bytes than ``memory.memory_limit`` (checked from the header, before
+    anything is allocated), non-finite data, mismatched (S, n)."""
     path = Path(path)
+    name = repr(str(path))
+    if not path.exists():
+        raise ValueError(f"cannot read {name}: no such file")
+    if path.is_dir():
+        raise ValueError(f"cannot read {name}: it is a directory, not a .npz archive")
     if not path.is_file():
-        raise ValueError(f"cannot read {str(path)!r}: no such file")
+        raise ValueError(f"cannot read {name}: it is not a regular file")
     try:
-        data = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"cannot read {str(path)!r} as a .npz archive: {exc}") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise ValueError(f"{str(path)!r} holds a single array, not a .npz archive with X and Y")
-    with data:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(64)
+    except OSError as exc:
+        raise ValueError(f"cannot read {name}: {exc.strerror}") from None
+    if size == 0:
+        raise ValueError(f"cannot read {name}: it is empty (0 bytes)")
+    if head.startswith(np.lib.format.MAGIC_PREFIX):
+        raise ValueError(f"{name} holds a single array, not a .npz archive with X and Y")
+    try:
+        archive = zipfile.ZipFile(path)
+    except OSError as exc:
+        raise ValueError(f"cannot read {name}: {exc.strerror}") from None
+    except zipfile.BadZipFile:
+        raise ValueError(
+            f"cannot read {name} as a .npz archive: it is not a .npz archive "
+            f"({_describe_start(head)})"
+        ) from None
+    with archive:
+        members = archive.namelist()
         arrays = {}
         for role, key, option in (("X", x_key, "--x"), ("Y", y_key, "--y")):
-            if key not in data.files:
+            member = next((m for m in (f"{key}.npy", key) if m in members), None)
+            if member is None:
+                listed = sorted(m.removesuffix(".npy") for m in members)
                 raise ValueError(
-                    f"{str(path)!r} has no array {key!r} for {role} (arrays: "
-                    f"{', '.join(map(repr, sorted(data.files))) or 'none'}); "
-                    f"choose one with {option}"
+                    f"{name} has no array {key!r} for {role} (arrays: "
+                    f"{', '.join(map(repr, listed)) or 'none'}); choose one with {option}"
                 )
-            try:
-                arrays[role] = data[key]
-            except ValueError as exc:  # object arrays need pickle, which is refused
-                raise ValueError(f"cannot load array {key!r}: {exc}") from None
-    out = []
-    for role, key in (("X", x_key), ("Y", y_key)):
-        a = arrays[role]
-        if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) or np.iscomplexobj(a):
-            raise ValueError(f"{role} ({key!r}) must be a real numeric array, got dtype {a.dtype}")
-        if a.ndim != 3:
-            last = "d" if role == "X" else "d_v"
-            raise ValueError(f"{role} ({key!r}) must have shape (S, n, {last}), got {a.shape}")
-        if min(a.shape) < 1:
-            raise ValueError(f"{role} ({key!r}) is empty: shape {a.shape}")
-        a = a.astype(np.float64)
-        bad = int(np.sum(~np.isfinite(a)))
-        if bad:
-            raise ValueError(f"{role} ({key!r}) has {bad} non-finite entries (NaN or inf)")
-        out.append(a)
-    x, y = out
+            arrays[role] = _read_member(archive, member, role, key, name)
+    x, y = arrays["X"], arrays["Y"]
     if x.shape[:2] != y.shape[:2]:
         raise ValueError(
             f"X and Y must have the same number of sequences and tokens (S, n): X has shape "
             f"{x.shape}, Y has shape {y.shape}"
         )
     return x, y
+
+
+def _describe_start(head: bytes) -> str:
+    """How the start of a file that is not a zip archive reads: as text, or as bytes."""
+    try:  # an incremental decoder accepts a character cut off at the end of ``head``
+        text = codecs.getincrementaldecoder("utf-8")().decode(head)
+    except UnicodeDecodeError:
+        text = ""
+    if text.strip() and all(c.isprintable() or c.isspace() for c in text):
+        return f"it is a text file starting {text.strip().splitlines()[0][:40]!r}"
+    return f"it starts with {head[:16]!r}"
+
+
+def _read_member(
+    archive: zipfile.ZipFile, member: str, role: str, key: str, name: str
+) -> np.ndarray:
+    """Array ``key`` (``role`` X or Y, stored as ``member`` of archive ``name``) as float64.
+    Its .npy header is read first and checked, so that nothing is allocated for data that would
+    be refused or could not fit: a format version of numeric data, a real numeric dtype, shape
+    (S, n, ·) with no empty axis, and the bytes of the data and of its float64 copy within
+    ``memory.memory_limit`` (``memory.require_memory``). A member whose CRC or compressed stream
+    is damaged is reported as corrupted."""
+    where, label = f"member {member} of {name}", f"{role} ({key!r})"
+    try:
+        with archive.open(member) as fp:
+            try:
+                version = np.lib.format.read_magic(fp)
+                if version not in _NPY_HEADERS:
+                    raise ValueError(f"unsupported .npy format version {version}")
+                shape, _, dtype = _NPY_HEADERS[version](fp)
+            except ValueError as exc:
+                raise ValueError(f"{where} is not a readable .npy array: {exc}") from None
+            real = np.issubdtype(dtype, np.number) or dtype == np.bool_
+            if not real or np.issubdtype(dtype, np.complexfloating):
+                raise ValueError(f"{label} must be a real numeric array, got dtype {dtype}")
+            if len(shape) != 3:
+                last = "d" if role == "X" else "d_v"
+                raise ValueError(f"{label} must have shape (S, n, {last}), got {shape}")
+            if min(shape) < 1:
+                raise ValueError(f"{label} is empty: shape {shape}")
+            count = math.prod(shape)
+            stored = count * dtype.itemsize
+            needed = stored + (0 if dtype == np.float64 else 8 * count)
+            require_memory(
+                f"{label}: {where} declares shape {shape} {dtype} ({stored} bytes); reading it "
+                "as float64",
+                needed,
+            )
+            fp.seek(0)
+            try:
+                a = np.lib.format.read_array(fp, allow_pickle=False)
+            except ValueError as exc:  # e.g. fewer bytes than the header declares
+                raise ValueError(f"{where} is corrupted: {exc}") from None
+    except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+        if "CRC" in str(exc):
+            problem = "CRC check failed"
+        elif isinstance(exc, zlib.error):
+            problem = f"its compressed data do not decompress: {exc}"
+        else:
+            problem = str(exc) or type(exc).__name__
+        raise ValueError(f"{where} is corrupted ({problem})") from None
+    a = a.astype(np.float64, copy=False)
+    bad = int(np.sum(~np.isfinite(a)))
+    if bad:
+        raise ValueError(f"{label} has {bad} non-finite entries (NaN or inf)")
+    return a
 
 
 def minimum_sequences(attention: str, n: int, d: int, dv: int) -> tuple[int, str]:

@@ -15,14 +15,15 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from reference.geometry import Point, Tangent
+from reference.geometry import Point, Tangent, check_sizes, is_integer
 from reference.linalg import Array
 from reference.product import Product
 
 
 def gqa_pattern(n_heads: int, n_kv_heads: int) -> list[tuple[int, int]]:
     """Active blocks (h, g(h)), g(h) = h // (n_heads / n_kv_heads): MHA when equal, MQA for 1."""
-    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+    check_sizes("gqa_pattern", n_heads=n_heads, n_kv_heads=n_kv_heads)
+    if n_heads % n_kv_heads:
         raise ValueError(
             f"n_heads must be a positive multiple of n_kv_heads, got {n_heads} and {n_kv_heads}"
         )
@@ -77,9 +78,18 @@ class BlockGeometry(Product):
         groups: str = "components",
         **base_kwargs,
     ):
-        self.pattern = sorted(
-            {(int(i), int(j)) for i, j in (pattern or gqa_pattern(n_heads, n_kv_heads))}
-        )
+        check_sizes(f"the block variant of {getattr(base, '__name__', base)}", m=m, n=n, r=r)
+        if pattern is None:
+            pattern = gqa_pattern(n_heads, n_kv_heads)
+        blocks = [tuple(b) if isinstance(b, tuple | list | np.ndarray) else b for b in pattern]
+        for b in blocks:
+            if not (isinstance(b, tuple) and len(b) == 2 and all(map(is_integer, b))):
+                raise TypeError(f"pattern entries must be pairs (i, j) of integers, got {b!r}")
+            if min(b) < 0:
+                raise ValueError(f"pattern entries must be ≥ 0, got {b!r}")
+        if not blocks:
+            raise ValueError("pattern names no active block")
+        self.pattern = sorted({(int(i), int(j)) for i, j in blocks})
         rows = sorted({i for i, _ in self.pattern})
         cols = sorted({j for _, j in self.pattern})
         if rows != list(range(len(rows))) or cols != list(range(len(cols))):

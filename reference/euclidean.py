@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reference.geometry import check_finite, check_shapes
+from reference.geometry import check_finite, check_shapes, is_integer
 from reference.linalg import Array, frobenius
 
 
@@ -18,7 +18,10 @@ class Euclidean:
     moment_groups = ((0,),)
 
     def __init__(self, *shape: int):
-        if not shape or not all(isinstance(s, int | np.integer) and s >= 1 for s in shape):
+        bad = [s for s in shape if not is_integer(s)]
+        if bad:
+            raise TypeError(f"Euclidean space needs integer dimensions, got {bad[0]!r} in {shape}")
+        if not shape or not all(s >= 1 for s in shape):
             raise ValueError(f"Euclidean space needs positive integer dimensions, got {shape}")
         self.shape = tuple(int(s) for s in shape)
         self.dim = int(np.prod(self.shape))

@@ -9,25 +9,43 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from reference.geometry import PairMixin, Point, Tangent, check_finite, check_shapes
+from reference.geometry import PairMixin, Point, Tangent, check_finite, check_shapes, check_sizes
 from reference.linalg import Array, orthonormality_residual, polar, qr_signfixed, transpose
 from reference.stiefel import DEFAULT_ATOL
 
 
-def _check_sizes(m: int, n: int, r: int) -> None:
-    for name, v in (("m", m), ("n", n), ("r", r)):
-        if not isinstance(v, int | np.integer) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+def _check_sizes(owner: str, m: int, n: int, r: int) -> None:
+    check_sizes(owner, m=m, n=n, r=r)
     if r > min(m, n):
         raise ValueError(f"rank r must satisfy r ≤ min(m, n), got r={r} > min({m}, {n})")
 
 
 def _rank_check(name: str, a: Array) -> None:
-    """Raise ValueError unless the factor has full column rank (σ_min/σ_max above r·ε)."""
+    """Raise ValueError unless the m×r factor is finite and has full column rank, σ_r/σ_1 > r·ε;
+    the message gives the measured σ_r and σ_1 (a zero factor is said to be zero, a non-finite
+    one to have non-finite entries: never σ_r/σ_1 = nan)."""
+    check_finite(f"factor {name}", a)
     s = np.linalg.svd(a, compute_uv=False)
-    ratio = s[-1] / s[0] if s[0] > 0 else 0.0
-    if ratio <= a.shape[1] * np.finfo(np.float64).eps:
-        raise ValueError(f"rank-deficient factor {name}: σ_min/σ_max = {ratio:.3e}")
+    r, tol = a.shape[1], a.shape[1] * np.finfo(np.float64).eps
+    if s[0] == 0.0:
+        raise ValueError(f"rank-deficient factor {name}: it is zero, σ_1 = σ_r = 0 (rank 0 < {r})")
+    if s[-1] <= tol * s[0]:
+        raise ValueError(
+            f"rank-deficient factor {name}: σ_r/σ_1 = {s[-1] / s[0]:.3e} ≤ r·ε = {tol:.1e} "
+            f"(σ_r = {s[-1]:.3e}, σ_1 = {s[0]:.3e}): its rank is below r = {r}"
+        )
+
+
+def _check_retracted(r: int, factors: dict[str, Array]) -> None:
+    """``_rank_check`` of the named factors of a retracted point, the message saying that the
+    step left the rank-r manifold (and what to do about it)."""
+    for name, f in factors.items():
+        try:
+            _rank_check(f"{name} of the retracted point", f)
+        except ValueError as exc:
+            raise ValueError(
+                f"the step leaves the rank-{r} manifold: {exc} (step too long; use a trust region)"
+            ) from None
 
 
 class FixedRankEmbedded(PairMixin):
@@ -49,7 +67,7 @@ class FixedRankEmbedded(PairMixin):
     moment_groups = ((0, 1, 2),)
 
     def __init__(self, m: int, n: int, r: int, retraction: str = "projection"):
-        _check_sizes(m, n, r)
+        _check_sizes(type(self).__name__, m, n, r)
         if retraction not in ("projection", "qr"):
             raise ValueError(f"unknown retraction {retraction!r}; choose 'projection' or 'qr'")
         self.m, self.n, self.r = int(m), int(n), int(r)
@@ -114,6 +132,7 @@ class FixedRankEmbedded(PairMixin):
         "qr": A = U(S + M) + U_p = Q_A R_A, B = V + V_p S^{-ᵀ} = Q_B R_B, (Q_A, R_A R_Bᵀ, Q_B);
         A Bᵀ = W + ξ + O(‖ξ‖²).
         """
+        check_finite("the step ξ = (M, U_p, V_p)", xi)
         u, s, v = x
         m_, u_p, v_p = xi
         if self.retraction == "qr":
@@ -124,6 +143,8 @@ class FixedRankEmbedded(PairMixin):
             qu, ru = np.linalg.qr(u_p)
             qv, rv = np.linalg.qr(v_p)
             core = np.block([[s + m_, transpose(rv)], [ru, np.zeros((ru.shape[0], rv.shape[0]))]])
+            # A core that overflowed (huge U_p or V_p) would otherwise give σ = nan from the SVD.
+            check_finite("the retraction's core [[S + M, R_Vᵀ], [R_U, 0]]", core)
             yk, sig, zkt = np.linalg.svd(core)
             r = self.r
             y = (
@@ -131,16 +152,8 @@ class FixedRankEmbedded(PairMixin):
                 np.diag(sig[:r]),
                 polar(v @ transpose(zkt[:r, :r]) + qv @ transpose(zkt[:r, r:])),
             )
-        self._check_rank(y[1])
+        _check_retracted(self.r, {"S": y[1]})
         return y
-
-    def _check_rank(self, s: Array) -> None:
-        sv = np.linalg.svd(s, compute_uv=False)
-        if not sv[-1] > self.r * np.finfo(np.float64).eps * sv[0]:
-            raise ValueError(
-                f"the step leaves the rank-{self.r} manifold: σ_r/σ_1 = {sv[-1] / sv[0]:.3e} "
-                "(step too long; use a trust region)"
-            )
 
     def transport(self, x: Point, y: Point, xi: Tangent) -> Tangent:
         """Projection at y of the old tangent matrix ξ = L Rᵀ, L = [U M + U_p, U], R = [V, V_p]:
@@ -205,7 +218,7 @@ class FixedRankQuotient(PairMixin):
     moment_groups = ((0, 1),)
 
     def __init__(self, m: int, n: int, r: int, metric: str = "preconditioned"):
-        _check_sizes(m, n, r)
+        _check_sizes(type(self).__name__, m, n, r)
         if metric not in ("preconditioned", "balanced"):
             raise ValueError(f"unknown metric {metric!r}; choose 'preconditioned' or 'balanced'")
         self.m, self.n, self.r = int(m), int(n), int(r)
@@ -282,11 +295,7 @@ class FixedRankQuotient(PairMixin):
         """(A + ξ_A, B + ξ_B). No rebalancing: the optimizer's stored tangent state would have to
         be mapped by the same GL(r) element, which the transport cannot see."""
         y = (x[0] + xi[0], x[1] + xi[1])
-        for name, f in zip("AB", y, strict=True):
-            try:
-                _rank_check(name, f)
-            except ValueError as exc:
-                raise ValueError(f"the step leaves the rank-{self.r} manifold: {exc}") from None
+        _check_retracted(self.r, {"A": y[0], "B": y[1]})
         return y
 
     def transport(self, x: Point, y: Point, xi: Tangent) -> Tangent:

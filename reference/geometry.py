@@ -109,15 +109,59 @@ def tree_map(f: Callable[..., Array], u: Tangent, *rest: Tangent) -> Tangent:
     return like(u, [f(*ps) for ps in zip(parts(u), *map(parts, rest), strict=True)])
 
 
+def is_integer(v: Any) -> bool:
+    """Whether v is an integer (Python's or NumPy's) and not a bool: True is not a size."""
+    return isinstance(v, int | np.integer) and not isinstance(v, bool)
+
+
+def _listing(items: Sequence[str]) -> str:
+    return " and ".join([", ".join(items[:-1]), items[-1]]) if len(items) > 1 else items[0]
+
+
+def check_sizes(owner: str, **sizes: Any) -> None:
+    """Raise TypeError unless every size is an integer (not a bool, a float or a string), and
+    ValueError unless every size is ≥ 1; the message names ``owner``, the size and its value."""
+    for label, v in sizes.items():
+        if not is_integer(v):
+            raise TypeError(f"{owner} needs integer {_listing(list(sizes))}, got {label}={v!r}")
+    if any(v < 1 for v in sizes.values()):
+        raise ValueError(
+            f"{owner} needs {_listing([f'{k} ≥ 1' for k in sizes])}, got "
+            + ", ".join(f"{k}={v}" for k, v in sizes.items())
+        )
+
+
+def check_real(name: str, value: Tangent) -> None:
+    """Raise TypeError naming ``name`` unless every part holds real numbers (a floating-point or
+    integer dtype): complex parts would make complex points (NumPy only warns when it drops the
+    imaginary part), and bool, string or object parts are not numbers."""
+    ps = parts(value)
+    for i, p in enumerate(ps):
+        where = f" (part {i} of {len(ps)})" if len(ps) > 1 else ""
+        try:
+            dtype = np.asarray(p).dtype
+        except ValueError as exc:  # a ragged nested list
+            raise ValueError(f"{name}: not an array{where}: {exc}") from None
+        if dtype.kind not in "fiu":
+            raise TypeError(
+                f"{name}: entries must be real numbers (a float or integer dtype), got dtype "
+                f"{dtype}{where}"
+            )
+
+
 def check_shapes(name: str, expected: Sequence[tuple[int, ...]], value: Tangent) -> None:
-    """Raise ValueError naming ``name`` when ``value``'s parts do not have the expected shapes."""
+    """Raise ValueError naming ``name`` when ``value``'s parts do not have the expected shapes
+    (TypeError, from ``check_real``, when they do not hold real numbers)."""
+    check_real(name, value)
     got = [np.shape(p) for p in parts(value)]
     if [tuple(e) for e in expected] != got:
         raise ValueError(f"{name}: expected shapes {list(expected)}, got {got}")
 
 
 def check_finite(name: str, value: Tangent) -> None:
-    """Raise ValueError when ``value`` has a NaN or an infinite entry, with the count."""
+    """Raise ValueError when ``value`` has a NaN or an infinite entry, with the count (TypeError,
+    from ``check_real``, when it does not hold real numbers)."""
+    check_real(name, value)
     bad = sum(int(np.size(p) - np.count_nonzero(np.isfinite(p))) for p in parts(value))
     if bad:
         raise ValueError(f"{name}: {bad} non-finite entries (NaN or inf)")

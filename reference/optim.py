@@ -30,6 +30,7 @@ from reference.geometry import (
     Tangent,
     check_finite,
     check_shapes,
+    is_integer,
     like,
     parts,
     same_structure,
@@ -67,13 +68,35 @@ def _groups(geometry: Geometry, u: Tangent) -> list[list[np.ndarray]]:
     return [[ps[i] for i in group] for group in geometry.moment_groups]
 
 
-def _scale_groups(geometry: Geometry, u: Tangent, scales: list[float]) -> Tangent:
-    """Multiply the parts of each frame by that frame's scalar."""
+def _map_groups(geometry: Geometry, u: Tangent, fs: list[Callable[[np.ndarray], Any]]) -> Tangent:
+    """Apply to the parts of each frame that frame's function."""
     out = list(parts(u))
-    for group, s in zip(geometry.moment_groups, scales, strict=True):
+    for group, f in zip(geometry.moment_groups, fs, strict=True):
         for i in group:
-            out[i] = out[i] * s
+            out[i] = f(out[i])
     return like(u, out)
+
+
+def _ratio_scaler(num: float, den: float) -> Callable[[np.ndarray], np.ndarray]:
+    """p ↦ p·(num/den), with 0/0 := 0 (a zero gradient gives a zero step).
+
+    Where num/den overflows (den < num/max-float: √v̂ or RMS(g) of a subnormal gradient, ‖M‖ and
+    c both subnormal), p ↦ (p/den)·num instead: the same value up to rounding, with p/den of the
+    size of the step rather than 1/den's. Elsewhere the arithmetic is p·(num/den), unchanged."""
+    with np.errstate(over="ignore"):
+        q = _safe_ratio(num, den)
+    if np.isfinite(q):
+        return lambda p: p * q
+    return lambda p: p / den * num
+
+
+def _scale_groups(
+    geometry: Geometry, u: Tangent, nums: list[float], dens: list[float] | None = None
+) -> Tangent:
+    """Multiply the parts of each frame by that frame's nums[k]/dens[k] (by nums[k] alone
+    without ``dens``), through ``_ratio_scaler`` so no ratio overflows."""
+    dens = [1.0] * len(nums) if dens is None else dens
+    return _map_groups(geometry, u, [_ratio_scaler(n, d) for n, d in zip(nums, dens, strict=True)])
 
 
 def _max_abs(u: Tangent) -> float:
@@ -107,18 +130,60 @@ def _frame_sizes(geometry: Geometry, u: Tangent) -> list[int]:
 
 
 def _frame_rms(geometry: Geometry, x: Point, u: Tangent) -> list[float]:
-    """RMS(g) = ‖g‖/sqrt(entries) per frame, as s·RMS(g/s) with s = max|g|: finite for every
-    finite g (‖g‖ itself may exceed the largest float64)."""
-    s = _max_abs(u)
+    """RMS(g) = ‖g‖/sqrt(entries) per frame, as s·RMS(g/s) with s = max|g| over the point:
+    finite for every finite g (‖g‖ itself may exceed the largest float64). Where a nonzero
+    frame's own max|g_k| is below s·2^-1022 (frames of very different scales), g_k/s would be
+    subnormal or zero and lose its digits, so then each frame is divided by its own s_k = max|g_k|
+    instead."""
+    maxes = [_max_abs(tuple(gs)) for gs in _groups(geometry, u)]
+    s = max(maxes, default=0.0)
     if s == 0.0:
-        return [0.0] * len(geometry.moment_groups)
-    norms = _frame_norms(geometry, x, tree_map(lambda p: p / s, u))
-    return [s * (n / np.sqrt(k)) for n, k in zip(norms, _frame_sizes(geometry, u), strict=True)]
+        return [0.0] * len(maxes)
+    if all(mk == 0.0 or mk / s >= np.finfo(np.float64).tiny for mk in maxes):
+        scales = [s] * len(maxes)
+    else:
+        scales = [mk if mk > 0.0 else 1.0 for mk in maxes]
+    v = _map_groups(geometry, u, [lambda p, sk=sk: p / sk for sk in scales])
+    norms = _frame_norms(geometry, x, v)
+    sizes = _frame_sizes(geometry, u)
+    return [sk * (n / np.sqrt(k)) for sk, n, k in zip(scales, norms, sizes, strict=True)]
 
 
 def _safe_ratio(num: float, den: float) -> float:
     """num/den with 0/0 := 0 (a zero gradient gives a zero step)."""
     return 0.0 if den == 0.0 else num / den
+
+
+# -- hyperparameters ---------------------------------------------------------------------------
+def _is_real(v: Any) -> bool:
+    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
+
+
+def _hyper(name: str, v: Any, ok: Callable[[Any], bool], must: str) -> Any:
+    """v, once checked: TypeError unless it is a real number (an int or a float, NumPy's
+    included; never a bool, a string or a complex), ValueError unless ok(v). Both messages name
+    the hyperparameter, what it must be and the value given ("lr must be ..., got '1e-3'")."""
+    if not _is_real(v):
+        raise TypeError(f"{name} must {must}, got {v!r} of type {type(v).__name__}")
+    if not ok(v):
+        raise ValueError(f"{name} must {must}, got {v!r}")
+    return v
+
+
+def _positive(name: str, v: Any, must: str = "be a finite number > 0") -> Any:
+    return _hyper(name, v, lambda t: 0.0 < t < np.inf, must)  # NaN fails every comparison
+
+
+def _nonnegative(name: str, v: Any) -> Any:
+    return _hyper(name, v, lambda t: 0.0 <= t < np.inf, "be a finite number ≥ 0")
+
+
+def _beta(name: str, v: Any) -> Any:
+    return _hyper(name, v, lambda t: 0.0 <= t < 1.0, "lie in [0, 1)")
+
+
+def _check_lr(lr: Any) -> None:
+    _positive("lr", lr, "be a positive finite number")
 
 
 # -- transformations ---------------------------------------------------------------------------
@@ -149,11 +214,9 @@ def scale_by_adam(
         raise ValueError(f"unknown moment {moment!r}; choose one of {MOMENTS}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
-    for name, beta in (("beta1", b1), ("beta2", b2)):
-        if not 0.0 <= beta < 1.0:  # also refuses NaN
-            raise ValueError(f"{name} must lie in [0, 1), got {beta}")
-    if not (_is_real(eps) and 0.0 <= eps < np.inf):
-        raise ValueError(f"eps must be a finite number ≥ 0, got {eps!r}")
+    _beta("beta1", b1)
+    _beta("beta2", b2)
+    _nonnegative("eps", eps)
     root = _frame_rms if reduction == "mean" else _frame_norms
     rb2, r1mb2 = np.sqrt(b2), np.sqrt(1.0 - b2)
 
@@ -174,8 +237,8 @@ def scale_by_adam(
                 float(np.hypot(rb2 * sv, r1mb2 * rg))
                 for sv, rg in zip(state.sqrt_v, root(geometry, x, g), strict=True)
             )
-            scales = [_safe_ratio(1.0 / c1, sv / c2 + eps) for sv in sqrt_v]
-            direction = _scale_groups(geometry, m, scales)
+            dens = [sv / c2 + eps for sv in sqrt_v]
+            direction = _scale_groups(geometry, m, [1.0 / c1] * len(dens), dens)
         else:
             sqrt_v = tuple(
                 np.hypot(rb2 * sv, r1mb2 * np.abs(gi))
@@ -200,8 +263,7 @@ class TraceState(NamedTuple):
 
 def trace(beta: float) -> Transform:
     """Damped momentum M ← β·T(M) + (1 − β)·g."""
-    if not 0.0 <= beta < 1.0:
-        raise ValueError(f"beta must lie in [0, 1), got {beta}")
+    _beta("beta", beta)
 
     def update(geometry: Geometry, x: Point, g: Tangent, state: TraceState):
         m = tree_map(lambda mi, gi: beta * mi + (1.0 - beta) * gi, state.m, g)
@@ -216,28 +278,30 @@ def trace(beta: float) -> Transform:
 
 def scale(factor: float) -> Transform:
     """u ↦ factor·u."""
+    _hyper("factor", factor, np.isfinite, "be a finite number")
     return _stateless(lambda geometry, x, u: tree_map(lambda p: factor * p, u))
 
 
 def trust_region(radius: float) -> Transform:
     """Per frame, ξ ← ξ·min(1, Δ/‖ξ‖) with min(1, Δ/0) := 1."""
-    if not radius > 0.0:
-        raise ValueError(f"trust_radius must be > 0, got {radius}")
+    _positive("trust_radius", radius, "be > 0 and finite")
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
-        norms = _frame_norms(geometry, x, u)
-        return _scale_groups(geometry, u, [min(1.0, radius / n) if n > 0 else 1.0 for n in norms])
+        # Δ/‖ξ‖ may overflow to inf for a subnormal ‖ξ‖ (then min(1, inf) = 1, as it should).
+        with np.errstate(over="ignore"):
+            caps = [min(1.0, radius / n) if n > 0 else 1.0 for n in _frame_norms(geometry, x, u)]
+        return _scale_groups(geometry, u, caps)
 
     return _stateless(update)
 
 
 def normalize_by_max(c: float) -> Transform:
     """Per frame, M ↦ M / max(‖M‖, c): a step of length min(1, ‖M‖/c)."""
-    if not (_is_real(c) and 0.0 < c < np.inf):
-        raise ValueError(f"c must be a finite number > 0, got {c!r}")
+    _positive("c", c)
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
-        return _scale_groups(geometry, u, [1.0 / max(n, c) for n in _frame_norms(geometry, x, u)])
+        dens = [max(n, c) for n in _frame_norms(geometry, x, u)]
+        return _scale_groups(geometry, u, [1.0] * len(dens), dens)
 
     return _stateless(update)
 
@@ -246,23 +310,15 @@ def normalize_by_rms() -> Transform:
     """Per frame, g ↦ g / RMS(g), with 0/0 := 0."""
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
-        return _scale_groups(geometry, u, [_safe_ratio(1.0, r) for r in _frame_rms(geometry, x, u)])
+        dens = _frame_rms(geometry, x, u)
+        return _scale_groups(geometry, u, [1.0] * len(dens), dens)
 
     return _stateless(update)
 
 
-def _is_real(v: Any) -> bool:
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
-
-
-def _check_decay(weight_decay: float) -> None:
-    if not (_is_real(weight_decay) and np.isfinite(weight_decay) and weight_decay >= 0.0):
-        raise ValueError(f"weight_decay must be a finite number ≥ 0, got {weight_decay}")
-
-
 def add_decayed_weights(weight_decay: float) -> Transform:
     """u ↦ u + λ·x on plain arrays (decoupled decay once scaled by −lr)."""
-    _check_decay(weight_decay)
+    _nonnegative("weight_decay", weight_decay)
     return _stateless(lambda geometry, x, u: tree_map(lambda ui, xi: ui + weight_decay * xi, u, x))
 
 
@@ -303,11 +359,10 @@ class Optimizer:
     decay: str = "coupled"
 
     def __post_init__(self) -> None:
-        if not (_is_real(self.lr) and np.isfinite(self.lr) and self.lr > 0.0):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        _check_lr(self.lr)
         if self.decay not in DECAY_MODES:
             raise ValueError(f"unknown decay mode {self.decay!r}; choose one of {DECAY_MODES}")
-        _check_decay(self.weight_decay)
+        _nonnegative("weight_decay", self.weight_decay)
         if self.decay == "fused" and self.lr * self.weight_decay >= 1.0:
             raise ValueError(f"fused decay needs lr·λ < 1, got {self.lr * self.weight_decay}")
 
@@ -321,12 +376,16 @@ class Optimizer:
         return self.transform.init(geometry, x)
 
     def update(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
-        """The tangent step ξ at x and the chain's new state (before transport)."""
+        """The tangent step ξ at x and the chain's new state (before transport).
+
+        First checks the point (``check_point``), the gradient (real, finite, of the point's
+        shapes and structure) and the state (``_check_state``: the layout ``init`` makes at x)."""
         geometry.check_point(x)
         check_shapes("gradient", [np.shape(p) for p in parts(x)], egrad)
         if not same_structure(x, egrad):
             raise ValueError("gradient: its tuple structure differs from the point's")
         check_finite("gradient", egrad)
+        _check_state(self.transform.init(geometry, x), state)
         if self.weight_decay > 0.0 and self.decay == "coupled":
             egrad = tree_map(lambda gi, xi: gi + self.weight_decay * xi, egrad, x)
         return self.transform.update(geometry, x, geometry.egrad_to_rgrad(x, egrad), state)
@@ -334,9 +393,11 @@ class Optimizer:
     def step(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
         """One update from a Euclidean (factor) gradient: returns (new point, new state).
 
-        Raises ValueError (and returns nothing, so the caller's state stays as it was) when the
-        gradient or the point is bad, or when the step would produce a non-finite point."""
+        Raises ValueError or TypeError (and returns nothing, so the caller's state stays as it
+        was) when the point, the gradient or the state is bad (see ``update``), or when the step
+        ξ or the point it leads to is not finite."""
         xi, new_state = self.update(geometry, x, egrad, state)
+        check_finite("the step ξ (e.g. lr·g overflowed)", xi)
         y = self.move(geometry, x, xi)
         check_finite("the point after this step", y)
         return y, self.transform.transport(geometry, x, y, new_state)
@@ -350,6 +411,48 @@ class Optimizer:
         if self.decay == "after":
             return nearest(tree_map(lambda p: shrink * p, geometry.retract(x, xi)))
         return nearest(tree_map(lambda p, u: shrink * p + u, x, xi))
+
+
+#: State fields whose entries are never negative: a step count and a root second moment √v.
+_NONNEGATIVE_FIELDS = ("count", "sqrt_v")
+
+
+def _check_state(expected: Any, state: Any, path: str = "state", nonnegative: bool = False) -> None:
+    """Raise ValueError naming the field unless ``state`` fits the point, i.e. has the layout of
+    ``expected``, the state the chain's ``init`` makes there: the same nesting of tuples (a
+    NamedTuple such as ``AdamState`` of the same class, so √v has one entry per moment group),
+    arrays of the same shapes with finite real entries (TypeError for complex or object ones),
+    ints where a count is, finite reals where a scalar √v is; counts and √v ≥ 0."""
+    fields = getattr(type(expected), "_fields", None)
+    if fields is not None and type(state) is not type(expected):
+        raise ValueError(
+            f"{path}: expected type {type(expected).__name__}, got {type(state).__name__}"
+        )
+    if isinstance(expected, tuple):
+        if not isinstance(state, tuple) or len(state) != len(expected):
+            got = f"{len(state)} entries" if isinstance(state, tuple) else type(state).__name__
+            raise ValueError(f"{path}: expected a tuple of {len(expected)} entries, got {got}")
+        for i, (e, s) in enumerate(zip(expected, state, strict=True)):
+            name = fields[i] if fields else None
+            _check_state(
+                e,
+                s,
+                f"{path}.{name}" if name else f"{path}[{i}]",
+                nonnegative or name in _NONNEGATIVE_FIELDS,
+            )
+    elif isinstance(expected, np.ndarray):
+        check_shapes(path, [expected.shape], state)
+        check_finite(path, state)
+        low = float(np.min(state)) if np.size(state) else 0.0
+        if nonnegative and low < 0.0:
+            raise ValueError(f"{path}: entries must be ≥ 0, got a minimum of {low!r}")
+    elif is_integer(expected) and not (is_integer(state) and state >= 0):
+        raise ValueError(f"{path}: expected an integer ≥ 0, got {state!r}")
+    elif isinstance(expected, float) and not (
+        _is_real(state) and np.isfinite(state) and (state >= 0.0 or not nonnegative)
+    ):
+        want = "a finite number" + (" ≥ 0" if nonnegative else "")
+        raise ValueError(f"{path}: expected {want}, got {state!r}")
 
 
 def _check_decay_mode(decay: str, geometry: Geometry) -> None:
@@ -379,9 +482,11 @@ _DECAY_MESSAGES = {
 
 # -- presets -----------------------------------------------------------------------------------
 def _two_betas(betas: tuple[float, float]) -> tuple[float, float]:
-    if not (isinstance(betas, tuple | list) and len(betas) == 2 and all(map(_is_real, betas))):
+    if not isinstance(betas, tuple | list):
+        raise TypeError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
+    if len(betas) != 2:
         raise ValueError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
-    return float(betas[0]), float(betas[1])
+    return float(_beta("beta1", betas[0])), float(_beta("beta2", betas[1]))
 
 
 def riemannian_adam(
@@ -395,6 +500,7 @@ def riemannian_adam(
     decay: str = "coupled",
 ) -> Optimizer:
     """Riemannian Adam of Stiefel attention: ξ = −lr·m̂/(√v̂ + ε), capped at ‖ξ‖ ≤ Δ per frame."""
+    _check_lr(lr)
     b1, b2 = _two_betas(betas)
     steps = [scale_by_adam(b1, b2, eps, moment, reduction), scale(-lr)]
     if trust_radius is not None:
@@ -404,17 +510,20 @@ def riemannian_adam(
 
 def riemannian_momentum(lr: float, beta: float = 0.9, c: float = 1.0) -> Optimizer:
     """The low-rank template: M ← β·T(M) + (1 − β)·g, ξ = −lr·M/max(‖M‖, c)."""
+    _check_lr(lr)
     return Optimizer(chain(trace(beta), normalize_by_max(c), scale(-lr)), lr)
 
 
 def rsgd(lr: float, trust_radius: float | None = None) -> Optimizer:
     """Fixed-step Riemannian gradient descent ξ = −lr·g (degree one in the gradient)."""
+    _check_lr(lr)
     steps = [scale(-lr)] + ([trust_region(trust_radius)] if trust_radius is not None else [])
     return Optimizer(chain(*steps), lr)
 
 
 def normalized_rsgd(lr: float) -> Optimizer:
     """ξ = −lr·g/RMS(g) per frame (degree zero in the gradient)."""
+    _check_lr(lr)
     return Optimizer(chain(normalize_by_rms(), scale(-lr)), lr)
 
 
@@ -433,6 +542,7 @@ def adamw(
     weight_decay: float = 1e-2,
 ) -> Optimizer:
     """AdamW on plain arrays (torch's convention): x ← x − lr·(m̂/(√v̂ + ε) + λ·x), per entry."""
+    _check_lr(lr)
     b1, b2 = _two_betas(betas)
     return _EuclideanOptimizer(
         chain(

@@ -33,6 +33,7 @@ from reference.geometry import (
     Tangent,
     check_finite,
     check_shapes,
+    check_sizes,
     parts,
     same_structure,
 )
@@ -48,11 +49,7 @@ FACTOR_RETRACTIONS = ("polar", "polar_svd", "qr", "exp")
 
 
 def _validate(cls_name: str, m: int, n: int, r: int, retraction: str, allowed: tuple) -> None:
-    for label, value in (("m", m), ("n", n), ("r", r)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"{cls_name} needs integer m, n and r, got {label}={value!r}")
-    if m < 1 or n < 1 or r < 1:
-        raise ValueError(f"{cls_name} needs m ≥ 1, n ≥ 1 and r ≥ 1, got m={m}, n={n}, r={r}")
+    check_sizes(cls_name, m=m, n=n, r=r)
     if r > min(m, n):
         raise ValueError(
             f"{cls_name} needs r ≤ min(m, n) (a rank-r partial isometry of size m×n has r "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from reference import linalg
-from reference.geometry import check_finite, check_shapes
+from reference.geometry import check_finite, check_shapes, check_sizes
 from reference.linalg import Array, frobenius, sym, transpose
 
 RETRACTIONS = ("polar", "polar_svd", "qr", "exp")
@@ -38,10 +38,7 @@ class Stiefel:
     moment_groups = ((0,),)
 
     def __init__(self, d: int, r: int, retraction: str = "polar", metric: str = "embedded"):
-        if not (isinstance(d, int | np.integer) and isinstance(r, int | np.integer)):
-            raise TypeError(f"St(d, r) needs integer d and r, got d={d!r}, r={r!r}")
-        if r < 1 or d < 1:
-            raise ValueError(f"St(d, r) needs d ≥ 1 and r ≥ 1, got d={d}, r={r}")
+        check_sizes("St(d, r)", d=d, r=r)
         if r > d:
             raise ValueError(
                 f"St(d, r) needs r ≤ d (at most d orthonormal columns), got r={r} > d={d}"

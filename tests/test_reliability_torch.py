@@ -302,3 +302,12 @@ def test_reliability_doc_examples_run() -> None:
     assert blocks
     for block in blocks:
         exec(compile(block, "docs/reliability.md", "exec"), {})
+
+
+@pytest.mark.parametrize("name", sorted(tp.GEOMETRIES))
+@pytest.mark.parametrize("sizes", [(True, 4, 2), (6, 4.0, 2), (6, 4, "2")])
+def test_port_geometries_refuse_non_integer_sizes(name: str, sizes) -> None:
+    if name == "stiefel":  # St(d, r): the bad value as d or r
+        sizes = (sizes[0], sizes[2] if isinstance(sizes[1], int) else sizes[1])
+    with pytest.raises((TypeError, ValueError), match=r"integer"):
+        tp.GEOMETRIES[name](*sizes)

@@ -244,6 +244,15 @@ class BlockGeometry:
         groups: str = "components",
         **base_kwargs,
     ):
+        for name, v in (
+            ("m", m),
+            ("n", n),
+            ("r", r),
+            ("n_heads", n_heads),
+            ("n_kv_heads", n_kv_heads),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.pattern = sorted(
             {(int(i), int(j)) for i, j in (pattern or gqa_pattern(n_heads, n_kv_heads))}
         )
