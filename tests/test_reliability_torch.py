@@ -311,3 +311,27 @@ def test_port_geometries_refuse_non_integer_sizes(name: str, sizes) -> None:
         sizes = (sizes[0], sizes[2] if isinstance(sizes[1], int) else sizes[1])
     with pytest.raises((TypeError, ValueError), match=r"integer"):
         tp.GEOMETRIES[name](*sizes)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_float16_transport_of_a_large_moment_is_taken_at_scale_1(lazy: bool) -> None:
+    """A float16 moment with entries up to 6e4 at d = 768: partial sums of Yᵀm overflow, the
+    projection P_Y(m) itself fits (checked in float64 below). The transport is redone at scale
+    2^-15 (exact), so it agrees with the float64 projection of the same entries to float16's
+    rounding of O(d) sums, relative 2^-11·sqrt(d) ≈ 1.4e-2 of max|m| (asserted: 2e-2; measured
+    18 against max|m| = 6e4, i.e. 3e-4)."""
+    d, r = 768, 64
+    frames = tp.optim._StiefelFrames(Stiefel(d, r))
+    st = Stiefel(d, r)
+    y = st.random_point(generator=torch.Generator().manual_seed(0)).half()
+    y64 = y.double()
+    tangent = st.proj(y64, _grad((d, r), 2))
+    m = y64 * 4e5 + tangent / tangent.abs().max() * 1e4  # a large normal part: Yᵀm ≈ 4e5·I
+    m = (m / m.abs().max() * 6e4).half()
+    m64 = m.double()
+    exact = m64 - y64 @ ((y64.mT @ m64 + m64.mT @ y64) / 2)
+    assert float(exact.abs().max()) < 65504  # representable: the scaled route must succeed
+    assert not bool(torch.isfinite(y.mT @ m).all())  # the unscaled Yᵀm overflows here
+    target = tp.optim._LazyProduct(y, torch.eye(r, dtype=y.dtype)) if lazy else y
+    (out,) = frames.transport_owned((y,), (target,), (m.clone(),))
+    assert float((out.double() - exact).abs().max()) < 2e-2 * 6e4

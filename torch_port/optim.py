@@ -315,27 +315,31 @@ class _StiefelFrames:
         if not m.is_contiguous():
             m = m.contiguous()
         m3 = self._flat(m)
-        lazy = isinstance(yy, _LazyProduct)
-        if lazy:
-            a3, h3 = self._flat(yy.a), self._flat(yy.h)
+        if isinstance(yy, _LazyProduct):
+            basis, h3 = self._flat(yy.a), self._flat(yy.h)
+
+            def coefficient(t: Tensor) -> Tensor:  # Y sym(Yᵀt) = A·(H sym(H Aᵀt))
+                return h3 @ sym(h3 @ (transpose(basis) @ t))
         else:
-            y3 = self._flat(yy)
+            basis = self._flat(yy)
 
-        def subtract_normal_part(t: Tensor) -> None:  # t ← t − Y sym(Yᵀt), in place
-            if lazy:
-                t.baddbmm_(a3, h3 @ sym(h3 @ (transpose(a3) @ t)), alpha=-1.0)
-            else:
-                t.baddbmm_(y3, sym(transpose(y3) @ t), alpha=-1.0)
+            def coefficient(t: Tensor) -> Tensor:
+                return sym(transpose(basis) @ t)
 
-        if bool(torch.isfinite(m3).all()) and not _overflows_gram(m3):
-            subtract_normal_part(m3)
-        else:  # Yᵀm would overflow the dtype: P_Y is linear, apply it at scale 1
+        c = coefficient(m3)
+        if bool(torch.isfinite(c).all()):
+            m3.baddbmm_(basis, c, alpha=-1.0)
+        else:  # Yᵀm overflows the dtype: P_Y is linear, apply it at scale 1
             scale = _power_of_two_scale(m3)
-            m3.div_(scale)
-            subtract_normal_part(m3)
-            m3.mul_(scale)
+            m3.div_(scale).baddbmm_(basis, coefficient(m3), alpha=-1.0).mul_(scale)
             _check_representable("the transported moment P_Y(m)", m3, m3)
         return (m,)
+
+
+def _sqrt_v_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a frame moment's √v: at least float32 (in bfloat16 √β2·√v rounds back to
+    √v, 0.9995 being 1 to bfloat16's 8 bits, so √v would never decay)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _power_of_two_scale(a: Tensor) -> Tensor:
@@ -345,14 +349,6 @@ def _power_of_two_scale(a: Tensor) -> Tensor:
     top = linalg.max_abs(a)[:, None, None]
     e = torch.frexp(torch.where(top > 0, top, torch.ones_like(top))).exponent
     return torch.ldexp(torch.ones_like(top), e - 1)
-
-
-def _overflows_gram(m3: Tensor) -> bool:
-    """Whether an r×r product Yᵀm of a frame Y (|Y_ij| ≤ 1) with m could overflow m's dtype:
-    |(Yᵀm)_ij| ≤ ‖m_:j‖ ≤ sqrt(d)·max|m| (Cauchy–Schwarz), so only when that bound reaches the
-    largest float."""
-    limit = torch.finfo(m3.dtype).max / math.sqrt(max(m3.shape[-2], 1))
-    return bool((linalg.max_abs(m3) >= limit).any())
 
 
 def _check_representable(what: str, out: Tensor, source: Tensor) -> None:
@@ -792,8 +788,7 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
             group = self.param_groups[gi]
             p = group["params"][pi]
             if group.get("moment", "frame") == "frame":
-                dtype = torch.promote_types(p.dtype, torch.float32)
-                self.state[p]["sqrt_v"] = value.to(device=p.device, dtype=dtype).clone()
+                self.state[p]["sqrt_v"] = value.to(p.device, _sqrt_v_dtype(p.dtype)).clone()
 
     def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
         where = f"param_groups[{gi}] of the state dict"
@@ -949,11 +944,9 @@ class _RiemannianOptimizer(torch.optim.Optimizer):
         return {"step": self._new_step()}
 
     def _frame_scalars(self, geometry, point: _Point, x=None) -> Tensor:
-        """Zeros of the shape of the point's per-frame scalars, in at least float32: in bfloat16
-        √β2·√v rounds back to √v (0.9995 is 1 to bfloat16's 8 bits), so √v would never decay."""
+        """Zeros of the shape of the point's per-frame scalars, in ``_sqrt_v_dtype``."""
         x = point.value() if x is None else x
-        dtype = torch.promote_types(x[0].dtype, torch.float32)
-        return x[0].new_zeros(geometry.frame_batch(x), dtype=dtype)
+        return x[0].new_zeros(geometry.frame_batch(x), dtype=_sqrt_v_dtype(x[0].dtype))
 
     def _store(self, geometry, tangent: Sequence[Tensor]):
         """A tangent vector as stored: the tensor itself for a Stiefel parameter, else a tuple."""
