@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import torch_port as tp  # noqa: E402
 from torch_port import validation  # noqa: E402
 from torch_port.nn import RiemannianMultiheadAttention, build_optimizer, reproject  # noqa: E402
-from torch_port.stiefel import Stiefel  # noqa: E402
+from torch_port.stiefel import LazyProduct, Stiefel, StiefelFrames  # noqa: E402
 
 D, R = 8, 3
 
@@ -321,7 +321,7 @@ def test_float16_transport_of_a_large_moment_is_taken_at_scale_1(lazy: bool) -> 
     rounding of O(d) sums, relative 2^-11·sqrt(d) ≈ 1.4e-2 of max|m| (asserted: 2e-2; measured
     18 against max|m| = 6e4, i.e. 3e-4)."""
     d, r = 768, 64
-    frames = tp.optim._StiefelFrames(Stiefel(d, r))
+    frames = StiefelFrames(Stiefel(d, r))
     st = Stiefel(d, r)
     y = st.random_point(generator=torch.Generator().manual_seed(0)).half()
     y64 = y.double()
@@ -332,6 +332,6 @@ def test_float16_transport_of_a_large_moment_is_taken_at_scale_1(lazy: bool) -> 
     exact = m64 - y64 @ ((y64.mT @ m64 + m64.mT @ y64) / 2)
     assert float(exact.abs().max()) < 65504  # representable: the scaled route must succeed
     assert not bool(torch.isfinite(y.mT @ m).all())  # the unscaled Yᵀm overflows here
-    target = tp.optim._LazyProduct(y, torch.eye(r, dtype=y.dtype)) if lazy else y
+    target = LazyProduct(y, torch.eye(r, dtype=y.dtype)) if lazy else y
     (out,) = frames.transport_owned((y,), (target,), (m.clone(),))
     assert float((out.double() - exact).abs().max()) < 2e-2 * 6e4

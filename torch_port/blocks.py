@@ -1,10 +1,4 @@
-"""What the factored geometries share, and their block variants (DESIGN §4.4), in torch.
-
-``FactoredGeometry`` is the base of the ten torch geometries: points and tangent vectors are
-tuples of tensors whose leading dimensions are the batch (layers × heads, ...); it supplies the
-metric helpers and the per-frame operations the optimizers use (``frame_norms``,
-``frame_sizes``, ``scale_frames``: a *frame* is a moment group of the reference, one scalar
-second moment and one trust region each).
+"""The block variants of the factored geometries (DESIGN §4.4), in torch.
 
 ``BlockGeometry`` is the torch mirror of ``reference.blocks.BlockGeometry``: the base geometry
 on the stacked factors [A_i; …] and [B_j; …] of each block group. In torch the groups are one
@@ -20,170 +14,14 @@ an optimizer parameter group naming a block geometry.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
-from torch_port import linalg
+from torch_port.geometry import Parts
 from torch_port.linalg import Tensor
 
-Parts = Sequence[Tensor]
 
-
-# -- validation helpers --------------------------------------------------------------------------
-def check_factor_shapes(geometry, what: str, x: Parts, shapes: Sequence[tuple[int, ...]]) -> None:
-    """Raise ValueError unless x is a tuple of tensors with the given trailing shapes and one
-    common batch shape, all of one real floating dtype."""
-    if not isinstance(x, tuple | list) or len(x) != len(shapes):
-        raise ValueError(f"{geometry.name} {what}: expected a tuple of {len(shapes)} tensors")
-    batch = None
-    for t, shape in zip(x, shapes, strict=True):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{geometry.name} {what}: expected tensors, got {type(t).__name__}")
-        if not t.dtype.is_floating_point or t.is_complex():
-            raise TypeError(
-                f"{geometry.name} {what}: expected a real floating dtype, got {t.dtype}"
-            )
-        if t.ndim < len(shape) or tuple(t.shape[t.ndim - len(shape) :]) != tuple(shape):
-            raise ValueError(
-                f"{geometry.name} {what}: expected trailing shapes {list(shapes)}, got "
-                f"{[tuple(p.shape) for p in x]}"
-            )
-        b = tuple(t.shape[: t.ndim - len(shape)])
-        if batch is not None and b != batch:
-            raise ValueError(
-                f"{geometry.name} {what}: the factors' batch shapes differ: "
-                f"{[tuple(p.shape) for p in x]}"
-            )
-        batch = b
-    if len({t.dtype for t in x}) > 1:
-        raise TypeError(
-            f"{geometry.name} {what}: factors of different dtypes {[t.dtype for t in x]}"
-        )
-
-
-def finite_or_raise(what: str, x: Parts) -> None:
-    """Raise ValueError with the count of NaN/inf entries, if any."""
-    bad = int(sum((~torch.isfinite(t)).sum() for t in x))
-    if bad:
-        raise ValueError(f"{what}: {bad} non-finite entries (NaN or inf)")
-
-
-def default_atol(dtype: torch.dtype) -> float:
-    """sqrt(ε) of the dtype (1.5e-8 for float64, as the reference; 3.5e-4 for float32)."""
-    return math.sqrt(torch.finfo(dtype).eps)
-
-
-# -- the base class -------------------------------------------------------------------------------
-class FactoredGeometry:
-    """Base of the torch geometries whose points are tuples of batched tensors.
-
-    Subclasses set ``name``, ``moment_groups`` (the reference's: which tangent parts form one
-    frame), ``point_shapes``/``tangent_shapes`` (trailing shapes of the parts) and
-    ``point_kinds``/``tangent_kinds`` ("row": stacked by the block variants from row factors,
-    "col": from column factors, "core": one r×r per group), and implement the protocol of
-    ``reference/geometry.py``. The defaults here: the Frobenius metric of all parts together
-    (R1, P1, P2; R2 overrides ``inner`` and ``norm``).
-    """
-
-    name: str
-    moment_groups: tuple[tuple[int, ...], ...]
-    point_shapes: tuple[tuple[int, ...], ...]
-    tangent_shapes: tuple[tuple[int, ...], ...]
-    point_kinds: tuple[str, ...]
-    tangent_kinds: tuple[str, ...]
-
-    # -- metric --------------------------------------------------------------------------------
-    def inner(self, x: Parts, u: Parts, v: Parts) -> Tensor:
-        """Σ_i tr(u_iᵀ v_i) over the parts, per point."""
-        return sum(torch.sum(a * b, dim=(-2, -1)) for a, b in zip(u, v, strict=True))
-
-    def norm(self, x: Parts, u: Parts) -> Tensor:
-        """The metric norm per point, free of overflow and underflow (``linalg.norm_of_parts``)."""
-        return linalg.norm_of_parts(list(u))
-
-    def scaled_norm(self, fn: Callable[[Parts], Tensor], u: Parts) -> Tensor:
-        """fn(u) for a norm fn homogeneous of degree 1, computed unscaled where that is safe and
-        as s·fn(u/s), s = max|u| over the parts, where the unscaled value is zero, tiny, inf or
-        NaN (reference ``optim._metric_norm``). One host synchronisation."""
-        n = fn(u)
-        bad = linalg._needs_scaling(linalg._norm_dtype(n))
-        if not bool(bad.any()):
-            return n
-        s = torch.stack([linalg.max_abs(p) for p in u]).amax(dim=0)
-        odd = (s == 0) | ~torch.isfinite(s)
-        safe = torch.where(odd, torch.ones_like(s), s)[..., None, None]
-        scaled = torch.where(odd, s, s * fn(tuple(p / safe for p in u)))
-        return torch.where(bad, scaled, n)
-
-    def random_tangent(self, x: Parts, generator: torch.Generator | None = None) -> tuple:
-        """proj(x, Z) for a Gaussian factor-space Z, scaled to unit norm per point."""
-        z = tuple(
-            torch.randn(p.shape, generator=generator, dtype=p.dtype, device=p.device) for p in x
-        )
-        t = self.proj(x, z)
-        n = self.norm(x, t)
-        return tuple(p / n[..., None, None] for p in t)
-
-    def to_matrix(self, x: Parts) -> Tensor:
-        """W = A Bᵀ per point (checks only: forms m×n matrices)."""
-        a, b = self.pair(x)
-        return a @ linalg.transpose(b)
-
-    def egrad_from_matrix(self, x: Parts, g: Tensor) -> tuple:
-        """The factor gradient of F(A Bᵀ) for G = ∇F (checks only: takes m×n matrices)."""
-        a, b = self.pair(x)
-        return self.egrad_from_pair(x, (g @ b, linalg.transpose(g) @ a))
-
-    def check_orthonormal(self, x: Parts, factors: dict[str, Tensor], atol) -> None:
-        """Raise ValueError when a factor's ‖FᵀF − I‖ exceeds atol (default sqrt(ε) of its
-        dtype) in some point of the batch, with the worst residual."""
-        for label, f in factors.items():
-            tol = default_atol(f.dtype) if atol is None else float(atol)
-            res = linalg.orthonormality_residual(f)
-            if bool((res > tol).any()):
-                raise ValueError(
-                    f"{self.name}: factor {label} is not orthonormal: ‖{label}ᵀ{label} − I‖ = "
-                    f"{float(res.max()):.3e} > {tol:.1e} (worst of {res.numel()} points)"
-                )
-
-    # -- per-frame operations (the optimizers) --------------------------------------------------
-    @property
-    def frame_shape(self) -> tuple[int, ...]:
-        """Trailing shape of per-frame scalars: () for one frame per point, (k,) for k."""
-        k = len(self.moment_groups)
-        return () if k == 1 else (k,)
-
-    def frame_norms(self, x: Parts, u: Parts) -> Tensor:
-        """The metric norm of each frame of u (reference ``optim._frame_norms``): the geometry's
-        norm when the point is one frame, else the Frobenius norm of each frame's parts;
-        shape (..., *frame_shape)."""
-        if len(self.moment_groups) == 1:
-            return self.norm(x, u)
-        return torch.stack(
-            [linalg.norm_of_parts([u[i] for i in g]) for g in self.moment_groups], dim=-1
-        )
-
-    def frame_sizes(self) -> tuple[int, ...]:
-        """Number of entries of each frame of a tangent vector (reference ``_frame_sizes``)."""
-        return tuple(sum(math.prod(self.tangent_shapes[i]) for i in g) for g in self.moment_groups)
-
-    def scale_frames(self, u: Parts, c: Tensor) -> tuple:
-        """Multiply the parts of each frame by that frame's scalar, c of shape
-        (..., *frame_shape)."""
-        if len(self.moment_groups) == 1:
-            return tuple(p * c.to(p.dtype)[..., None, None] for p in u)
-        owner = {i: k for k, g in enumerate(self.moment_groups) for i in g}
-        return tuple(p * c[..., owner[i]].to(p.dtype)[..., None, None] for i, p in enumerate(u))
-
-    def retract_scaled(self, x: Parts, u: Parts, c: Tensor) -> tuple:
-        """retract(x, scale_frames(u, c)): the step ξ = c·u frame by frame (an optimizer hook that
-        a geometry may fuse)."""
-        return self.retract(x, self.scale_frames(u, c))
-
-
-# -- block variants --------------------------------------------------------------------------------
 def gqa_pattern(n_heads: int, n_kv_heads: int) -> list[tuple[int, int]]:
     """Active blocks (h, g(h)), g(h) = h // (n_heads / n_kv_heads): MHA when equal, MQA for 1."""
     if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
@@ -330,6 +168,13 @@ class BlockGeometry:
         """The inverse of ``from_heads``."""
         kinds = self.base.point_kinds if kinds is None else kinds
         return tuple(self._unstack(t, k) for t, k in zip(x, kinds, strict=True))
+
+    def from_params(self, params: Parts) -> tuple:
+        """The point held by an optimizer group's parameters (per-head layout)."""
+        return self.from_heads(params)
+
+    def to_params(self, x: Parts) -> tuple:
+        return self.to_heads(x)
 
     def head_factors(self, x: Parts) -> tuple[Tensor, Tensor]:
         """The per-head factors (A (..., p, m, r), B (..., q, n, r)), block (i, j) = A_i B_jᵀ."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_port import linalg
-from torch_port.blocks import FactoredGeometry, check_factor_shapes, finite_or_raise
+from torch_port.geometry import FactoredGeometry, check_factor_shapes, finite_or_raise
 from torch_port.linalg import Tensor, transpose
 
 WIDE = torch.float64

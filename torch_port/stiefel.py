@@ -3,27 +3,23 @@
 Mirrors ``reference/stiefel.py`` method for method. A tensor of shape (..., d, r) is a batch of
 frames, one frame per trailing d×r matrix (e.g. layers × heads × d × r); every per-frame scalar
 (a norm, an inner product, a residual) comes back as a tensor of shape (...,).
+
+``StiefelFrames`` is St(d, r) as the optimizers see every geometry (``torch_port.geometry.
+PointGeometry``: points are 1-tuples (W,)), with the optimizer's hot path fused.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
 from torch_port import linalg
+from torch_port.geometry import default_atol
 from torch_port.linalg import Tensor, frobenius, sym, transpose
 
 RETRACTIONS = ("polar", "polar_svd", "qr", "exp")
 METRICS = ("embedded", "canonical")
-
-
-def default_atol(dtype: torch.dtype) -> float:
-    """Default tolerance of ``check_point``/``check_tangent``: sqrt(ε) of the frame's dtype
-    (1.5e-8 for float64, as the reference; 3.5e-4 for float32). Frames made or moved by this
-    library sit far below it (float32: ~1e-6), so it flags a real violation, never rounding."""
-    return math.sqrt(torch.finfo(dtype).eps)
 
 
 class Stiefel:
@@ -219,3 +215,160 @@ class Stiefel:
             raise ValueError(
                 f"vector is not tangent at W: ‖Wᵀξ + ξᵀW‖ = {float(res.max()):.3e} (worst frame)"
             )
+
+
+# -- the optimizers' view: points (W,), with the fused hot path -------------------------------
+class StiefelFrames:
+    """A ``Stiefel`` geometry seen as points that are 1-tuples (W,), with the optimizer's hot
+    path fused: P_W(G) = G − W sym(WᵀG) as one ``baddbmm`` (embedded metric), the step
+    W + c·m as one ``addcmul`` before the polar factor, and the transport of the first moment
+    P_Y(m) = m − Y sym(Yᵀm) in place, into the moment the step has just made."""
+
+    moment_groups = ((0,),)
+    frame_shape: tuple[int, ...] = ()
+    orthonormal_factors = (0,)
+    #: ``egrad_to_rgrad`` returns a new tensor, which the rules may overwrite.
+    rgrad_is_fresh = True
+
+    def __init__(self, st: Stiefel):
+        self.st = st
+        self.name = st.name
+        self.embedded = st.metric == "embedded"
+        #: linalg.polar refuses non-finite input itself (one check less per step).
+        self.retraction_checks_finite = st.retraction == "polar"
+        self._upcast: dict[tuple, Tensor] = {}
+
+    def __repr__(self) -> str:
+        return f"StiefelFrames({self.st!r})"
+
+    def _upcast_buffer(self, a: Tensor) -> Tensor | None:
+        """A float64 work buffer of A's shape for the Gram of a low-precision A, kept between
+        steps (one per parameter shape and device)."""
+        if a.dtype == torch.float64:
+            return None
+        key = (tuple(a.shape), a.device)
+        if key not in self._upcast:
+            self._upcast[key] = torch.empty(a.shape, dtype=torch.float64, device=a.device)
+        return self._upcast[key]
+
+    def frame_batch(self, x: Sequence[Tensor]) -> tuple[int, ...]:
+        return tuple(x[0].shape[:-2])
+
+    def check_point(self, x: Sequence[Tensor], atol: float | None = None) -> None:
+        self.st.check_point(x[0], atol)
+
+    def from_params(self, params: Sequence[Tensor]) -> tuple[Tensor]:
+        return (params[0],)
+
+    def to_params(self, x: Sequence[Tensor]) -> tuple:
+        return tuple(x)
+
+    def zero_tangent(self, x: Sequence[Tensor]) -> tuple[Tensor]:
+        return (torch.zeros_like(x[0], memory_format=torch.contiguous_format),)
+
+    @staticmethod
+    def _flat(t: Tensor) -> Tensor:
+        return t.reshape(-1, *t.shape[-2:])
+
+    def egrad_to_rgrad(self, x: Sequence[Tensor], g: Sequence[Tensor]) -> tuple[Tensor]:
+        w, grad = x[0], g[0]
+        if not self.embedded:
+            return (self.st.egrad_to_rgrad(w, grad),)
+        w3, g3 = self._flat(w), self._flat(grad)
+        s = sym(transpose(w3) @ g3)
+        if bool(torch.isfinite(s).all()):
+            out = torch.baddbmm(g3, w3, s, alpha=-1.0)
+        else:  # WᵀG overflows the dtype (e.g. float16 gradients near 6e4): P_W is linear
+            scale = _power_of_two_scale(g3)
+            g_s = g3 / scale
+            out = torch.baddbmm(g_s, w3, sym(transpose(w3) @ g_s), alpha=-1.0).mul_(scale)
+            _check_representable("the Riemannian gradient P_W(G)", out, g3)
+        return (out.reshape(grad.shape),)
+
+    def proj_tangent(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
+        return (self.st.proj(x[0], u[0]),)
+
+    def frame_norms(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> Tensor:
+        if self.embedded:
+            return linalg.frobenius_fast(u[0])
+        return self.st.frame_norm(x[0], u[0])
+
+    def frame_sizes(self) -> tuple[int]:
+        return (self.st.d * self.st.r,)
+
+    def scale_frames(self, u: Sequence[Tensor], c: Tensor) -> tuple[Tensor]:
+        return (u[0] * c[..., None, None].to(u[0].dtype),)
+
+    def retract(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
+        return (self.st.retract(x[0], u[0]),)
+
+    def retract_scaled(self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor) -> tuple:
+        """polar(W + c·u), as a lazy product A @ H formed when the step is committed."""
+        if self.st.retraction == "polar":
+            a = torch.addcmul(x[0], u[0], c[..., None, None].to(u[0].dtype))
+            inv_sqrt, full = linalg.polar_plan(a, self._upcast_buffer(a))
+            return (full if inv_sqrt is None else LazyProduct(a, inv_sqrt),)
+        return self.retract(x, self.scale_frames(u, c))
+
+    def transport(self, x, y, u) -> tuple[Tensor]:
+        return (self.st.transport(x[0], y[0], u[0]),)
+
+    def transport_owned(self, x, y, u) -> tuple[Tensor]:
+        """P_Y(m) = m − Y sym(Yᵀm), written into m (which the caller owns; copied first if it is
+        not contiguous). For a lazy Y = A H: Yᵀm = H (Aᵀm) and Y S = A (H S)."""
+        m, yy = u[0], y[0]
+        if not m.is_contiguous():
+            m = m.contiguous()
+        m3 = self._flat(m)
+        if isinstance(yy, LazyProduct):
+            basis, h3 = self._flat(yy.a), self._flat(yy.h)
+
+            def coefficient(t: Tensor) -> Tensor:  # Y sym(Yᵀt) = A·(H sym(H Aᵀt))
+                return h3 @ sym(h3 @ (transpose(basis) @ t))
+        else:
+            basis = self._flat(yy)
+
+            def coefficient(t: Tensor) -> Tensor:
+                return sym(transpose(basis) @ t)
+
+        c = coefficient(m3)
+        if bool(torch.isfinite(c).all()):
+            m3.baddbmm_(basis, c, alpha=-1.0)
+        else:  # Yᵀm overflows the dtype: P_Y is linear, apply it at scale 1
+            scale = _power_of_two_scale(m3)
+            m3.div_(scale).baddbmm_(basis, coefficient(m3), alpha=-1.0).mul_(scale)
+            _check_representable("the transported moment P_Y(m)", m3, m3)
+        return (m,)
+
+
+def _power_of_two_scale(a: Tensor) -> Tensor:
+    """Per matrix of a (n, d, r) batch, the power of two 2^e ≤ max|A| < 2^{e+1} (1 for a zero
+    matrix): representable in A's dtype, and dividing by it is exact and brings the entries
+    into [−2, 2]."""
+    top = linalg.max_abs(a)[:, None, None]
+    e = torch.frexp(torch.where(top > 0, top, torch.ones_like(top))).exponent
+    return torch.ldexp(torch.ones_like(top), e - 1)
+
+
+def _check_representable(what: str, out: Tensor, source: Tensor) -> None:
+    if not bool(torch.isfinite(out).all()):
+        raise ValueError(
+            f"{what} of this frame is not representable in {out.dtype} (largest |entry| of its "
+            f"input {float(linalg.max_abs(source).max()):.3e})"
+        )
+
+
+class LazyProduct:
+    """A new frame Y = A @ H (A d×r, H r×r), formed when the step is committed, straight into
+    the parameter: the polar retraction's last product needs no temporary and no copy."""
+
+    def __init__(self, a: Tensor, h: Tensor):
+        self.a, self.h = a, h
+
+    def write_into(self, p: Tensor) -> None:
+        out = p.detach()
+        if out.is_contiguous() and self.a.shape == out.shape:
+            d, r = out.shape[-2:]
+            torch.bmm(self.a.reshape(-1, d, r), self.h.reshape(-1, r, r), out=out.view(-1, d, r))
+        else:
+            out.copy_(self.a @ self.h)

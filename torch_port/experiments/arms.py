@@ -47,7 +47,14 @@ from torch_port.experiments.common import (
     write_results,
 )
 from torch_port.nn import build_optimizer
-from torch_port.optim import RSGD, NormalizedRSGD, RiemannianAdam
+from torch_port.optim import (
+    RSGD,
+    ChainOptimizer,
+    NormalizedRSGD,
+    RiemannianAdam,
+    checks,
+    transforms,
+)
 
 Tensor = torch.Tensor
 
@@ -86,148 +93,36 @@ def qk_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if n.endswith((".attn.w_q", ".attn.w_k"))}
 
 
-# -- optimizers of arms E and H ------------------------------------------------------------------
-def check_adam_options(
-    lr: float, betas: Sequence[float], eps: float, trust_radius: float | None
-) -> None:
-    """Refuse lr ≤ 0, β ∉ [0, 1), ε < 0 or Δ ≤ 0 (each non-finite value too), naming it."""
-    if not (isinstance(lr, int | float) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be positive and finite, got {lr!r}")
-    if len(betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in betas):
-        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
-    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number ≥ 0, got {eps!r}")
-    if trust_radius is not None and not (
-        isinstance(trust_radius, int | float) and math.isfinite(trust_radius) and trust_radius > 0
-    ):
-        raise ValueError(
-            f"trust_radius must be positive and finite (or None), got {trust_radius!r}"
-        )
+# -- the rules of arms E and H, as chains ---------------------------------------------------------
+def euclidean_frame_adam(group: dict[str, Any]) -> transforms.Transform:
+    """Arm E's rule on the raw Euclidean gradient G (a group with ``"gradient": "euclidean"``):
+    m ← β1·m + (1 − β1)·G; √v ← hypot(√β2·√v, √(1 − β2)·RMS(G)) per frame; ξ = −lr·m̂/(√v̂ + ε),
+    capped at ‖ξ‖_F ≤ Δ when ``trust_radius`` is given; then W ← polar(W + ξ), the Stiefel
+    retraction, removes the normal part of ξ only to first order."""
+    b1, b2 = group["betas"]
+    steps = [transforms.scale_by_adam(b1, b2, group["eps"]), transforms.scale(-group["lr"])]
+    if group.get("trust_radius") is not None:
+        steps.append(transforms.trust_region(group["trust_radius"]))
+    return transforms.chain(*steps)
 
 
-def check_finite_gradients(named: Iterable[tuple[str, Tensor]]) -> None:
-    """Refuse gradients with NaN or ±inf entries before anything is changed: a ValueError naming
-    every such parameter and its count of non-finite entries (one reduction Σ G per gradient,
-    finite unless an entry is not; entries are counted only where the sum is not finite)."""
-    items = [(n, p.grad) for n, p in named if p.grad is not None]
-    if not items:
-        return
-    device = items[0][1].device
-    sums = torch.stack([g.sum().to(device=device, dtype=torch.float64) for _, g in items])
-    counts = [
-        0 if ok else int((~torch.isfinite(g)).sum())
-        for (_, g), ok in zip(items, torch.isfinite(sums).tolist(), strict=True)
-    ]
-    bad = [f"{n}: {c} of {g.numel()} entries" for (n, g), c in zip(items, counts, strict=True) if c]
-    if bad:
-        raise ValueError("non-finite gradient (no parameter was changed) for " + "; ".join(bad))
+def euclidean_adam(group: dict[str, Any]) -> transforms.Transform:
+    """Arm H's rule: Adam with one second moment per entry on the raw gradient, ξ = −lr·m̂/(√v̂ +
+    ε) entry by entry (AdamW without decay), then W ← polar(W + ξ)."""
+    b1, b2 = group["betas"]
+    return transforms.chain(
+        transforms.scale_by_adam(b1, b2, group["eps"], moment="elementwise"),
+        transforms.scale(-group["lr"]),
+    )
 
 
-class ScalarAdamPolar(torch.optim.Optimizer):
-    """Arm E, per frame W (a trailing d×r matrix) with raw Euclidean gradient G, no projector:
-    m ← β1·m + (1 − β1)·G; √v ← hypot(√β2·√v, √(1 − β2)·RMS(G)) (one scalar per frame, stored in
-    at least float32); ξ = −lr·(m/(1 − β1^t))/(√v/sqrt(1 − β2^t) + ε); ξ ← ξ·min(1, Δ/‖ξ‖_F)
-    when Δ is given; W ← polar(W + ξ). The retraction removes the normal part of ξ only to first
-    order. A non-finite gradient is a ValueError raised before any parameter changes."""
-
-    def __init__(
-        self,
-        params: Iterable[Tensor],
-        lr: float,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        trust_radius: float | None = None,
-    ):
-        check_adam_options(lr, betas, eps, trust_radius)
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, trust_radius=trust_radius))
-
-    def _named(self) -> list[tuple[str, Tensor]]:
-        """(name, parameter) of every parameter, named by its group's "param_names" if any."""
-        out = []
-        for gi, group in enumerate(self.param_groups):
-            names = group.get("param_names") or []
-            for pi, p in enumerate(group["params"]):
-                out.append((names[pi] if pi < len(names) else f"param_groups[{gi}][{pi}]", p))
-        return out
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> None:
-        check_finite_gradients(self._named())
-        for group in self.param_groups:
-            lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
-            radius = group["trust_radius"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.zeros(())
-                    state["exp_avg"] = torch.zeros_like(p)
-                    dtype = torch.promote_types(p.dtype, torch.float32)
-                    state["sqrt_v"] = p.new_zeros(p.shape[:-2], dtype=dtype)
-                state["step"] += 1
-                t = int(state["step"].item())
-                state["exp_avg"].lerp_(p.grad, 1.0 - b1)
-                rms = linalg.rms(p.grad.to(state["sqrt_v"].dtype))
-                state["sqrt_v"] = torch.hypot(
-                    math.sqrt(b2) * state["sqrt_v"], math.sqrt(1.0 - b2) * rms
-                )
-                den = state["sqrt_v"] / math.sqrt(1.0 - b2**t) + eps
-                scale = torch.where(den > 0, -lr / (1.0 - b1**t) / den, torch.zeros_like(den))
-                xi = state["exp_avg"] * scale.to(p.dtype)[..., None, None]
-                if radius is not None:
-                    norm = linalg.frobenius(xi)
-                    cap = torch.where(norm > radius, radius / norm, torch.ones_like(norm))
-                    xi = xi * cap[..., None, None]
-                p.copy_(linalg.polar(p + xi))
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """As torch's, but √v keeps its saved dtype (torch would cast it to the parameter's)."""
-        saved = {k: s["sqrt_v"] for k, s in state_dict["state"].items() if "sqrt_v" in s}
-        super().load_state_dict(state_dict)
-        params = [p for g in self.param_groups for p in g["params"]]
-        for k, sqrt_v in saved.items():
-            self.state[params[int(k)]]["sqrt_v"] = sqrt_v.to(device=params[int(k)].device)
+#: Arm -> the rule of its W_Q, W_K group (arms E and H; the others use a preset).
+EUCLIDEAN_RULES = {"E": euclidean_frame_adam, "H": euclidean_adam}
 
 
-class ArmOptimizer:
-    """Several optimizers stepped together (every parameter in exactly one), then the polar
-    projection W ← polar(W) of the ``project`` parameters (arm H). Every gradient is checked for
-    non-finite entries before any optimizer steps (``names``: id(parameter) -> name, for the
-    message). ``state_dict`` round-trips."""
-
-    def __init__(
-        self,
-        optimizers: Sequence[torch.optim.Optimizer],
-        project: Sequence[Tensor] = (),
-        names: dict[int, str] | None = None,
-    ):
-        self.optimizers = list(optimizers)
-        self.project = list(project)
-        self.names = dict(names or {})
-
-    def zero_grad(self) -> None:
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
-
-    def _named(self) -> list[tuple[str, Tensor]]:
-        params = [p for opt in self.optimizers for g in opt.param_groups for p in g["params"]]
-        return [(self.names.get(id(p), f"shape {tuple(p.shape)}"), p) for p in params]
-
-    @torch.no_grad()
-    def step(self) -> None:
-        check_finite_gradients(self._named())
-        for opt in self.optimizers:
-            opt.step()
-        for p in self.project:
-            p.copy_(linalg.polar(p))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizers": [opt.state_dict() for opt in self.optimizers]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for opt, s in zip(self.optimizers, state["optimizers"], strict=True):
-            opt.load_state_dict(s)
+def arm_rule(group: dict[str, Any]) -> transforms.Transform:
+    """The chain of a W_Q, W_K group of arm E or H (named by its "arm" entry)."""
+    return EUCLIDEAN_RULES[group["arm"]](group)
 
 
 def prepare_model(arm: str, model: nn.Module) -> nn.Module:
@@ -245,18 +140,6 @@ def prepare_model(arm: str, model: nn.Module) -> nn.Module:
     return model
 
 
-def _split_groups(model: nn.Module) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Two plain parameter groups: every trainable weight but W_Q, W_K, and W_Q, W_K with
-    ``weight_decay`` 0 (the frames of arms E and H are never decayed)."""
-    qk = qk_parameters(model)
-    ids = {id(p) for p in qk.values()}
-    rest = [(n, p) for n, p in model.named_parameters() if id(p) not in ids and p.requires_grad]
-    return (
-        {"params": [p for _, p in rest], "param_names": [n for n, _ in rest]},
-        {"params": list(qk.values()), "param_names": list(qk), "weight_decay": 0.0},
-    )
-
-
 def make_optimizer(
     arm: str,
     model: nn.Module,
@@ -266,37 +149,40 @@ def make_optimizer(
     weight_decay: float,
     eps: float = 1e-8,
     trust_radius: float | None = None,
-) -> ArmOptimizer:
+) -> torch.optim.Optimizer:
     """The arm's optimizer: AdamW (lr, betas, eps, decoupled ``weight_decay``) on every non-frame
-    weight, the arm's rule (same lr; no decay) on W_Q, W_K (module docstring). The trust radius
-    Δ caps the steps of C, E and F only (B is plain fixed-step RSGD, D is scale free)."""
+    weight, the arm's rule (same lr; no decay) on W_Q, W_K (module docstring): a preset for
+    A, B, C, D, F, G; for E and H a ``ChainOptimizer`` whose W_Q, W_K group takes the Euclidean
+    gradient (``EUCLIDEAN_RULES``) and the Stiefel polar retraction. The trust radius Δ caps the
+    steps of C, E and F only (B is plain fixed-step RSGD, D is scale free)."""
+    check_arms([arm])
     common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-    names = {id(p): n for n, p in model.named_parameters()}
     frame = {"trust_radius": trust_radius}
+    if arm in ("E", "H"):
+        qk = qk_parameters(model)
+        ids = {id(p) for p in qk.values()}
+        rest = [(n, p) for n, p in model.named_parameters() if id(p) not in ids and p.requires_grad]
+        frames = {
+            "params": list(qk.values()),
+            "param_names": list(qk),
+            "geometry": "stiefel",
+            "gradient": "euclidean",
+            "arm": arm,
+            "weight_decay": 0.0,
+            "trust_radius": trust_radius if arm == "E" else None,
+        }
+        plain = {"params": [p for _, p in rest], "param_names": [n for n, _ in rest]}
+        return ChainOptimizer([frames, plain], arm_rule, **common)
     if arm in ("A", "G"):
-        opts: list[torch.optim.Optimizer] = [build_optimizer(model, RiemannianAdam, **common)]
-    elif arm == "H":
-        rest, qk = _split_groups(model)
-        return ArmOptimizer([RiemannianAdam([rest, qk], **common)], qk["params"], names)
-    elif arm == "B":
-        opts = [build_optimizer(model, RSGD, **common)]
-    elif arm == "C":
-        opts = [build_optimizer(model, RiemannianAdam, frame_options=frame, **common)]
-    elif arm == "D":
-        opts = [build_optimizer(model, NormalizedRSGD, **common)]
-    elif arm == "F":
-        options = {**frame, "moment": "elementwise"}
-        opts = [build_optimizer(model, RiemannianAdam, frame_options=options, **common)]
-    elif arm == "E":
-        rest, qk = _split_groups(model)
-        qk.pop("weight_decay")
-        opts = [
-            RiemannianAdam([rest], **common),
-            ScalarAdamPolar([qk], lr, tuple(betas), eps, trust_radius),
-        ]
-    else:
-        raise ValueError(f"unknown arm {arm!r}; choose among {sorted(ARMS)}")
-    return ArmOptimizer(opts, names=names)
+        return build_optimizer(model, RiemannianAdam, **common)
+    if arm == "B":
+        return build_optimizer(model, RSGD, **common)
+    if arm == "C":
+        return build_optimizer(model, RiemannianAdam, frame_options=frame, **common)
+    if arm == "D":
+        return build_optimizer(model, NormalizedRSGD, **common)
+    options = {**frame, "moment": "elementwise"}  # F
+    return build_optimizer(model, RiemannianAdam, frame_options=options, **common)
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -667,11 +553,10 @@ def task_config(name: str, preset: str, **changes: Any) -> dict[str, Any]:
 def check_optimizer_config(config: dict[str, Any]) -> None:
     """Refuse a task configuration's optimizer settings unless lr > 0, betas in [0, 1),
     weight_decay ≥ 0 and trust_tau > 0 (all finite), naming the bad value."""
-    check_adam_options(config["lr"], config["betas"], 0.0, None)
-    for key, low_ok in (("weight_decay", True), ("trust_tau", False)):
-        v = config[key]
-        if not (isinstance(v, int | float) and math.isfinite(v) and (v > 0 or (low_ok and v == 0))):
-            raise ValueError(f"{key} must be a finite number {'≥' if low_ok else '>'} 0, got {v!r}")
+    checks.positive("lr", config["lr"])
+    checks.betas(config["betas"])
+    checks.nonnegative("weight_decay", config["weight_decay"])
+    checks.positive("trust_tau", config["trust_tau"])
 
 
 def trust_radius(config: dict[str, Any]) -> float:

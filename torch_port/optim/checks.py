@@ -1,0 +1,78 @@
+"""What the optimizers check and warn about: hyperparameters, and the warnings they raise."""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Any
+
+#: Geometries whose points are frames (orthonormal factors): weight decay does nothing there.
+FRAME_GEOMETRIES = frozenset(
+    {"stiefel"}
+    | {
+        prefix + name
+        for prefix in ("", "block_")
+        for name in ("partial_isometry_embedded", "partial_isometry_quotient", "stiefel_pair")
+    }
+)
+
+
+class FrameDecayWarning(UserWarning):
+    """Weight decay was requested on a group of frames; it does nothing there (RA-5)."""
+
+
+class NonFiniteGradientWarning(UserWarning):
+    """A step was skipped because a gradient had NaN or inf entries (``skip_nonfinite=True``)."""
+
+
+REPROJECT_HINT = (
+    "if the parameters were cast or loaded (e.g. model.to(torch.float64) after building in "
+    "float32), put them back on their manifold first with torch_port.nn.reproject(model) or "
+    "torch_port.optim.reproject(param_groups)"
+)
+
+DECAY_MESSAGE = (
+    "weight decay on frames does nothing: the Riemannian gradient of (λ/2)‖W‖² is P_W(λW) = 0 "
+    "on St(d, r) (RA-5); weight_decay={wd} is ignored for this group of frames"
+)
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the first frame outside torch_port and
+    torch (the user's line), whatever path led here."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch_port/" not in filename and "/torch/" not in filename:
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
+# -- validation of hyperparameters -------------------------------------------------------------
+def is_real(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def positive(name: str, v: Any) -> float:
+    if not (is_real(v) and math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+    return float(v)
+
+
+def nonnegative(name: str, v: Any) -> float:
+    if not (is_real(v) and math.isfinite(v) and v >= 0.0):
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {v!r}")
+    return float(v)
+
+
+def beta(name: str, v: Any) -> float:
+    if not (is_real(v) and 0.0 <= v < 1.0):
+        raise ValueError(f"{name} must lie in [0, 1), got {v!r}")
+    return float(v)
+
+
+def betas(v: Any) -> tuple[float, float]:
+    if not (isinstance(v, tuple | list) and len(v) == 2):
+        raise ValueError(f"betas must be a pair of numbers (beta1, beta2), got {v!r}")
+    return beta("beta1", v[0]), beta("beta2", v[1])

@@ -1,0 +1,346 @@
+"""``ChainOptimizer``: a ``torch.optim.Optimizer`` that runs a chain of transformations per group.
+
+Every geometry takes one path (``torch_port.optim.points``): the group's points, their
+Riemannian gradients (or the gradients themselves, for ``"gradient": "euclidean"``), the group's
+chain (``rule(group)``, a ``torch_port.optim.transforms.Transform``), the step ξ = c·u frame by
+frame, the retraction, and the transport of the chain's tangent state. Groups without a
+geometry hold plain parameters, updated in the same optimizer by AdamW with decoupled decay in
+torch's convention and torch's arithmetic (``torch.optim.AdamW``, single-tensor path).
+
+Every step validates before it writes: each gradient finite (or the whole step skipped with
+``skip_nonfinite=True``), each new point on its manifold, each stored state of the layout the
+chain makes; then all new points and states are computed, and only then written, so an error
+raised while computing one leaves every parameter and every state as it was.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from torch_port.geometries import GEOMETRIES
+from torch_port.linalg import Tensor
+from torch_port.optim import checks
+from torch_port.optim.points import GRADIENTS, Geometries, Point
+from torch_port.optim.state import StateChecks
+from torch_port.optim.transforms import Step, Transform
+from torch_port.stiefel import METRICS, RETRACTIONS
+
+
+class ChainOptimizer(StateChecks, torch.optim.Optimizer):
+    """Riemannian optimization by a chain of transformations, with AdamW for plain groups.
+
+    Args:
+        params: parameters or parameter groups; a group with ``"geometry": "stiefel"`` holds
+            frames (..., d, r), one naming one of the ten design points holds the factors of
+            one batched point (``torch_port.optim``), a group without one plain parameters.
+            A geometry group may set ``"gradient": "euclidean"``: the chain then acts on the
+            gradient itself in the ambient space, with no projection and no transport, and
+            only the retraction puts the point back (arms E and H of the ablation).
+        rule: the chain of a group, ``rule(group) -> Transform``, built from the group's
+            hyperparameters at every step (so schedulers that set ``lr`` take effect); the
+            presets define it as a method.
+        lr, betas, eps, weight_decay: the plain groups' AdamW, and defaults the rule may read.
+        skip_nonfinite: skip a step whose gradients have NaN/inf entries (with a warning)
+            instead of raising ValueError.
+        **options: further defaults of every group (e.g. ``trust_radius``).
+
+    The state of a point holds "step" and the chain's entries (a Stiefel parameter's under its
+    own key; a factored point's under its first factor, tangent vectors as tuples).
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        rule: Callable[[dict[str, Any]], Transform] | None = None,
+        *,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        skip_nonfinite: bool = False,
+        **options: Any,
+    ):
+        if rule is not None:
+            self.rule = rule  # type: ignore[method-assign]
+        self._geometries = Geometries()
+        self._layouts: dict[tuple, dict[str, Any]] = {}
+        #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
+        self.skipped_steps = 0
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            skip_nonfinite=skip_nonfinite,
+            **options,
+        )
+        super().__init__(params, defaults)
+
+    def rule(self, group: dict[str, Any]) -> Transform:
+        """The chain of a geometry group (the presets define it; or pass ``rule``)."""
+        raise NotImplementedError(f"{type(self).__name__} defines no rule; pass rule=...")
+
+    # -- groups ------------------------------------------------------------------------------
+    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+        """Validate the hyperparameters of one group (subclasses extend)."""
+        checks.positive("lr", group["lr"])
+        checks.betas(group["betas"])
+        checks.nonnegative("eps", group["eps"])
+        checks.nonnegative("weight_decay", group["weight_decay"])
+        if group.get("trust_radius") is not None:
+            checks.positive("trust_radius", group["trust_radius"])
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch's ``add_param_group``, then the group's checks (hyperparameters, geometry,
+        shapes, every point on its manifold); a refused group leaves the optimizer as it was."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            self._check_group(group)
+            if group.get("geometry") is not None:
+                self._check_points(
+                    self._geometries.points(len(self.param_groups) - 1, group, all_=True)
+                )
+        except Exception:
+            self.param_groups.pop()
+            raise
+
+    def _check_points(self, points: Sequence[Point]) -> None:
+        for point in points:
+            try:
+                point.geometry.check_point(point.value())
+            except ValueError as err:
+                hint = checks.REPROJECT_HINT
+                raise ValueError(f"{self._point_name(point)}: {err}; {hint}") from None
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        self._check_hyperparameters(group)
+        name = group.get("geometry")
+        for p in group["params"]:
+            if not p.dtype.is_floating_point or p.is_complex():
+                raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
+        if name is None:
+            return
+        self.rule(group)  # the group's chain can be built from its hyperparameters
+        if name not in GEOMETRIES:
+            raise ValueError(
+                f"unknown geometry {name!r} for a parameter group; choose one of "
+                f"{tuple(GEOMETRIES)} (or none, for plain parameters updated by AdamW)"
+            )
+        gradient = group.get("gradient", "riemannian")
+        if gradient not in GRADIENTS:
+            raise ValueError(f"unknown gradient {gradient!r}; choose one of {GRADIENTS}")
+        if name == "stiefel":
+            self._check_stiefel_group(group)
+        else:
+            geometry = self._geometries.factored(group)  # built from the shapes: validates them
+            if gradient == "euclidean" and geometry.embedded:
+                raise ValueError(
+                    f"gradient='euclidean' needs tangent vectors in the layout of the point; "
+                    f"{name} stores them in its own embedded layout"
+                )
+        if name in checks.FRAME_GEOMETRIES and group["weight_decay"] > 0.0:
+            warnings.warn(
+                checks.DECAY_MESSAGE.format(wd=group["weight_decay"]),
+                checks.FrameDecayWarning,
+                stacklevel=checks.caller_stacklevel(),
+            )
+
+    @staticmethod
+    def _check_stiefel_group(group: dict[str, Any]) -> None:
+        if group.get("retraction", "polar") not in RETRACTIONS:
+            raise ValueError(
+                f"unknown retraction {group['retraction']!r}; choose one of {RETRACTIONS}"
+            )
+        if group.get("metric", "embedded") not in METRICS:
+            raise ValueError(f"unknown metric {group['metric']!r}; choose one of {METRICS}")
+        for p in group["params"]:
+            if p.ndim < 2 or p.shape[-1] > p.shape[-2] or p.shape[-1] < 1:
+                raise ValueError(
+                    "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
+                    f"parameter of shape {tuple(p.shape)}"
+                )
+
+    @staticmethod
+    def _new_step() -> Tensor:
+        dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+        return torch.tensor(0.0, dtype=dtype)
+
+    # -- the step ----------------------------------------------------------------------------
+    def _param_name(self, gi: int, pi: int, p: Tensor) -> str:
+        names = self.param_groups[gi].get("param_names")
+        if names is not None and pi < len(names):
+            return f"{names[pi]!r} (param_groups[{gi}], shape {tuple(p.shape)})"
+        return f"param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)})"
+
+    def _point_name(self, point: Point) -> str:
+        if len(point.params) == 1:
+            return self._param_name(point.gi, point.pis[0], point.params[0])
+        names = [
+            self._param_name(point.gi, pi, p) for pi, p in zip(point.pis, point.params, strict=True)
+        ]
+        return f"the {point.geometry.name} point of " + ", ".join(names)
+
+    def _validate(self, items: list[tuple[int, int, Tensor]], points: list[Point]) -> bool:
+        """Check every gradient and every point that has no state yet. Returns False when the
+        step is to be skipped; raises on bad input. Nothing has been changed when this raises or
+        returns False.
+
+        The gradient check costs one reduction per gradient (its sum, which is finite unless an
+        entry is NaN/inf or the sum overflows) and one host synchronisation per device; the
+        entries are counted only for a gradient whose sum is not finite."""
+        for gi, pi, p in items:
+            if p.grad.is_sparse:
+                raise ValueError(
+                    f"sparse gradient for {self._param_name(gi, pi, p)}: not supported"
+                )
+        counts: list[int] = [0] * len(items)
+        by_device: dict[torch.device, list[int]] = {}
+        for k, (_, _, p) in enumerate(items):
+            by_device.setdefault(p.grad.device, []).append(k)
+        for ks in by_device.values():
+            sums = torch.stack([items[k][2].grad.sum().to(torch.float64) for k in ks])
+            finite = torch.isfinite(sums).tolist()
+            for k, ok in zip(ks, finite, strict=True):
+                if not ok:
+                    counts[k] = int((~torch.isfinite(items[k][2].grad)).sum())
+        bad = [(item, c) for item, c in zip(items, counts, strict=True) if c]
+        if bad:
+            lines = [
+                f"{self._param_name(gi, pi, p)}: {c} non-finite entries (NaN or inf) of "
+                f"{p.grad.numel()}"
+                for (gi, pi, p), c in bad
+            ]
+            message = "non-finite gradient for " + "; ".join(lines)
+            if all(self.param_groups[gi].get("skip_nonfinite", False) for (gi, _, _), _ in bad):
+                warnings.warn(
+                    message + "; the step was skipped (no parameter or state changed)",
+                    checks.NonFiniteGradientWarning,
+                    stacklevel=checks.caller_stacklevel(),
+                )
+                return False
+            raise ValueError(
+                message + "; no parameter or state was changed (pass skip_nonfinite=True to "
+                "skip such steps with a warning instead)"
+            )
+        self._check_points([point for point in points if not self.state.get(point.key)])
+        for point in points:
+            if self.state.get(point.key):
+                self._check_state(point, self.state[point.key], deep=False)
+        for gi, pi, p in items:
+            if self.param_groups[gi].get("geometry") is None and self.state.get(p):
+                self._check_plain_state(gi, pi, p, self.state[p], deep=False)
+        return True
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient (see the module docstring)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        items = [
+            (gi, pi, p)
+            for gi, group in enumerate(self.param_groups)
+            for pi, p in enumerate(group["params"])
+            if p.grad is not None
+        ]
+        if not items:
+            return loss
+        points = [
+            point
+            for gi, group in enumerate(self.param_groups)
+            if group.get("geometry") is not None
+            for point in self._geometries.points(gi, group)
+        ]
+        if not self._validate(items, points):
+            self.skipped_steps += 1
+            return loss
+        # Points: compute every new point and state first, then write them all.
+        pending = []
+        for point in points:
+            try:
+                pending.append((point, *self._point_update(point)))
+            except ValueError as err:
+                raise ValueError(
+                    f"{self._point_name(point)}: {err}; no parameter or state was changed"
+                ) from err
+        for point, values, new in pending:
+            for p, v in zip(point.params, values, strict=True):
+                if hasattr(v, "write_into"):  # a lazy product (StiefelFrames.retract_scaled)
+                    v.write_into(p)
+                else:
+                    p.copy_(v)
+            self.state[point.key].update(new)
+        # Plain parameters: AdamW, in place, with torch's arithmetic.
+        for gi, _, p in items:
+            group = self.param_groups[gi]
+            if group.get("geometry") is None:
+                self._adamw(group, p)
+        return loss
+
+    def _point_update(self, point: Point) -> tuple[tuple[Any, ...], dict]:
+        """The new factors (in the parameters' layout) and the new state of one point, computed
+        without writing anything: g = grad f (plus coupled decay), the chain's step ξ = c·u,
+        y = R_x(ξ), and the chain's tangent state transported to y."""
+        group = self.param_groups[point.gi]
+        geometry = point.geometry
+        rule = self.rule(group)
+        stored = self.state.get(point.key) or self._init_point_state(group, point)
+        state = {k: ((v,) if point.single and k in rule.parts else v) for k, v in stored.items()}
+        x, egrad = point.value(), point.grad()
+        wd = group["weight_decay"]
+        if wd > 0.0 and group["geometry"] not in checks.FRAME_GEOMETRIES:  # decay="coupled"
+            egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
+        g = Step(tuple(geometry.egrad_to_rgrad(x, egrad)), fresh=geometry.rgrad_is_fresh)
+        t = int(stored["step"].item()) + 1
+        step, new = rule.update(geometry, x, g, state, t)
+        u, c = step.resolve(geometry, x)
+        y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
+        if not geometry.retraction_checks_finite:
+            sums = torch.stack([t.sum().to(torch.float64) for t in y])
+            if not bool(torch.isfinite(sums).all()):
+                bad = int(sum((~torch.isfinite(t)).sum() for t in y))
+                if bad:
+                    raise ValueError(f"the point after this step has {bad} non-finite entries")
+        for key in rule.transported:
+            new[key] = geometry.transport_owned(x, y, new[key])
+        new = {k: (v[0] if point.single and k in rule.parts else v) for k, v in new.items()}
+        new["step"] = torch.full_like(stored["step"], t)
+        return point.unpack(y), new
+
+    # -- AdamW (torch.optim.AdamW, single-tensor path, decoupled decay) -----------------------
+    def _adamw(self, group: dict[str, Any], p: Tensor) -> None:
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = self._new_step()
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        grad, exp_avg, exp_avg_sq = p.grad, state["exp_avg"], state["exp_avg_sq"]
+        lr, (beta1, beta2) = group["lr"], group["betas"]
+        eps, weight_decay = group["eps"], group["weight_decay"]
+        state["step"] += 1
+        if weight_decay != 0:
+            p.mul_(1 - lr * weight_decay)
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step = state["step"].item()
+        bias_correction1 = 1 - beta1**step
+        bias_correction2 = 1 - beta2**step
+        step_size = lr / bias_correction1
+        bias_correction2_sqrt = bias_correction2**0.5
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        p.addcdiv_(exp_avg, denom, value=-step_size)
+
+    # -- state ---------------------------------------------------------------------------------
+    def _init_point_state(self, group: dict[str, Any], point: Point) -> dict:
+        """ "step" and the chain's entries at the point (per-part entries of a one-parameter
+        point stored as its tensor)."""
+        rule = self.rule(group)
+        fresh = rule.init(point.geometry, point.value())
+        state = {k: (v[0] if point.single and k in rule.parts else v) for k, v in fresh.items()}
+        return {"step": self._new_step(), **state}

@@ -1,0 +1,189 @@
+"""The four presets of ``reference/optim.py`` as ``ChainOptimizer``s with torch's names.
+
+========================  =====================================================================
+``RiemannianAdam``        ``reference.optim.riemannian_adam`` (moment "frame" or "elementwise")
+``RiemannianMomentum``    ``reference.optim.riemannian_momentum``
+``RSGD``                  ``reference.optim.rsgd``
+``NormalizedRSGD``        ``reference.optim.normalized_rsgd``
+========================  =====================================================================
+
+Each is its torch hyperparameters and the chain they make (``rule``), the same chain as the
+reference preset's, so that float64 trajectories agree with the reference to rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torch_port.optim import checks, transforms
+from torch_port.optim.optimizer import ChainOptimizer
+from torch_port.optim.transforms import Transform
+
+
+class RiemannianAdam(ChainOptimizer):
+    """Riemannian Adam of Stiefel attention (``reference.optim.riemannian_adam``).
+
+    Per frame (a trailing d×r matrix of a Stiefel group; a moment group of the other
+    geometries, with their metric norms and retractions): g = P_W(G); m ← β1·m + (1 − β1)g;
+    √v ← hypot(√β2·√v, √(1 − β2)·RMS(g)) (one scalar per frame; RMS computed scaled);
+    m̂ = m/(1 − β1^t), √v̂ = √v/sqrt(1 − β2^t); ξ = −lr·m̂/(√v̂ + ε) with 0/0 := 0;
+    ξ ← ξ·min(1, Δ/‖ξ‖) when ``trust_radius`` Δ is given; W ← polar(W + ξ); m ← P_W(m).
+    ``moment="elementwise"`` keeps one √v per entry and projects the direction back to the
+    tangent space (the ablation arm). ``reduction="sum"`` uses ‖g‖ instead of RMS(g).
+    Plain groups: AdamW with the group's lr, betas, eps and weight_decay (torch's convention).
+
+    Args:
+        params: parameters or parameter groups; a group with ``"geometry": "stiefel"`` holds
+            frames (..., d, r), a group naming one of the ten design points holds the factors
+            of one batched point (module docstring).
+        lr, betas, eps: as ``torch.optim.AdamW``.
+        trust_radius: Δ, the cap on ‖ξ‖ per frame (None: no cap).
+        weight_decay: decoupled decay of plain parameters; on frames it warns and does nothing.
+        moment: "frame" (one scalar √v per frame) or "elementwise".
+        reduction: "mean" (RMS, default) or "sum" (‖g‖) for the frame moment.
+        skip_nonfinite: skip a step whose gradients have NaN/inf entries (with a warning)
+            instead of raising ValueError.
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        trust_radius: float | None = None,
+        weight_decay: float = 0.0,
+        moment: str = "frame",
+        reduction: str = "mean",
+        skip_nonfinite: bool = False,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            skip_nonfinite=skip_nonfinite,
+            trust_radius=trust_radius,
+            moment=moment,
+            reduction=reduction,
+        )
+
+    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+        super()._check_hyperparameters(group)
+        if group["moment"] not in transforms.MOMENTS:
+            raise ValueError(
+                f"unknown moment {group['moment']!r}; choose one of {transforms.MOMENTS}"
+            )
+        if group["reduction"] not in transforms.REDUCTIONS:
+            raise ValueError(
+                f"unknown reduction {group['reduction']!r}; choose one of {transforms.REDUCTIONS}"
+            )
+
+    def rule(self, group: dict[str, Any]) -> Transform:
+        b1, b2 = checks.betas(group["betas"])
+        steps = [
+            transforms.scale_by_adam(b1, b2, group["eps"], group["moment"], group["reduction"]),
+            transforms.scale(-group["lr"]),
+        ]
+        if group["trust_radius"] is not None:
+            steps.append(transforms.trust_region(group["trust_radius"]))
+        return transforms.chain(*steps)
+
+
+class RiemannianMomentum(ChainOptimizer):
+    """The low-rank template (``reference.optim.riemannian_momentum``): on a frame,
+    M ← β·M + (1 − β)·P_W(G); ξ = −lr·M/max(‖M‖, c) per frame; W ← polar(W + ξ); M ← P_W(M).
+    Plain groups: AdamW with the group's lr, betas, eps and weight_decay."""
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        beta: float = 0.9,
+        c: float = 1.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        skip_nonfinite: bool = False,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            skip_nonfinite=skip_nonfinite,
+            beta=beta,
+            c=c,
+        )
+
+    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
+        super()._check_hyperparameters(group)
+        checks.beta("beta", group["beta"])
+        checks.positive("c", group["c"])
+
+    def rule(self, group: dict[str, Any]) -> Transform:
+        return transforms.chain(
+            transforms.trace(group["beta"]),
+            transforms.normalize_by_max(group["c"]),
+            transforms.scale(-group["lr"]),
+        )
+
+
+class RSGD(ChainOptimizer):
+    """Fixed-step Riemannian gradient descent (``reference.optim.rsgd``): ξ = −lr·P_W(G), capped
+    per frame at ‖ξ‖ ≤ Δ when ``trust_radius`` is given. Plain groups: AdamW."""
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        trust_radius: float | None = None,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        skip_nonfinite: bool = False,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            skip_nonfinite=skip_nonfinite,
+            trust_radius=trust_radius,
+        )
+
+    def rule(self, group: dict[str, Any]) -> Transform:
+        steps = [transforms.scale(-group["lr"])]
+        if group["trust_radius"] is not None:
+            steps.append(transforms.trust_region(group["trust_radius"]))
+        return transforms.chain(*steps)
+
+
+class NormalizedRSGD(ChainOptimizer):
+    """ξ = −lr·P_W(G)/RMS(P_W(G)) per frame, 0/0 := 0 (``reference.optim.normalized_rsgd``).
+    Plain groups: AdamW."""
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        skip_nonfinite: bool = False,
+    ):
+        super().__init__(
+            params,
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            skip_nonfinite=skip_nonfinite,
+        )
+
+    def rule(self, group: dict[str, Any]) -> Transform:
+        return transforms.chain(transforms.normalize_by_rms(), transforms.scale(-group["lr"]))

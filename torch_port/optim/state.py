@@ -1,0 +1,181 @@
+"""The state of a ``ChainOptimizer``, checked: before each step and when a state dict is loaded.
+
+Nothing is loaded or stepped from a state that does not fit: the optimizer's entries with their
+exact shapes, real floating dtypes, finite values, √v and exp_avg_sq ≥ 0, integer step counts,
+and moments tangent at the current points within sqrt(ε)·‖m‖ (``torch_port.validation``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from torch_port import validation
+from torch_port.linalg import Tensor
+from torch_port.optim.points import Point
+from torch_port.optim.transforms import sqrt_v_dtype
+
+
+class StateChecks:
+    """The state checks of ``ChainOptimizer`` (a mixin of ``torch.optim.Optimizer``)."""
+
+    state: Any
+    param_groups: list[dict[str, Any]]
+    _layouts: dict[tuple, dict[str, Any]]
+
+    def _expected_state(self, point: Point) -> dict[str, Any]:
+        """The layout (key -> shape, or tuple of shapes) of the state of ``point``, from the
+        state this optimizer would create for it (computed once per layout)."""
+        group = self.param_groups[point.gi]
+        key = (
+            point.gi,
+            point.geometry.name,
+            tuple(tuple(p.shape) for p in point.params),
+            group.get("moment"),
+            group.get("gradient"),
+        )
+        if key not in self._layouts:
+            fresh = self._init_point_state(group, point)
+            del fresh["step"]
+            self._layouts[key] = {k: validation.shape_of(v) for k, v in fresh.items()}
+        return self._layouts[key]
+
+    def _check_state(self, point: Point, state: Any, deep: bool) -> None:
+        """The stored state of ``point`` has this optimizer's keys and layout; with ``deep``
+        also finite entries, √v ≥ 0, an integer step and tangent moments (``validation``)."""
+        where = f"state of {self._point_name(point)}"
+        expected = self._expected_state(point)
+        if not isinstance(state, dict) or set(state) != {"step", *expected}:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(
+                f"{where}: expected the entries {sorted({'step', *expected})} of "
+                f"{type(self).__name__}, got {got}"
+            )
+        for k, shape in expected.items():
+            validation.check_layout(f"{where}['{k}']", state[k], shape)
+        if not deep:
+            return
+        validation.check_step(f"{where}['step']", state["step"])
+        for k in expected:
+            validation.check_values(f"{where}['{k}']", state[k], nonnegative=k == "sqrt_v")
+        for k in self.rule(self.param_groups[point.gi]).transported:
+            u = (state[k],) if point.single else tuple(state[k])
+            validation.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
+
+    def _check_plain_state(self, gi: int, pi: int, p: Tensor, state: Any, deep: bool) -> None:
+        """The AdamW state of a plain parameter: step, exp_avg and exp_avg_sq of p's shape
+        (with ``deep``: finite, exp_avg_sq ≥ 0, an integer step)."""
+        where = f"state of {self._param_name(gi, pi, p)}"
+        keys = {"step", "exp_avg", "exp_avg_sq"}
+        if not isinstance(state, dict) or set(state) != keys:
+            got = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
+        for k in ("exp_avg", "exp_avg_sq"):
+            validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
+            if deep:
+                validation.check_values(f"{where}['{k}']", state[k], k == "exp_avg_sq")
+        if deep:
+            validation.check_step(f"{where}['step']", state["step"])
+
+    # -- loading state -------------------------------------------------------------------------
+    #: Group entries that fix the geometry of a group's points and the layout of their state.
+    _STRUCTURE = (
+        "geometry",
+        "gradient",
+        "retraction",
+        "metric",
+        "moment",
+        "n_heads",
+        "n_kv_heads",
+        "pattern",
+        "groups",
+    )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's ``load_state_dict`` after checking everything it would load: the groups
+        (same geometry and options as this optimizer's, valid hyperparameters), and the state
+        of every parameter (this optimizer's entries and shapes, finite values, √v ≥ 0, integer
+        steps, moments tangent at the current points within sqrt(ε) of their dtype — load the
+        model's state first). A refused state dict changes nothing. √v keeps its documented
+        dtype (at least float32; torch would cast it to the parameter's dtype, and in bfloat16
+        √β2·√v rounds back to √v, so √v would stop decaying)."""
+        if not (
+            isinstance(state_dict, dict)
+            and isinstance(state_dict.get("state"), dict)
+            and isinstance(state_dict.get("param_groups"), list | tuple)
+        ):
+            raise ValueError(
+                "not an optimizer state dict: expected {'state': ..., 'param_groups': [...]}"
+            )
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"the state dict has {len(saved_groups)} parameter groups, this optimizer "
+                f"{len(self.param_groups)}"
+            )
+        ids: dict[Any, tuple[int, int]] = {}
+        for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
+            self._check_saved_group(gi, saved, group)
+            for pi, sid in enumerate(saved["params"]):
+                ids[sid] = (gi, pi)
+        unknown = [k for k in state_dict["state"] if k not in ids]
+        if unknown:
+            raise ValueError(
+                f"the state dict has state for parameter ids {unknown} that no group lists"
+            )
+        saved = state_dict["state"]
+        self._check_saved_state(saved, ids, saved_groups)
+        sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
+        super().load_state_dict(state_dict)
+        for (gi, pi), value in sqrt_v.items():
+            group = self.param_groups[gi]
+            p = group["params"][pi]
+            if group.get("moment", "frame") == "frame":
+                self.state[p]["sqrt_v"] = value.to(p.device, sqrt_v_dtype(p.dtype)).clone()
+
+    def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
+        where = f"param_groups[{gi}] of the state dict"
+        if not isinstance(saved, dict) or not isinstance(saved.get("params"), list | tuple):
+            raise ValueError(f"{where}: expected a dict with a 'params' list")
+        if len(saved["params"]) != len(group["params"]):
+            raise ValueError(
+                f"{where}: {len(saved['params'])} parameters, this optimizer's group "
+                f"{len(group['params'])}"
+            )
+        for k in self._STRUCTURE:
+            if saved.get(k) != group.get(k):
+                raise ValueError(
+                    f"{where}: {k}={saved.get(k)!r}, but this optimizer's group has "
+                    f"{k}={group.get(k)!r} (a state dict of another optimizer or another "
+                    "model layout; e.g. loading torch.optim.AdamW's would train frames as plain "
+                    "parameters)"
+                )
+        merged = {**group, **{k: v for k, v in saved.items() if k != "params"}}
+        try:
+            self._check_hyperparameters(merged)
+        except (ValueError, TypeError, KeyError) as err:
+            raise ValueError(f"{where}: {err}") from None
+
+    def _check_saved_state(
+        self, saved: dict[Any, Any], ids: dict[Any, tuple[int, int]], saved_groups: Sequence
+    ) -> None:
+        """Every saved state entry against the current parameters (``_check_state``)."""
+        for gi, group in enumerate(self.param_groups):
+            sids = list(saved_groups[gi]["params"])
+            if group.get("geometry") is None:
+                for pi, p in enumerate(group["params"]):
+                    entry = saved.get(sids[pi])
+                    if entry:
+                        self._check_plain_state(gi, pi, p, entry, deep=True)
+                continue
+            for point in self._geometries.points(gi, group, all_=True):
+                owners = [sids[pi] for pi in point.pis]
+                entry = saved.get(owners[0])
+                stray = [sid for sid in owners[1:] if saved.get(sid)]
+                if stray:
+                    raise ValueError(
+                        f"state of {self._point_name(point)}: a point's state lives with its "
+                        f"first factor, got state for parameter ids {stray} too"
+                    )
+                if entry:
+                    self._check_state(point, entry, deep=True)
