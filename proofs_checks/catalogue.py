@@ -17,7 +17,8 @@ def render_catalogue() -> str:
         "",
         "Generated from the registry by `python -m proofs_checks.catalogue`; do not edit by hand.",
         "Cite a proposition by its id and the content hash below (the hash covers the statement,",
-        "the hypotheses and the source of every check; `rattn certify` prints the same hash).",
+        "the hypotheses, the source of every check and of every `proofs_checks` module the checks'",
+        "modules import, directly or not; `rattn certify` prints the same hash).",
         "",
     ]
     for p in REGISTRY.values():

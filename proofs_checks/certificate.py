@@ -1,62 +1,30 @@
-"""Run the registry and write certificates: JSON (DESIGN §9), Markdown and LaTeX."""
+"""Run the registry and write certificates: JSON (DESIGN §9), Markdown and LaTeX.
+
+A certificate records the machine with ``environment()`` (from ``reference.environment``,
+re-exported here), the one recorder that benchmarks and comparisons extend with their own keys.
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
 import os
-import platform
 import secrets
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from proofs_checks.registry import REGISTRY, CheckResult, Context, PropositionResult, run_check
+from reference.environment import LIBRARIES as LIBRARIES  # re-exported
+from reference.environment import environment
 
-LIBRARIES = ("numpy", "scipy", "mpmath", "sympy", "hypothesis", "rattn")
 #: The files ``Certificate.write`` produces, in this order.
 CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex")
-
-
-def environment() -> dict[str, Any]:
-    """Versions, platform and (when run from a git checkout) the commit the code came from."""
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "versions": versions,
-        "git_commit": _git_commit(),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def _number(x: float | None) -> float | None:

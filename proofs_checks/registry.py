@@ -9,11 +9,16 @@ control is not rejected fails: it would have passed vacuously.
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import inspect
+import sys
 import time
-from collections.abc import Callable
+from collections import ChainMap
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 KINDS = ("symbolic", "float64", "mpmath", "property")
 
@@ -69,24 +74,118 @@ class Proposition:
 
     @property
     def hash(self) -> str:
-        """SHA-256 of the id, statement and hypotheses, the source of every check function and
-        of the modules the checks are defined in, and of the shared check machinery (bounds,
-        harness, laws, registry), so that any change to what is checked changes the hash."""
+        """SHA-256 (64 hex digits) of what is checked: ``content_hash`` over the package's
+        sources on disk (``package_sources``), so that any change to what is checked changes
+        the hash."""
+        return self.content_hash(package_sources())
+
+    def content_hash(self, sources: Mapping[str, str]) -> str:
+        """The hash over ``sources`` (module name -> source text, e.g. ``package_sources()``
+        with one module's text changed): the id, statement and hypotheses, the source of every
+        check function, and the name and source of every module of ``imported_closure`` from
+        the modules the checks are defined in. A check module outside ``sources`` (one defined
+        outside the package) is added with its source as Python loaded it."""
+        modules = {c.run.__module__ for c in self.checks}
+        outside = {m: inspect.getsource(sys.modules[m]) for m in sorted(modules - set(sources))}
+        sources = ChainMap(outside, sources) if outside else sources
         h = hashlib.sha256()
         for text in (self.id, self.statement, *self.hypotheses):
             h.update(text.encode())
-        modules = {inspect.getmodule(c.run) for c in self.checks}
         for check in self.checks:
             h.update(inspect.getsource(check.run).encode())
-        for module in sorted(modules | _shared_modules(), key=lambda m: m.__name__):
-            h.update(inspect.getsource(module).encode())
+        for name in imported_closure(modules, sources):
+            h.update(name.encode())
+            h.update(sources[name].encode())
         return h.hexdigest()
 
 
-def _shared_modules() -> set:
-    from proofs_checks import bounds, geometry_laws, harness, registry
+# -- which code a proposition's hash covers: its check modules and their imports in the package ----
 
-    return {bounds, geometry_laws, harness, registry}
+#: The package whose modules a hash follows imports into.
+PACKAGE = __name__.partition(".")[0]
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+class _SourceFiles(Mapping[str, str]):
+    """Module name -> source text of the ``.py`` files under a package directory, each read
+    (UTF-8) when it is looked up; a package's ``__init__.py`` is keyed by the package's name."""
+
+    def __init__(self, root: Path, package: str) -> None:
+        self._paths: dict[str, Path] = {}
+        for path in sorted(root.rglob("*.py")):
+            parts = [package, *path.relative_to(root).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            self._paths[".".join(parts)] = path
+
+    def __getitem__(self, name: str) -> str:
+        return self._paths[name].read_text(encoding="utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._paths)
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._paths
+
+
+def package_sources() -> Mapping[str, str]:
+    """Module name -> source text of every module of the package as it is on disk now."""
+    return _SourceFiles(PACKAGE_DIR, PACKAGE)
+
+
+def imported_modules(name: str, source: str, sources: Mapping[str, str]) -> set[str]:
+    """The modules of ``sources`` that module ``name`` (source text ``source``) imports: every
+    ``import a.b`` and ``from a.b import c`` anywhere in it (in functions too; relative imports
+    resolved against ``name``'s package). ``from a import c`` names ``a.c`` when that is a module
+    of ``sources``, else ``a`` itself. A parent package is not implied by importing its child:
+    the hash follows the code an import names, not the ``__init__`` files Python runs on the way.
+    """
+    is_package = any(key.startswith(name + ".") for key in sources)
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for level, base, names in _import_statements(source):
+        if base is None:  # import a.b, c
+            found.update(names)
+            continue
+        if level:
+            anchor = package.rsplit(".", level - 1)[0] if level > 1 else package
+            base = f"{anchor}.{base}" if base else anchor
+        children = [f"{base}.{alias}" for alias in names]
+        named = [child for child in children if child in sources]
+        found.update(named)
+        if len(named) < len(children):
+            found.add(base)
+    return {module for module in found if module in sources and module != name}
+
+
+@functools.lru_cache(maxsize=256)
+def _import_statements(source: str) -> tuple[tuple[int, str | None, tuple[str, ...]], ...]:
+    """Every import statement of ``source`` as (level, module, names): ``import a.b, c`` is
+    (0, None, ("a.b", "c")); ``from ..a import b`` is (2, "a", ("b",)). A pure function of the
+    text, so it is cached on the text (an edited module is parsed afresh)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.append((0, None, tuple(alias.name for alias in node.names)))
+        elif isinstance(node, ast.ImportFrom):
+            out.append((node.level, node.module or "", tuple(a.name for a in node.names)))
+    return tuple(out)
+
+
+def imported_closure(roots: Iterable[str], sources: Mapping[str, str]) -> list[str]:
+    """``roots`` that are modules of ``sources`` and every module of ``sources`` they import,
+    directly or through one another (``imported_modules``), sorted by name."""
+    seen: set[str] = set()
+    todo = [root for root in roots if root in sources]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(imported_modules(name, sources[name], sources) - seen)
+    return sorted(seen)
 
 
 @dataclass

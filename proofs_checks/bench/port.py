@@ -1,0 +1,433 @@
+"""The torch port's optimizer step (``rattn bench port``).
+
+``bench_port`` times one step of ``torch_port.RiemannianAdam`` against ``torch.optim.AdamW`` and
+geoopt's ``RiemannianAdam``, with the optimizer state and a profile of where the port's step goes;
+``format_port`` renders the result as Markdown. torch, torch_port and geoopt are imported inside
+the functions: ``rattn certify`` and the other benchmarks must work without torch
+(tests/test_project.py checks module-level imports).
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from proofs_checks.bench.peers import _import_geoopt
+from proofs_checks.bench.timing import (
+    _check_repeats,
+    _interleaved_rounds,
+    _iqr,
+    machine_environment,
+)
+from proofs_checks.memory import require_memory
+
+PORT_ROW = "torch_port RiemannianAdam"
+ADAMW_ROW = "torch AdamW (foreach)"
+GEOOPT_ROW = "geoopt RiemannianAdam (EuclideanStiefel)"
+FLOOR_ROW = "floor: 6 batched products, 3 XᵀG (r×d·d×r) + 3 X·S (d×r·r×r)"
+
+#: Issue 4's targets for size (b): the port's step at most this many times AdamW's ...
+PORT_TARGET_VS_ADAMW = 2.0
+#: ... at least this many times faster than geoopt's ...
+PORT_TARGET_VS_GEOOPT = 3.0
+#: ... and the frames' optimizer state about this fraction of AdamW's.
+PORT_TARGET_STATE = 0.5
+
+#: Learning rate of every optimizer in the benchmark (Gaussian gradients of unit entries).
+PORT_LR = 1e-3
+
+#: Rows of the profile tables kept.
+PROFILE_TOP = 12
+
+
+def _port_sizes(d: int, r: int) -> list[dict[str, Any]]:
+    """(a) one d×r frame; (b) W_Q and W_K of 12 layers × 12 heads × (768×64), each stored as one
+    batched frame parameter of shape (12, 12, 768, 64)."""
+    return [
+        {"key": "a", "label": f"(a) one {d}×{r} frame", "params": 1, "batch": [], "d": d, "r": r},
+        {
+            "key": "b",
+            "label": "(b) W_Q and W_K of 12 layers × 12 heads × (768×64)",
+            "params": 2,
+            "batch": [12, 12],
+            "d": 768,
+            "r": 64,
+        },
+    ]
+
+
+def check_port_sizes(d: int, r: int, sizes: list[dict[str, Any]] | None = None) -> None:
+    """Refuse, before torch is imported or anything allocated, sizes ``bench_port`` cannot run:
+    not 1 ≤ r ≤ d, or an estimated peak above ``memory_limit``. The estimate: 28 float64 copies
+    of every frame (d×r, with an r×r matrix) of ``sizes`` (default ``_port_sizes(d, r)``): each
+    of four optimizers holds its own frames, gradients and state; 25 to 28 were measured."""
+    if isinstance(d, bool) or isinstance(r, bool) or not (1 <= r <= d):
+        raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={d}, r={r}")
+    sizes = _port_sizes(d, r) if sizes is None else sizes
+    entries = sum(s["params"] * math.prod(s["batch"]) * (s["d"] + s["r"]) * s["r"] for s in sizes)
+    require_memory(f"bench port at d={d}, r={r}", 8 * 28 * entries)
+
+
+def _state_bytes(opt: Any) -> int:
+    """Bytes of every tensor in an optimizer's state (the "step" counters included)."""
+    import torch
+
+    return sum(
+        t.numel() * t.element_size()
+        for state in opt.state.values()
+        for t in state.values()
+        if isinstance(t, torch.Tensor)
+    )
+
+
+def _port_inputs(size: dict[str, Any], dtype: Any, seed: int) -> tuple[list[Any], list[Any]]:
+    """The frames (``torch_port.Stiefel.random_point``) and Gaussian gradients of a size."""
+    import torch
+
+    import torch_port as tp
+
+    gen = torch.Generator().manual_seed(seed)
+    st = tp.Stiefel(size["d"], size["r"])
+    points = [st.random_point(gen, size["batch"], dtype=dtype) for _ in range(size["params"])]
+    grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) for p in points]
+    return points, grads
+
+
+def _port_candidates(
+    size: dict[str, Any], dtype: Any, seed: int, geoopt: Any
+) -> dict[str, tuple[Any, list[Any]]]:
+    """name -> (optimizer, its parameters), each on its own copy of the same frames with the
+    same gradients attached (``step`` does not clear them, so every call steps again)."""
+    import torch
+
+    import torch_port as tp
+
+    points, grads = _port_inputs(size, dtype, seed)
+
+    def params(make: Callable[[Any], Any]) -> list[Any]:
+        ps = [make(p.clone()) for p in points]
+        for p, g in zip(ps, grads, strict=True):
+            p.grad = g.clone()
+        return ps
+
+    out: dict[str, tuple[Any, list[Any]]] = {}
+    ps = params(torch.nn.Parameter)
+    out[PORT_ROW] = (tp.RiemannianAdam([{"params": ps, "geometry": "stiefel"}], lr=PORT_LR), ps)
+    ps = params(torch.nn.Parameter)
+    out[ADAMW_ROW] = (torch.optim.AdamW(ps, lr=PORT_LR, foreach=True), ps)
+    if geoopt is not None:
+        stiefel = geoopt.EuclideanStiefel()
+        ps = params(lambda t: geoopt.ManifoldParameter(t, manifold=stiefel))
+        out[GEOOPT_ROW] = (geoopt.optim.RiemannianAdam(ps, lr=PORT_LR), ps)
+
+    class _Floor:
+        """The batched products any projection-and-polar step needs per frame: rgrad
+        G − W sym(WᵀG), the Gram AᵀA and A·(AᵀA)^{-1/2}, transport m − Y sym(Yᵀm): three
+        r×d·d×r and three d×r·r×r products, all in the working dtype (a lower bound: nothing
+        else of the step is done)."""
+
+        def __init__(self, ps: list[Any]) -> None:
+            self.ps, self.state = ps, {}
+            self.small = [
+                torch.eye(p.shape[-1], dtype=p.dtype).expand(*p.shape[:-2], -1, -1).contiguous()
+                for p in ps
+            ]
+
+        def step(self) -> None:
+            with torch.no_grad():
+                for p, s in zip(self.ps, self.small, strict=True):
+                    x, g = p.detach(), p.grad
+                    for _ in range(3):
+                        x.transpose(-1, -2) @ g
+                        x @ s
+
+    ps = params(torch.nn.Parameter)
+    out[FLOOR_ROW] = (_Floor(ps), ps)
+    return out
+
+
+def _port_attribution(size: dict[str, Any], dtype: Any, seed: int) -> dict[str, Any]:
+    """Where one ``RiemannianAdam`` step spends its time, by source line of ``torch_port`` and
+    by torch operator.
+
+    After two warm-up steps, one step runs under a ``TorchDispatchMode`` that times every
+    operator call (CPU operators are synchronous, so the wall time around the call is its
+    cost) and charges it to the innermost ``torch_port`` source line on the Python stack. This
+    instruments the real step, whatever its code is at the time, not a replica; the overhead is
+    a few µs per operator call (the step makes a few hundred). Returns ``{"step_s" (the same
+    step uninstrumented), "instrumented_s", "ops_s" (sum of the timed operator calls),
+    "sites": [{"site", "calls", "seconds", "share"}], "operators": [...]}``, each list sorted
+    by time and cut at PROFILE_TOP."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import torch_port as tp
+
+    class _Timer(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sites: dict[str, list[float]] = {}
+            self.ops: dict[str, list[float]] = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+            frame, site = sys._getframe(1), "outside torch_port"
+            while frame is not None:
+                path = frame.f_code.co_filename.replace("\\", "/")
+                if "/torch_port/" in path:
+                    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+                    site = (
+                        f"torch_port/{path.rsplit('/torch_port/', 1)[1]}:{frame.f_lineno} "
+                        f"({frame.f_code.co_name}) `{code[:70]}`"
+                    )
+                    break
+                frame = frame.f_back
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            spent = time.perf_counter() - start
+            for table, key in ((self.sites, site), (self.ops, str(func.overloadpacket))):
+                entry = table.setdefault(key, [0, 0.0])
+                entry[0] += 1
+                entry[1] += spent
+            return out
+
+    points, grads = _port_inputs(size, dtype, seed)
+    ps = [torch.nn.Parameter(p) for p in points]
+    for p, g in zip(ps, grads, strict=True):
+        p.grad = g
+    opt = tp.RiemannianAdam([{"params": ps, "geometry": "stiefel"}], lr=PORT_LR)
+    opt.step()
+    opt.step()
+    start = time.perf_counter()
+    opt.step()
+    plain = time.perf_counter() - start
+    timer = _Timer()
+    start = time.perf_counter()
+    with timer:
+        opt.step()
+    instrumented = time.perf_counter() - start
+    total = sum(v[1] for v in timer.sites.values()) or 1.0
+
+    def rows(table: dict[str, list[float]], label: str) -> list[dict[str, Any]]:
+        ranked = sorted(table.items(), key=lambda kv: kv[1][1], reverse=True)[:PROFILE_TOP]
+        return [
+            {label: k, "calls": int(c), "seconds": float(t), "share": float(t / total)}
+            for k, (c, t) in ranked
+        ]
+
+    return {
+        "step_s": plain,
+        "instrumented_s": instrumented,
+        "ops_s": total,
+        "sites": rows(timer.sites, "site"),
+        "operators": rows(timer.ops, "op"),
+    }
+
+
+def bench_port(
+    d: int = 512,
+    r: int = 64,
+    repeats: int = 5,
+    seed: int = 0,
+    *,
+    progress: bool = True,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+    sizes: list[dict[str, Any]] | None = None,
+    profile: bool = True,
+) -> dict[str, Any]:
+    """Time one optimizer step of ``torch_port.RiemannianAdam`` against ``torch.optim.AdamW``
+    (foreach=True) and, when geoopt is importable, geoopt's ``RiemannianAdam`` on
+    ``geoopt.EuclideanStiefel`` (its retraction: sign-fixed QR; transport: projection), for
+    (a) one d×r frame and (b) W_Q and W_K of 12 layers × 12 heads × (768×64) (two batched frame
+    parameters of shape (12, 12, 768, 64)), in each dtype of ``dtypes``; with the bytes of each
+    optimizer's state tensors.
+
+    All optimizers get lr = PORT_LR and otherwise torch's or geoopt's defaults (AdamW:
+    weight_decay 1e-2), the same starting frames and the same Gaussian gradients, left attached
+    so that every timed call is a full step. Candidates are interleaved round by round
+    (``_interleaved_rounds``: warm-up, calls per sample, ``repeats`` rounds, order rotated,
+    garbage collector off). A fourth row, FLOOR_ROW, times only the six batched d×r·r products a
+    projection-and-polar step needs per frame (rgrad, Gram, polar product, transport), in the
+    working dtype: if it alone exceeds PORT_TARGET_VS_ADAMW × AdamW, the time target is out of
+    reach on that machine for this algorithm with torch's batched matmul, however the rest of the
+    step is written. Rows report the median and IQR of seconds per step, ``ratio_to_adamw`` and
+    ``state_bytes`` (after the warm-up steps). With ``profile``, one port step on the last
+    size is attributed to source lines and operators (``_port_attribution``), for each dtype.
+
+    Returns ``{"rows": [{"size", "label", "dtype", "name", "median_s", "iqr_s",
+    "ratio_to_adamw", "state_bytes", "param_bytes", "calls_per_sample"}], "targets": [...],
+    "profile": {dtype: {...}}, "notes", "environment"}``.
+    """
+    _check_repeats(repeats)
+    sizes = _port_sizes(d, r) if sizes is None else sizes
+    check_port_sizes(d, r, sizes)
+    import torch
+
+    names = {"float32": torch.float32, "float64": torch.float64}
+    bad = [t for t in dtypes if t not in names]
+    if bad:
+        raise ValueError(f"bench port dtypes are float32 and float64, got {bad}")
+    notes: list[str] = []
+    geoopt = _import_geoopt(notes)
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        for dt in dtypes:
+            cands = _port_candidates(size, names[dt], seed, geoopt)
+            fns = {name: opt.step for name, (opt, _) in cands.items()}
+            numbers, samples = _interleaved_rounds(
+                fns, repeats, desc=f"bench port {size['key']} {dt}", progress=progress
+            )
+            adamw = float(np.median(samples[ADAMW_ROW]))
+            for name, (opt, ps) in cands.items():
+                med = float(np.median(samples[name]))
+                rows.append(
+                    {
+                        "size": size["key"],
+                        "label": size["label"],
+                        "dtype": dt,
+                        "name": name,
+                        "median_s": med,
+                        "iqr_s": _iqr(samples[name]),
+                        "ratio_to_adamw": med / adamw,
+                        "state_bytes": _state_bytes(opt),
+                        "param_bytes": sum(p.numel() * p.element_size() for p in ps),
+                        "calls_per_sample": numbers[name],
+                    }
+                )
+            del cands, fns
+    targets = []
+    for size in sizes:
+        for dt in dtypes:
+            by = {x["name"]: x for x in rows if x["size"] == size["key"] and x["dtype"] == dt}
+            port, adamw = by[PORT_ROW], by[ADAMW_ROW]
+            t = {
+                "size": size["key"],
+                "dtype": dt,
+                "port_over_adamw": port["median_s"] / adamw["median_s"],
+                "state_over_adamw": port["state_bytes"] / adamw["state_bytes"],
+                "geoopt_over_port": (
+                    by[GEOOPT_ROW]["median_s"] / port["median_s"] if GEOOPT_ROW in by else None
+                ),
+            }
+            t["time_vs_adamw_met"] = t["port_over_adamw"] <= PORT_TARGET_VS_ADAMW
+            t["vs_geoopt_met"] = (
+                None
+                if t["geoopt_over_port"] is None
+                else t["geoopt_over_port"] >= PORT_TARGET_VS_GEOOPT
+            )
+            t["state_met"] = t["state_over_adamw"] <= PORT_TARGET_STATE * 1.05
+            t["floor_over_adamw"] = (
+                by[FLOOR_ROW]["median_s"] / adamw["median_s"] if FLOOR_ROW in by else None
+            )
+            targets.append(t)
+    profile_rows: dict[str, Any] = {}
+    if profile:
+        big = sizes[-1]
+        for dt in dtypes:
+            profile_rows[dt] = _port_attribution(big, names[dt], seed)
+        notes.append(
+            f"Profile on size ({big['key']}): one port step after two warm-up steps, every torch "
+            "operator call timed under a TorchDispatchMode and charged to the innermost "
+            "torch_port source line (``_port_attribution``); 'step' is the same step "
+            "uninstrumented."
+        )
+    notes.append(
+        f"lr {PORT_LR:g} for all; AdamW with torch's defaults otherwise (weight_decay 1e-2, "
+        "foreach=True); geoopt RiemannianAdam with its defaults on ManifoldParameter("
+        "manifold=EuclideanStiefel()) (QR retraction, projection transport, full-size "
+        "exp_avg_sq); the port's RiemannianAdam with moment='frame' (one √v per frame) and the "
+        "polar retraction."
+    )
+    env = machine_environment(
+        "torch",
+        "geoopt",
+        loadavg_at_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        torch_threads=torch.get_num_threads(),
+    )
+    return {
+        "dtypes": list(dtypes),
+        "repeats": int(repeats),
+        "seed": int(seed),
+        "lr": PORT_LR,
+        "sizes": sizes,
+        "rows": rows,
+        "targets": targets,
+        "profile": profile_rows,
+        "notes": notes,
+        "environment": env,
+    }
+
+
+def format_port(result: dict[str, Any]) -> str:
+    """Markdown for a ``bench_port`` result: the step table, the targets of size (b), the stage
+    breakdown and the profile, then the notes."""
+    lines = [
+        f"Optimizer step, {result['repeats']} interleaved rounds (median and interquartile "
+        "range of seconds per step); state = bytes of the optimizer's state tensors:",
+        "",
+        "| size | dtype | optimizer | median (ms) | IQR (ms) | × AdamW | state (MB) "
+        "| state / AdamW |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    adamw_state = {
+        (x["size"], x["dtype"]): x["state_bytes"] for x in result["rows"] if x["name"] == ADAMW_ROW
+    }
+    for x in result["rows"]:
+        lines.append(
+            f"| {x['size']} | {x['dtype']} | {x['name']} | {1e3 * x['median_s']:.2f} "
+            f"| {1e3 * x['iqr_s']:.2f} | {x['ratio_to_adamw']:.2f} "
+            f"| {x['state_bytes'] / 2**20:.2f} "
+            f"| {x['state_bytes'] / adamw_state[(x['size'], x['dtype'])]:.2f} |"
+        )
+    lines.append("")
+    labels = {s["key"]: s["label"] for s in result["sizes"]}
+    for t in result["targets"]:
+        verdict = "met" if t["time_vs_adamw_met"] else "NOT met"
+        line = (
+            f"- {labels[t['size']]}, {t['dtype']}: port / AdamW = {t['port_over_adamw']:.2f} "
+            f"(target ≤ {PORT_TARGET_VS_ADAMW:g}: {verdict})"
+        )
+        if t["geoopt_over_port"] is not None:
+            verdict = "met" if t["vs_geoopt_met"] else "NOT met"
+            line += (
+                f"; geoopt / port = {t['geoopt_over_port']:.2f} "
+                f"(target ≥ {PORT_TARGET_VS_GEOOPT:g}: {verdict})"
+            )
+        verdict = "met" if t["state_met"] else "NOT met"
+        line += (
+            f"; state port / AdamW = {t['state_over_adamw']:.3f} "
+            f"(target ≈ {PORT_TARGET_STATE:g}: {verdict})"
+        )
+        if t.get("floor_over_adamw") is not None:
+            line += f"; floor / AdamW = {t['floor_over_adamw']:.2f}"
+        lines.append(line)
+    for dt, prof in result.get("profile", {}).items():
+        lines += [
+            "",
+            f"Where one port step goes, size ({result['sizes'][-1]['key']}), {dt}: step "
+            f"{1e3 * prof['step_s']:.0f} ms uninstrumented, {1e3 * prof['instrumented_s']:.0f} ms "
+            f"instrumented, of which {1e3 * prof['ops_s']:.0f} ms inside torch operators "
+            f"(top {len(prof['sites'])} source lines, then operators):",
+            "",
+            "| torch_port source line | operator calls | ms | share |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for x in prof["sites"]:
+            lines.append(
+                f"| {x['site']} | {x['calls']} | {1e3 * x['seconds']:.1f} | {x['share']:.0%} |"
+            )
+        lines += ["", "| operator | calls | ms | share |", "| --- | ---: | ---: | ---: |"]
+        for x in prof["operators"]:
+            lines.append(
+                f"| {x['op']} | {x['calls']} | {1e3 * x['seconds']:.1f} | {x['share']:.0%} |"
+            )
+    lines.append("")
+    for note in result.get("notes", []):
+        lines.append(f"- {note}")
+    return "\n".join(lines)

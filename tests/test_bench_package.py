@@ -1,0 +1,52 @@
+"""``proofs_checks.bench`` is a package, one idea per module, whose ``__init__`` keeps the names
+the single module had; sizes are refused from the memory estimate before any timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proofs_checks import bench, memory
+from proofs_checks.bench import geometries, port, stiefel
+from proofs_checks.cli import main
+from reference.environment import COMMON_KEYS
+
+BENCH_DIR = Path(bench.__file__).resolve().parent
+
+
+def test_every_exported_name_exists() -> None:
+    missing = [name for name in bench.__all__ if not hasattr(bench, name)]
+    assert not missing
+    for name in ("bench_stiefel", "bench_geometries", "bench_port", "check_port_sizes"):
+        assert callable(getattr(bench, name))
+
+
+def test_modules_stay_small() -> None:
+    for path in BENCH_DIR.glob("*.py"):
+        assert len(path.read_text(encoding="utf-8").splitlines()) < 450, path.name
+
+
+def _no_timing(*args, **kwargs):
+    pytest.fail("timing started although the sizes were refused")
+
+
+@pytest.mark.parametrize(
+    ("name", "argv"),
+    [
+        ("stiefel", ["--d", "16", "--r", "4"]),
+        ("geometries", ["--m", "8", "--n", "6", "--r", "2"]),
+        ("port", ["--d", "16", "--r", "4"]),
+    ],
+)
+def test_refused_before_any_timing(name, argv, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(memory, "memory_limit", lambda: (1000, "a test limit"))
+    for module in (stiefel, geometries, port):
+        monkeypatch.setattr(module, "_interleaved_rounds", _no_timing)
+    assert main(["bench", name, *argv]) == 2
+    assert "more than the limit of 1000 bytes" in capsys.readouterr().err
+
+
+def test_a_result_records_the_common_environment() -> None:
+    env = bench.bench_stiefel(8, 2, repeats=1, progress=False)["environment"]
+    assert set(COMMON_KEYS) <= set(env) and {"cpu_model", "blas", "env"} <= set(env)
