@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from proofs_checks.cli import main  # noqa: E402
-from torch_port.experiments import EXPERIMENTS, load  # noqa: E402
+from torch_port.experiments import EXPERIMENTS, load, runs  # noqa: E402
 from torch_port.experiments.common import (  # noqa: E402
     Checkpoint,
     RunOptions,
@@ -71,6 +71,34 @@ def test_checkpoint_is_keyed_by_configuration(tmp_path) -> None:
     assert Checkpoint(tmp_path, {"steps": 3}, "seed=1").load() is None  # other key
     one.remove()
     assert one.load() is None
+
+
+def test_run_cells_reads_finished_cells_back_and_resumes_a_cell(tmp_path) -> None:
+    """The one runner: a finished cell is read back (a sweep that grows computes only the new
+    cells), an interrupted cell resumes from the progress it saved, ``resume=False`` computes
+    afresh, and ``forget_cached`` removes every file."""
+    calls: list[str] = []
+
+    def work(cell, checkpoint, bar):
+        calls.append(cell.key)
+        saved = checkpoint.load()
+        if cell.spec == "interrupted" and saved is None:
+            checkpoint.save({"step": 1})
+            raise KeyboardInterrupt
+        return {"key": cell.key, "resumed_from": None if saved is None else saved["step"]}
+
+    cells = [runs.Cell({"c": 1}, key, "ok", units=2) for key in ("a", "b")]
+    assert [r["key"] for r in runs.run_cells(tmp_path, cells, work, resume=True)] == ["a", "b"]
+    grown = [*cells, runs.Cell({"c": 1}, "c", "interrupted")]
+    with pytest.raises(KeyboardInterrupt):
+        runs.run_cells(tmp_path, grown, work, resume=True)
+    records = runs.run_cells(tmp_path, grown, work, resume=True)
+    assert records[-1] == {"key": "c", "resumed_from": 1}
+    assert calls == ["a", "b", "c", "c"]  # a and b were read back, never recomputed
+    runs.run_cells(tmp_path, cells[:1], work, resume=False)
+    assert calls[-1] == "a"
+    runs.forget_cached(tmp_path, grown)
+    assert not list(tmp_path.glob("checkpoint-*"))
 
 
 def test_paired_models_share_every_non_attention_weight() -> None:

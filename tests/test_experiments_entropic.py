@@ -22,7 +22,7 @@ pytest.importorskip("matplotlib")
 from proofs_checks.cli import main  # noqa: E402
 from reference import capacity  # noqa: E402
 from torch_port.experiments import attention_students as st  # noqa: E402
-from torch_port.experiments import ladder, native_rank  # noqa: E402
+from torch_port.experiments import ladder, native_rank, runs  # noqa: E402
 from torch_port.experiments.common import RunOptions  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -111,7 +111,8 @@ def test_ladder_resume_equals_uninterrupted(ladder_run, tmp_path, monkeypatch) -
     options = RunOptions(preset="smoke", out=tmp_path, progress=False)
     with pytest.raises(RuntimeError, match="interrupted"):
         ladder.run(options)
-    assert len(list((tmp_path / "ladder").glob("checkpoint-*.pt"))) == 1
+    # one saved record per finished cell (runs.run_cells), kept until the outputs are written
+    assert len(list((tmp_path / "ladder").glob("checkpoint-*.pt"))) == 2
     monkeypatch.undo()
     again = interrupt_after(ladder, monkeypatch, None)
     before = torch.get_num_threads()
@@ -151,7 +152,7 @@ def interrupt_after(module: Any, monkeypatch: pytest.MonkeyPatch, count: int | N
 
 def test_ladder_cells_are_deterministic() -> None:
     config = dict(ladder.PRESETS["smoke"])
-    with st.torch_threads(1):
+    with runs.torch_threads(1):
         one = ladder.student_cell(config, "softmax", 2, seed=3)
         two = ladder.student_cell(config, "softmax", 2, seed=3)
         other = ladder.student_cell(config, "softmax", 2, seed=4)
@@ -269,7 +270,7 @@ def test_native_rank_frontier_floor_is_the_rank_rule() -> None:
 
 def test_native_rank_cells_are_deterministic() -> None:
     config = dict(native_rank.PRESETS["smoke"])
-    with st.torch_threads(1):
+    with runs.torch_threads(1):
         one = native_rank.student_cell(config, "linear", 1, seed=2)
         two = native_rank.student_cell(config, "linear", 1, seed=2)
         other = native_rank.student_cell(config, "linear", 1, seed=5)
@@ -312,10 +313,10 @@ def test_helpers() -> None:
     assert st.cell_text({"mean": 3.0, "min": 3.0, "max": 3.0}, integer=True) == "3"
     assert st.cell_text({"mean": 3.5, "min": 3.0, "max": 4.0}, integer=True) == "3.50 (3–4)"
     before = torch.get_num_threads()
-    with st.torch_threads(1):
+    with runs.torch_threads(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="threads must be ≥ 1"), st.torch_threads(0):
+    with pytest.raises(ValueError, match="threads must be ≥ 1"), runs.torch_threads(0):
         pass
     cells = [
         {"seed": 0, "rank": 1, "excess": 0.5},

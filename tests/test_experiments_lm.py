@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 from proofs_checks.cli import main  # noqa: E402
-from torch_port.experiments import lm  # noqa: E402
+from torch_port.experiments import corpus as corpus_lib  # noqa: E402
+from torch_port.experiments import lm, runs  # noqa: E402
 from torch_port.experiments.common import Checkpoint, RunOptions, configure  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -95,9 +96,9 @@ class _Bar:
         self.updates.append(n)
 
 
-def _one_run_setup(tmp_path: Path) -> tuple[dict, lm.Corpus, lm.RunSpec]:
+def _one_run_setup(tmp_path: Path) -> tuple[dict, corpus_lib.Corpus, lm.RunSpec]:
     config = configure(lm.PRESETS, RunOptions(preset="smoke", overrides={"steps": 6}))
-    corpus = lm.load_corpus(None, config)
+    corpus = corpus_lib.load_corpus(None, config)
     return config, corpus, lm.RunSpec("gqa", "stiefel", 1e-2, 0)
 
 
@@ -107,27 +108,25 @@ def test_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
     whole = lm.train_run(spec, config, corpus, cpu)
     ckpt = Checkpoint(tmp_path, lm.run_config(config, corpus), spec.key)
     assert lm.train_run(spec, config, corpus, cpu, ckpt, stop_after=3) is None
-    saved = ckpt.load()
-    assert saved["step"] == 3 and not saved["done"]
+    assert ckpt.load()["step"] == 3
     bar = _Bar()
     resumed = lm.train_run(spec, config, corpus, cpu, ckpt, bar=bar)
     assert bar.updates == [3, 1, 1, 1]  # 3 steps restored from the checkpoint, 3 trained
     assert _strip([resumed]) == _strip([whole])
-    assert ckpt.load()["done"]  # the finished record is kept until the sweep completes
+    assert ckpt.load()["step"] == 6  # left in place: runs.run_cached removes it
 
 
 def test_sweep_resumes_from_its_checkpoints(tmp_path: Path) -> None:
     """A finished run's checkpoint is reused by the sweep (its record is taken as is)."""
     config = configure(lm.PRESETS, RunOptions(preset="smoke"))
-    corpus = lm.load_corpus(None, config)
+    corpus = corpus_lib.load_corpus(None, config)
     directory = tmp_path / "lm"
     directory.mkdir()
     spec = lm.RunSpec("mha", "adamw", float(config["lrs"][0]), 0)
     record = lm.train_run(spec, config, corpus, torch.device("cpu"))
     sentinel = dict(record, val_loss=1.25)
-    Checkpoint(directory, lm.run_config(config, corpus), spec.key).save(
-        {"done": True, "record": sentinel}
-    )
+    base = lm.run_config(config, corpus)
+    runs.run_cached(directory, base, spec.key, True, lambda checkpoint: sentinel)  # "finished"
     doc = _smoke(tmp_path)
     mine = [r for r in doc["runs"] if (r["config"], r["arm"], r["lr"]) == ("mha", "adamw", spec.lr)]
     assert [r["val_loss"] for r in mine] == [1.25]
@@ -163,8 +162,8 @@ def test_corpus_file(tmp_path: Path) -> None:
 
 
 def test_stdlib_corpus_is_deterministic() -> None:
-    a, info = lm.stdlib_corpus(50_000)
-    b, _ = lm.stdlib_corpus(50_000)
+    a, info = corpus_lib.stdlib_corpus(50_000)
+    b, _ = corpus_lib.stdlib_corpus(50_000)
     assert a == b and len(a) == 50_000
     assert info["first_file"] == "__future__.py"
     assert a.startswith(Path(info["root"], "__future__.py").read_bytes())
@@ -262,12 +261,12 @@ def test_val_windows_stay_inside_a_long_split() -> None:
     """Window starts are computed in integers: a float32 linspace rounds past the last start
     above 2²⁴ bytes."""
     val = torch.arange(17_000_000, dtype=torch.int32)
-    windows = lm.val_windows(val, 16, 3)
+    windows = corpus_lib.val_windows(val, 16, 3)
     last = len(val) - 17
     assert windows[:, 0].tolist() == [0, round(last / 2), last]
     assert windows[-1, -1].item() == len(val) - 1
-    assert lm.val_windows(torch.arange(20), 16, 8)[:, 0].tolist() == [0, 1, 2, 3]
-    assert lm.val_windows(torch.arange(17), 16, 8)[:, 0].tolist() == [0]
+    assert corpus_lib.val_windows(torch.arange(20), 16, 8)[:, 0].tolist() == [0, 1, 2, 3]
+    assert corpus_lib.val_windows(torch.arange(17), 16, 8)[:, 0].tolist() == [0]
 
 
 def test_threads_are_fixed_and_recorded(tmp_path: Path) -> None:

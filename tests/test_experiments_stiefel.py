@@ -16,8 +16,16 @@ pytest.importorskip("sklearn")
 
 from proofs_checks.cli import main  # noqa: E402
 from torch_port import linalg  # noqa: E402
-from torch_port.experiments import ablation, grokking, movement, patches  # noqa: E402
+from torch_port.experiments import (  # noqa: E402
+    ablation,
+    grokking,
+    movement,
+    patches,
+    suite,
+    training,
+)
 from torch_port.experiments import arms as arms_lib  # noqa: E402
+from torch_port.experiments import runs as runs_lib  # noqa: E402
 from torch_port.experiments.common import Checkpoint, RunOptions, configure  # noqa: E402
 from torch_port.optim import ChainOptimizer  # noqa: E402
 
@@ -107,7 +115,7 @@ def test_deterministic_under_the_seed(tmp_path: Path) -> None:
     assert [r["history"] for r in c["runs"]] != [r["history"] for r in a["runs"]]
 
 
-def _tasks() -> dict[str, arms_lib.Task]:
+def _tasks() -> dict[str, training.Task]:
     gcfg = grokking.PRESETS["smoke"]
     pcfg = patches.PRESETS["smoke"]
     data = patches.load_data(pcfg, None)
@@ -134,12 +142,12 @@ _RESUME_KW = dict(
 )
 def test_resume_equals_uninterrupted(tmp_path: Path, task_name: str, arm: str, stop: int) -> None:
     task = _tasks()[task_name]
-    whole = arms_lib.train_run(task, arm, 0, **_RESUME_KW)
+    whole = training.train_run(task, arm, 0, **_RESUME_KW)
     assert [h["step"] for h in whole["history"]] == [0, 3, 6, 9, 12]
     ck = Checkpoint(tmp_path, {"t": task_name}, arm)
-    assert arms_lib.train_run(task, arm, 0, checkpoint=ck, stop_after=stop, **_RESUME_KW) is None
+    assert training.train_run(task, arm, 0, checkpoint=ck, stop_after=stop, **_RESUME_KW) is None
     assert ck.path.exists()
-    resumed = arms_lib.train_run(task, arm, 0, checkpoint=ck, **_RESUME_KW)
+    resumed = training.train_run(task, arm, 0, checkpoint=ck, **_RESUME_KW)
     assert resumed == whole  # stop_after=0: the step-0 evaluation is logged once
     assert ck.path.exists()  # run_cached removes it, once the finished record is saved
 
@@ -148,17 +156,17 @@ def test_logged_train_loss_is_the_whole_training_set_after_the_step(tmp_path: Pa
     task = _tasks()["patches"]  # minibatches of 64 out of 749 images
     ck = Checkpoint(tmp_path, {"t": "loss"}, "C")
     kw = {**_RESUME_KW, "track_movement": False}
-    assert arms_lib.train_run(task, "C", 0, checkpoint=ck, stop_after=3, **kw) is None
+    assert training.train_run(task, "C", 0, checkpoint=ck, stop_after=3, **kw) is None
     saved = ck.load()
     assert saved["history"][-1]["step"] == 3
     model = task.make_model(0, "stiefel")
     model.load_state_dict(saved["model"])  # the model after step 3
     with torch.no_grad():
         full = torch.nn.functional.cross_entropy(
-            arms_lib.logits_of(task, model, task.x_train), task.y_train
+            training.logits_of(task, model, task.x_train), task.y_train
         )
     assert saved["history"][-1]["train_loss"] == pytest.approx(float(full), rel=1e-5)
-    run = arms_lib.train_run(task, "C", 0, checkpoint=ck, **kw)
+    run = training.train_run(task, "C", 0, checkpoint=ck, **kw)
     assert run["n_train"] == 749 and run["n_val"] == 300
 
 
@@ -166,7 +174,7 @@ def test_saved_frames_follow_the_model_device() -> None:
     task = _tasks()["grokking"]
     model = task.make_model(0, "stiefel").to("meta")
     saved = {n: torch.zeros(p.shape, dtype=torch.float64) for n, p in model.named_parameters()}
-    moved = arms_lib.frames_like(saved, model)
+    moved = training.frames_like(saved, model)
     assert set(moved) == set(arms_lib.qk_parameters(model))
     assert all(t.device.type == "meta" and t.dtype == torch.float32 for t in moved.values())
 
@@ -175,16 +183,16 @@ def test_saved_frames_follow_the_model_device() -> None:
 def test_resume_on_cuda_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = grokking.PRESETS["smoke"]
     task = grokking.make_task(cfg, 0, "cuda")
-    whole = arms_lib.train_run(task, "C", 0, **_RESUME_KW)
+    whole = training.train_run(task, "C", 0, **_RESUME_KW)
     ck = Checkpoint(tmp_path, {"t": "cuda"}, "C")
-    assert arms_lib.train_run(task, "C", 0, checkpoint=ck, stop_after=5, **_RESUME_KW) is None
-    resumed = arms_lib.train_run(task, "C", 0, checkpoint=ck, **_RESUME_KW)
+    assert training.train_run(task, "C", 0, checkpoint=ck, stop_after=5, **_RESUME_KW) is None
+    resumed = training.train_run(task, "C", 0, checkpoint=ck, **_RESUME_KW)
     assert resumed == whole
 
 
-def _step(task: arms_lib.Task, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+def _step(task: training.Task, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
     loss = torch.nn.functional.cross_entropy(
-        arms_lib.logits_of(task, model, task.x_train), task.y_train
+        training.logits_of(task, model, task.x_train), task.y_train
     )
     opt.zero_grad()
     loss.backward()
@@ -213,7 +221,7 @@ def test_arms_keep_frames_orthonormal_move_them_and_share_plain_init() -> None:
                 assert res > 0.1  # plain AdamW matrices are not orthonormal
             else:
                 assert res < 1e-5, (arm, res)
-            angle = arms_lib.max_principal_angle(init[n], p.detach())
+            angle = training.max_principal_angle(init[n], p.detach())
             if arm == "G":
                 assert torch.equal(p, init[n])
             else:  # every trained arm turns every head's subspace
@@ -300,7 +308,7 @@ def test_arm_e_refuses_bad_options_and_non_finite_gradients() -> None:
     model = arms_lib.prepare_model("E", task.make_model(0, "stiefel"))
     opt_e = arms_lib.make_optimizer("E", model, lr=1e-2, betas=(0.9, 0.98), weight_decay=1.0)
     loss = torch.nn.functional.cross_entropy(
-        arms_lib.logits_of(task, model, task.x_train), task.y_train
+        training.logits_of(task, model, task.x_train), task.y_train
     )
     loss.backward()
     model.blocks[0].attn.w_q.grad[0, 0, :3] = float("nan")
@@ -321,7 +329,7 @@ def test_arm_h_is_undecayed_adamw_then_polar() -> None:
         assert float(linalg.orthonormality_residual(p).max()) < 1e-5
     opt = arms_lib.make_optimizer("H", model, lr=lr, betas=(0.9, 0.98), weight_decay=1.0, eps=eps)
     loss = torch.nn.functional.cross_entropy(
-        arms_lib.logits_of(task, model, task.x_train), task.y_train
+        training.logits_of(task, model, task.x_train), task.y_train
     )
     opt.zero_grad()
     loss.backward()
@@ -353,38 +361,38 @@ def test_max_principal_angle_of_a_known_rotation(theta: float) -> None:
     mix = torch.linalg.qr(torch.randn(4, 4, generator=gen, dtype=torch.float64))[0]
     scale = torch.diag(torch.tensor([1.0, 2.0, 0.5, 3.0], dtype=torch.float64))
     # the angle is one of subspaces: any change of basis within the span leaves it unchanged
-    got = arms_lib.max_principal_angle(w0 @ scale, w @ mix @ scale)
+    got = training.max_principal_angle(w0 @ scale, w @ mix @ scale)
     assert float(got) == pytest.approx(math.degrees(theta), rel=1e-9)
-    same = arms_lib.max_principal_angle(w0, w0 @ mix)
+    same = training.max_principal_angle(w0, w0 @ mix)
     assert float(same) < 1e-10  # arccos(σ_min) would floor at ~1e-6° here
 
 
 def test_component_of_names_every_part_of_the_models() -> None:
     task = _tasks()["patches"]
     names = dict.fromkeys(n for n, _ in task.make_model(0, None).named_parameters())
-    got = {n: arms_lib.component_of(n) for n in names}
+    got = {n: training.component_of(n) for n in names}
     assert got["pos"] == "pos" and got["embed.weight"] == got["embed.bias"] == "embed"
     assert got["blocks.0.attn.w_q"] == "w_q" and got["blocks.0.attn.w_o"] == "w_o"
     assert got["blocks.0.mlp.0.weight"] == got["blocks.0.mlp.0.bias"] == "mlp_in"
     assert got["blocks.0.mlp.2.weight"] == "mlp_out"
     assert got["blocks.0.norm1.weight"] == got["norm.bias"] == "norm"
     assert got["head.weight"] == got["head.bias"] == "unembed"
-    norms = arms_lib.component_norms(task.make_model(0, "stiefel"))
+    norms = training.component_norms(task.make_model(0, "stiefel"))
     assert norms["w_q"] == pytest.approx(math.sqrt(2 * 8))  # 2 heads × 8 orthonormal columns
 
 
 def test_paired_stats_and_grokking_metrics() -> None:
-    s = arms_lib.paired_stats([1.0, 2.0, 3.0], [2.0, 4.0, 3.5])
+    s = runs_lib.paired_stats([1.0, 2.0, 3.0], [2.0, 4.0, 3.5])
     d = np.array([1.0, 2.0, 0.5])
     assert s["mean_diff"] == pytest.approx(d.mean())
     assert s["t"] == pytest.approx(d.mean() / (d.std(ddof=1) / math.sqrt(3)))
     assert s["wins"] == 3
-    up = arms_lib.paired_stats([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])  # every seed +0.5: SD 0
+    up = runs_lib.paired_stats([1.0, 2.0, 3.0], [1.5, 2.5, 3.5])  # every seed +0.5: SD 0
     assert up["t"] == math.inf and up["p"] == 0.0 and up["sd_diff"] == 0.0
-    down = arms_lib.paired_stats([1.0, 2.0], [0.0, 1.0])
+    down = runs_lib.paired_stats([1.0, 2.0], [0.0, 1.0])
     assert down["t"] == -math.inf and down["p"] == 0.0
-    assert arms_lib.stat_cell(down["t"]) == "−∞"
-    tie = arms_lib.paired_stats([1.0, 2.0], [1.0, 2.0])
+    assert runs_lib.stat_cell(down["t"]) == "−∞"
+    tie = runs_lib.paired_stats([1.0, 2.0], [1.0, 2.0])
     assert math.isnan(tie["t"]) and math.isnan(tie["p"])
     hist = [
         {"step": k, "val_acc": v, "train_acc": 1.0, "angles": {"w_q": 0.0, "w_k": 0.0}}
@@ -478,7 +486,7 @@ def test_bad_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     with pytest.raises(ValueError, match="unknown arms"):
         arms_lib.check_arms(["A", "Z"])
     with pytest.raises(ValueError, match="unknown tasks"):
-        arms_lib.check_tasks({**movement.PRESETS["smoke"], "tasks": {"mnist": {}}})
+        suite.check_tasks({**movement.PRESETS["smoke"], "tasks": {"mnist": {}}})
     with pytest.raises(ValueError, match="sweep fractions"):
         patches.check_config({**patches.PRESETS["smoke"], "fractions": [0.0]})
     with pytest.raises(ValueError, match="unknown configuration keys"):
@@ -508,7 +516,7 @@ def test_missing_cifar10_is_reported_before_any_run(
     def no_training(*args, **kwargs):
         raise AssertionError("a run started before the data were checked")
 
-    monkeypatch.setattr(arms_lib, "train_run", no_training)
+    monkeypatch.setattr(training, "train_run", no_training)
     _fake_cifar(tmp_path / "missing", skip="test_batch")
     for module in (movement, ablation):  # grokking comes first in their tasks
         with pytest.raises(ValueError, match="lacks the file test_batch"):
@@ -524,14 +532,14 @@ def test_missing_cifar10_is_reported_before_any_run(
 
 def test_cached_runs_survive_adding_a_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     trained: list[tuple[int, str]] = []
-    real = arms_lib.train_run
+    real = training.train_run
 
     def counting(task, arm, seed, **kw):
         trained.append((seed, arm))
         return real(task, arm, seed, **kw)
 
-    monkeypatch.setattr(arms_lib, "train_run", counting)
-    monkeypatch.setattr(arms_lib, "forget_cached", lambda directory, entries: None)  # interrupted
+    monkeypatch.setattr(training, "train_run", counting)
+    monkeypatch.setattr(runs_lib, "forget_cached", lambda directory, cells: None)  # interrupted
     opts = dict(preset="smoke", out=tmp_path, progress=False, overrides=_small_movement())
     first = movement.run(RunOptions(seeds=(0,), **opts))
     second = movement.run(RunOptions(seeds=(0, 1), **opts))
@@ -541,13 +549,13 @@ def test_cached_runs_survive_adding_a_seed(tmp_path: Path, monkeypatch: pytest.M
 
 def test_patches_runs_checkpoint_mid_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[int] = []
-    real = arms_lib.train_run
+    real = training.train_run
 
     def spy(task, arm, seed, **kw):
         seen.append(kw["checkpoint_every"])
         return real(task, arm, seed, **kw)
 
-    monkeypatch.setattr(arms_lib, "train_run", spy)
+    monkeypatch.setattr(training, "train_run", spy)
     patches.run(RunOptions(preset="smoke", out=tmp_path, progress=False, seeds=(0,)))
     assert seen and set(seen) == {patches.PRESETS["smoke"]["checkpoint_every"]} == {6}
     assert patches.PRESETS["paper"]["checkpoint_every"] == 2000
@@ -582,17 +590,17 @@ def test_gap_slope_is_least_squares_with_its_standard_error() -> None:
 
 
 def test_task_settings_are_checked_without_experiment_keys() -> None:
-    grok = arms_lib.task_config("grokking", "smoke")
+    grok = suite.task_config("grokking", "smoke")
     assert "arms" not in grok and "threshold" not in grok
     grokking.check_task(grok)  # no fake "arms" or "last_fraction" needed
     with pytest.raises(ValueError, match=r"trust_tau must be a positive finite number, got 0\.0"):
         grokking.check_task({**grok, "trust_tau": 0.0})
     with pytest.raises(ValueError, match="checkpoint_every must be an integer ≥ 0, got -1"):
-        patches.check_task({**arms_lib.task_config("patches", "smoke"), "checkpoint_every": -1})
+        patches.check_task({**suite.task_config("patches", "smoke"), "checkpoint_every": -1})
     with pytest.raises(ValueError, match=r"beta2 must lie in \[0, 1\), got 1.5"):
         grokking.check_task({**grok, "betas": [0.9, 1.5]})
     with pytest.raises(ValueError, match=r"changes \['steps'\] repeat the preset's values"):
-        arms_lib.task_config("patches", "quick", steps=300)
+        suite.task_config("patches", "quick", steps=300)
     assert arms_lib.trust_radius({"trust_tau": 0.1, "d_model": 128, "n_heads": 4}) == (
         pytest.approx(0.1 * math.sqrt(32))
     )

@@ -23,8 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 from proofs_checks.cli import main  # noqa: E402
-from torch_port.experiments import arms as arms_lib  # noqa: E402
-from torch_port.experiments import grokking, patches  # noqa: E402
+from torch_port.experiments import grokking, patches, runs  # noqa: E402
 from torch_port.experiments.common import (  # noqa: E402
     Checkpoint,
     CheckpointError,
@@ -172,7 +171,7 @@ def test_old_style_pickle_checkpoint_is_refused(tmp_path: Path) -> None:
 def test_corrupted_checkpoint_on_the_command_line_exits_2(tmp_path: Path, capsys) -> None:
     args = ["experiment", "grokking", "--preset", "smoke", "--out", str(tmp_path), "--json"]
     config = grokking.PRESETS["smoke"]
-    cache = arms_lib.run_config(dict(config), ("seeds", "arms", "threshold", "last_fraction"))
+    cache = runs.run_config(dict(config), ("seeds", "arms", "threshold", "last_fraction"))
     seed, arm = config["seeds"][0], config["arms"][0]
     ck = Checkpoint(tmp_path / "grokking", cache, f"{seed}-{arm}")
     ck.path.parent.mkdir(parents=True)
@@ -222,7 +221,7 @@ def test_kill_between_record_and_cleanup_loses_no_work(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(Checkpoint, "remove", killed)
     with pytest.raises(KeyboardInterrupt):
-        arms_lib.run_cached(tmp_path, {"c": 1}, "0-C", True, train)
+        runs.run_cached(tmp_path, {"c": 1}, "0-C", True, train)
     monkeypatch.undo()
-    assert arms_lib.run_cached(tmp_path, {"c": 1}, "0-C", True, train) == {"history": [1, 2, 3]}
+    assert runs.run_cached(tmp_path, {"c": 1}, "0-C", True, train) == {"history": [1, 2, 3]}
     assert len(calls) == 1

@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from torch_port.experiments import arms as arms_lib
-from torch_port.experiments.arms import task_config
+from torch_port.experiments.arms import ARMS
 from torch_port.experiments.common import RunOptions, figure, markdown_table
+from torch_port.experiments.runs import paired_stats
+from torch_port.experiments.suite import run_stiefel_experiment, task_config
 
 NAME = "ablation"
-ALL_ARMS = list(arms_lib.ARMS)
+ALL_ARMS = list(ARMS)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
@@ -85,7 +86,7 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
             }
             for ref in ("C", "A"):
                 if ref in config["arms"] and ref != arm:
-                    entry[f"vs_{ref}"] = arms_lib.paired_stats([acc[(ref, s)] for s in seeds], vals)
+                    entry[f"vs_{ref}"] = paired_stats([acc[(ref, s)] for s in seeds], vals)
             arms[arm] = entry
         out["tasks"][task] = {"arms": arms, "seeds": seeds}
     return out
@@ -115,7 +116,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
     for task, t in summary["tasks"].items():
         rows = []
         for arm, e in t["arms"].items():
-            row: list[Any] = [arm, arms_lib.ARMS[arm], e["mean"], e["sd"]]
+            row: list[Any] = [arm, ARMS[arm], e["mean"], e["sd"]]
             for ref in ("C", "A"):
                 s = e.get(f"vs_{ref}")
                 row += ["–", "–"] if s is None else [s["mean_diff"], f"{s['wins']}/{s['n']}"]
@@ -142,7 +143,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
 
 def run(options: RunOptions) -> dict[str, Any]:
     """Train every (task, seed, arm) and write the outputs."""
-    return arms_lib.run_experiment(
+    return run_stiefel_experiment(
         NAME,
         PRESETS,
         options,

@@ -15,7 +15,7 @@ The factors start with iid N(0, ``init_std``²) entries (the standard deviation 
 Every student is trained full batch with ``torch.optim.Adam`` (``train``) in the dtype of its
 data (float32 or float64, ``dtype_of``), from an initialisation drawn from a torch generator
 (``student_generator``), so a run is a deterministic function of its seed. Cells of a sweep run
-through ``run_cells``, which checkpoints after each cell: an interrupted run resumes where it
+through ``runs.run_cells``, which saves every finished cell: an interrupted run resumes where it
 stopped and gives the same results as an uninterrupted one. ``run_experiment`` is the whole
 ``run`` of both experiments (configuration, CPU-only check, one-thread cells, summary, plots,
 results document); each experiment supplies its cells, their work, its summary and its reports.
@@ -23,10 +23,10 @@ results document); each experiment supplies its cells, their work, its summary a
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,13 +34,13 @@ import torch
 from torch import nn
 
 from reference import capacity
+from torch_port.experiments import runs
 from torch_port.experiments.common import (
-    Checkpoint,
     RunOptions,
     configure,
     generator,
+    jsonable,
     output_dir,
-    progress,
     results_document,
     write_results,
 )
@@ -275,33 +275,6 @@ def relative_risks(model: nn.Module, x: Tensor, y: Tensor, clean: Tensor) -> dic
         }
 
 
-def run_cells(
-    cells: Sequence[Mapping[str, Any]],
-    work: Callable[[Mapping[str, Any]], dict[str, Any]],
-    checkpoint: Checkpoint,
-    *,
-    resume: bool,
-    desc: str,
-    show: bool,
-) -> list[dict[str, Any]]:
-    """``[work(cell) for cell in cells]`` with a progress bar, saving the finished results to
-    ``checkpoint`` after every cell. With ``resume`` a saved prefix is reused (each cell is a
-    deterministic function of its own description, so resuming gives the uninterrupted result);
-    the caller removes the checkpoint once the results are written."""
-    state = checkpoint.load() if resume else None
-    done: list[dict[str, Any]] = list(state["done"]) if state else []
-    if len(done) > len(cells):
-        done = []
-    bar = progress(len(cells), desc, show)
-    bar.update(len(done))
-    for cell in cells[len(done) :]:
-        done.append(work(cell))
-        checkpoint.save({"done": done})
-        bar.update(1)
-    bar.close()
-    return done
-
-
 def cell_worker(
     config: Mapping[str, Any], handlers: Mapping[str, Callable[..., dict[str, Any]]]
 ) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
@@ -312,24 +285,6 @@ def cell_worker(
         return handlers[cell["type"]](config, **fields)
 
     return one
-
-
-@contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """Run the block with ``torch.set_num_threads(count)`` and restore the previous count
-    (also used by ``lm``, whose presets fix their thread count too).
-
-    The students' matrices are 16×16: a second intra-op thread only adds synchronisation, and
-    on a shared machine its spinning costs several times the work (measured: 1.1 ms per Adam
-    step of a static student with one thread, 8–70 ms with two under load)."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"threads must be ≥ 1, got {count}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def cpu_only(name: str, device: str) -> None:
@@ -355,30 +310,35 @@ def run_experiment(
     markdown: Callable[[Mapping[str, Any], Mapping[str, Any], float], str],
 ) -> dict[str, Any]:
     """The ``run`` of a student sweep: configure and ``check`` (and ``cpu_only``) before any
-    work, the ``cells`` through ``run_cells`` with ``work(config)`` under the preset's
-    ``threads``, then ``summarize(config, runs)`` (with wall and CPU seconds), ``plots(directory,
-    config, summary, runs)`` (file names) and results.json/results.md. The results document is
-    built inside the thread context, so its environment records the thread count used."""
+    work, the ``cells`` through ``runs.run_cells`` (each keyed by the configuration and the
+    cell) with ``work(config)`` under the preset's ``threads``, then ``summarize(config, runs)``
+    (with wall and CPU seconds), ``plots(directory, config, summary, runs)`` (file names) and
+    results.json/results.md. The results document is built inside the thread context, so its
+    environment records the thread count used."""
     config = configure(presets, options)
     check(config)
     cpu_only(name, options.device)
     directory = output_dir(options, name)
     start, cpu = time.perf_counter(), time.process_time()
-    with torch_threads(config["threads"]):
-        checkpoint = Checkpoint(directory, config, "cells")
-        runs = run_cells(
-            cells(config),
-            work(config),
-            checkpoint,
+    with runs.torch_threads(config["threads"]):
+        compute = work(config)
+        specs = [
+            runs.Cell(config, json.dumps(jsonable(cell), sort_keys=True), cell)
+            for cell in cells(config)
+        ]
+        records = runs.run_cells(
+            directory,
+            specs,
+            lambda cell, checkpoint, bar: compute(cell.spec),
             resume=options.resume,
             desc=name,
             show=options.progress,
         )
-        summary = summarize(config, runs)
+        summary = summarize(config, records)
         summary["wall_seconds"] = time.perf_counter() - start
         summary["cpu_seconds"] = time.process_time() - cpu
-        summary["plots"] = plots(directory, config, summary, runs)
-        document = results_document(name, options, config, runs, summary, "cpu")
+        summary["plots"] = plots(directory, config, summary, records)
+        document = results_document(name, options, config, records, summary, "cpu")
     write_results(directory, document, markdown(config, summary, summary["wall_seconds"]))
-    checkpoint.remove()  # after the results: a kill before this line loses no finished cell
+    runs.forget_cached(directory, specs)  # after the results: a kill before loses no cell
     return document

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_port.experiments import arms as arms_lib
+from torch_port.experiments import runs
+from torch_port.experiments.arms import ARMS, check_arms, check_optimizer_config
 from torch_port.experiments.common import (
     RunOptions,
     configure,
@@ -36,6 +37,7 @@ from torch_port.experiments.common import (
     write_results,
 )
 from torch_port.experiments.models import TokenEmbedding, Transformer
+from torch_port.experiments.training import Task, train_with
 
 NAME = "grokking"
 
@@ -121,7 +123,7 @@ def check_task(config: dict[str, Any]) -> None:
         raise ValueError(
             f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
         )
-    arms_lib.check_optimizer_config(config)
+    check_optimizer_config(config)
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -132,12 +134,10 @@ def check_config(config: dict[str, Any]) -> None:
         raise ValueError(f"last_fraction must lie in (0, 1], got {config['last_fraction']!r}")
     if not 0 < config["threshold"] <= 1:
         raise ValueError(f"threshold must lie in (0, 1], got {config['threshold']!r}")
-    arms_lib.check_arms(config["arms"])
+    check_arms(config["arms"])
 
 
-def make_task(
-    config: dict[str, Any], seed: int, device: torch.device | str = "cpu"
-) -> arms_lib.Task:
+def make_task(config: dict[str, Any], seed: int, device: torch.device | str = "cpu") -> Task:
     """The a + b mod p task of ``config`` with the training pairs drawn by ``seed``."""
     p, d = config["p"], config["d_model"]
     a = torch.arange(p).repeat_interleave(p)
@@ -163,9 +163,7 @@ def make_task(
         ).to(device)
 
     dev = torch.device(device)
-    return arms_lib.Task(
-        "grokking", make_model, x[tr].to(dev), y[tr].to(dev), x[va].to(dev), y[va].to(dev)
-    )
+    return Task("grokking", make_model, x[tr].to(dev), y[tr].to(dev), x[va].to(dev), y[va].to(dev))
 
 
 def run_metrics(
@@ -248,7 +246,7 @@ def _plots(directory: Any, config: dict[str, Any], runs: list[dict[str, Any]]) -
             for comp in r["history"][0]["norms"]:
                 ax.plot(steps, [h["norms"][comp] for h in r["history"]], label=comp)
             ax.set_yscale("log")
-            ax.set_title(f"arm {arm} ({arms_lib.ARMS[arm]}), seed {r['seed']}", fontsize=8)
+            ax.set_title(f"arm {arm} ({ARMS[arm]}), seed {r['seed']}", fontsize=8)
             ax.set_xlabel("epoch")
             ax.set_ylabel("‖component‖_F")
             ax.legend(fontsize=6)
@@ -281,7 +279,7 @@ def markdown(config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[s
         rows.append(
             [
                 r["arm"],
-                arms_lib.ARMS[r["arm"]],
+                ARMS[r["arm"]],
                 r["seed"],
                 100 * m["final_val_acc"],
                 100 * m["last_mean_val_acc"],
@@ -340,30 +338,28 @@ def run(options: RunOptions) -> dict[str, Any]:
     check_config(config)
     device = resolve_device(options.device)
     directory = output_dir(options, NAME)
-    runs = []
-    entries = []
-    cache_config = arms_lib.run_config(config, ("seeds", "arms", "threshold", "last_fraction"))
+    cache_config = runs.run_config(config, ("seeds", "arms", "threshold", "last_fraction"))
+    cells = []
     for seed in config["seeds"]:
         task = make_task(config, seed, device)
-        for arm in config["arms"]:
-            key = f"{seed}-{arm}"
-            entries.append((cache_config, key))
+        cells += [
+            runs.Cell(cache_config, f"{seed}-{arm}", (task, arm, seed)) for arm in config["arms"]
+        ]
 
-            def train(ckpt: Any, arm: str = arm, seed: int = seed, task: Any = task) -> Any:
-                return arms_lib.train_with(
-                    task, config, arm, seed, checkpoint=ckpt, show_progress=options.progress
-                )
+    def work(cell: runs.Cell, ckpt: Any, bar: Any) -> Any:
+        task, arm, seed = cell.spec
+        return train_with(task, config, arm, seed, checkpoint=ckpt, show_progress=options.progress)
 
-            record = arms_lib.run_cached(directory, cache_config, key, options.resume, train)
-            record["metrics"] = run_metrics(
-                record["history"], config["threshold"], config["last_fraction"]
-            )
-            runs.append(record)
-    summary = summarise(config, runs)
-    summary["plots"] = _plots(directory, config, runs)
-    document = results_document(NAME, options, config, runs, summary, device)
-    write_results(directory, document, markdown(config, runs, summary))
-    arms_lib.forget_cached(directory, entries)
+    records = runs.run_cells(directory, cells, work, resume=options.resume)
+    for record in records:
+        record["metrics"] = run_metrics(
+            record["history"], config["threshold"], config["last_fraction"]
+        )
+    summary = summarise(config, records)
+    summary["plots"] = _plots(directory, config, records)
+    document = results_document(NAME, options, config, records, summary, device)
+    write_results(directory, document, markdown(config, records, summary))
+    runs.forget_cached(directory, cells)
     return document
 
 
@@ -372,7 +368,7 @@ def format_summary(document: dict[str, Any]) -> str:
     lines = [f"grokking ({document['preset']}): a + b mod {document['config']['p']}"]
     for arm, e in document["summary"]["arms"].items():
         lines.append(
-            f"  {arm} {arms_lib.ARMS[arm]:<28} val acc last {100 * e['final_val_acc']:.1f}%, "
+            f"  {arm} {ARMS[arm]:<28} val acc last {100 * e['final_val_acc']:.1f}%, "
             f"mean last part {100 * e['last_mean_val_acc']:.1f}%, "
             f"evals ≥ threshold {100 * e['fraction_at_threshold']:.0f}%"
         )

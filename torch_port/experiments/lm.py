@@ -10,11 +10,11 @@ Arms. ``adamw``: plain projections, AdamW on every parameter. ``stiefel``: W_Q^h
 frames on St(d_model, head_dim). Each of the ten design points of DESIGN §4.5
 (``fixed_rank_embedded`` … ``block_stiefel_pair``): the QK products live on that geometry.
 Every arm is trained by one ``torch_port.optim.RiemannianAdam`` built by
-``torch_port.nn.build_optimizer``: the QK points get the Riemannian Adam rule (one scalar second
-moment per frame), every other parameter (embeddings, positions, VO projections, MLP, norms,
-read-out) AdamW with decoupled weight decay — so the ``adamw`` arm is exactly AdamW. The swept
-learning rate applies to the **whole optimizer** (the QK points and the AdamW group share it),
-after a linear warm-up of ``warmup`` steps; there is no annealing.
+``torch_port.optim.groups.build_optimizer``: the QK points get the Riemannian Adam rule (one
+scalar second moment per frame), every other parameter (embeddings, positions, VO projections,
+MLP, norms, read-out) AdamW with decoupled weight decay — so the ``adamw`` arm is exactly AdamW.
+The swept learning rate applies to the **whole optimizer** (the QK points and the AdamW group
+share it), after a linear warm-up of ``warmup`` steps; there is no annealing.
 
 Weight decay differs between the arms on W_Q/W_K only: the ``adamw`` arm decays them
 (``weight_decay``, 0.01 in every preset) like every other weight, while ``build_optimizer``
@@ -30,7 +30,7 @@ the refusal (its message) is recorded as a skipped arm. The GQA configuration ru
 ``stiefel`` and the five ``block_`` variants. Under MHA a block group is one head, so each
 ``block_`` variant is the plain one (the results say whether the measured losses agree).
 
-Data: by default the Python standard library's sources (``.py`` files under
+Data (``corpus``): by default the Python standard library's sources (``.py`` files under
 ``sysconfig.get_paths()["stdlib"]``, ``site-packages``/``dist-packages``/``__pycache__`` left
 out, directories walked in sorted order, files joined by a newline) up to ``corpus_bytes``
 bytes; ``--corpus FILE`` reads the first ``corpus_bytes`` bytes of that file instead. The last
@@ -51,18 +51,15 @@ any other error of a step propagates (a bug is not a divergence).
 Threads: every preset fixes ``threads`` (torch intra-op threads), so results do not depend on
 the machine's core count; ``results.json`` records the count used.
 
-Each (configuration, arm, lr, seed) run checkpoints every ``checkpoint_every`` steps and keeps
-its finished record in its checkpoint until the whole sweep is done, so an interrupted sweep
-resumes where it stopped.
+Each (configuration, arm, lr, seed) run is a cell of ``runs.run_cells``: it checkpoints every
+``checkpoint_every`` steps, and its finished record is kept until the whole sweep is done, so an
+interrupted sweep resumes where it stopped (and equals the uninterrupted one).
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
 import statistics
-import sysconfig
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -73,13 +70,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from torch_port.experiments import common
-from torch_port.experiments.attention_students import torch_threads
+from torch_port.experiments import common, runs
 from torch_port.experiments.common import RunOptions
+from torch_port.experiments.corpus import Corpus, load_corpus, train_batch, val_windows
 from torch_port.experiments.models import TokenEmbedding, Transformer
 from torch_port.geometries import GEOMETRIES, PLAIN
-from torch_port.nn import build_optimizer
 from torch_port.optim import FrameDecayWarning, NonFiniteGradientWarning, RiemannianAdam
+from torch_port.optim.groups import build_optimizer
 
 NAME = "lm"
 VOCAB = 256
@@ -170,125 +167,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "checkpoint_every": 250,
     },
 }
-
-
-# -- corpus -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Corpus:
-    """The bytes of the corpus split into training and validation tokens (int64 tensors)."""
-
-    train: torch.Tensor
-    val: torch.Tensor
-    info: dict[str, Any]
-
-
-def stdlib_corpus(limit: int) -> tuple[bytes, dict[str, Any]]:
-    """The first ``limit`` bytes of the standard library's ``.py`` sources joined by newlines:
-    directories walked top-down in sorted order (third-party and cache directories left out),
-    files in sorted order, so the text depends only on the Python installation."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    if not root.is_dir():
-        raise ValueError(
-            f"the default corpus needs the standard library sources, but {str(root)!r} is not "
-            "a directory; pass --corpus FILE"
-        )
-    skip = {"site-packages", "dist-packages", "__pycache__"}
-    chunks: list[bytes] = []
-    size, files = 0, []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in skip)
-        for fname in sorted(f for f in filenames if f.endswith(".py")):
-            path = Path(dirpath) / fname
-            try:
-                text = path.read_bytes()
-            except OSError:
-                continue
-            chunks.append(text + b"\n")
-            files.append(path.relative_to(root).as_posix())
-            size += len(text) + 1
-            if size >= limit:
-                break
-        if size >= limit:
-            break
-    if not files:
-        raise ValueError(f"no .py files found under {str(root)!r}; pass --corpus FILE")
-    data = b"".join(chunks)[:limit]
-    info = {
-        "source": "stdlib",
-        "root": str(root),
-        "files": len(files),
-        "first_file": files[0],
-        "last_file": files[-1],
-    }
-    return data, info
-
-
-def file_corpus(path: Path, limit: int) -> tuple[bytes, dict[str, Any]]:
-    """The first ``limit`` bytes of ``path``; a missing or unreadable file is a clear error."""
-    path = Path(path)
-    if not path.exists():
-        raise ValueError(f"--corpus {str(path)!r} does not exist")
-    if not path.is_file():
-        raise ValueError(f"--corpus {str(path)!r} is not a regular file")
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(limit)
-    except OSError as exc:
-        raise ValueError(f"--corpus {str(path)!r} cannot be read: {exc.strerror}") from None
-    return data, {"source": "file", "path": str(path)}
-
-
-def load_corpus(corpus: Path | None, config: Mapping[str, Any]) -> Corpus:
-    """Bytes → tokens, split so that the last ``val_fraction`` is validation; both splits must
-    hold at least one window of ``context + 1`` bytes."""
-    limit, ctx, frac = int(config["corpus_bytes"]), int(config["context"]), config["val_fraction"]
-    if limit < 1:
-        raise ValueError(f"corpus_bytes must be ≥ 1, got {limit}")
-    if ctx < 1:
-        raise ValueError(f"context must be ≥ 1, got {ctx}")
-    if not 0.0 < float(frac) < 1.0:
-        raise ValueError(f"val_fraction must lie in (0, 1), got {frac}")
-    data, info = stdlib_corpus(limit) if corpus is None else file_corpus(corpus, limit)
-    n_val = int(len(data) * float(frac))
-    n_train = len(data) - n_val
-    if n_train < ctx + 1 or n_val < ctx + 1:
-        need = math.ceil((ctx + 1) / min(float(frac), 1.0 - float(frac)))
-        raise ValueError(
-            f"corpus too short: {len(data)} bytes give {n_train} training and {n_val} "
-            f"validation bytes, but each split needs at least context + 1 = {ctx + 1} "
-            f"(about {need} bytes in all with val_fraction={frac})"
-        )
-    tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.int64)
-    info = {
-        **info,
-        "bytes": len(data),
-        "train_bytes": n_train,
-        "val_bytes": n_val,
-        "sha256": hashlib.sha256(data).hexdigest(),
-    }
-    return Corpus(tokens[:n_train].clone(), tokens[n_train:].clone(), info)
-
-
-def train_batch(
-    train: torch.Tensor, context: int, batch_size: int, gen: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``batch_size`` random windows: inputs x = t[s : s + context], targets t[s + 1 : s +
-    context + 1], with starts s uniform on [0, len − context − 1] drawn from ``gen``."""
-    starts = torch.randint(0, len(train) - context, (batch_size,), generator=gen)
-    idx = starts[:, None] + torch.arange(context + 1)
-    window = train[idx]
-    return window[:, :-1], window[:, 1:]
-
-
-def val_windows(val: torch.Tensor, context: int, count: int) -> torch.Tensor:
-    """``count`` fixed windows of ``context + 1`` tokens, starts spread evenly over the split
-    (at most one per start position), shape (count', context + 1)."""
-    last = len(val) - context - 1
-    k = max(1, min(count, last + 1))
-    # round(i·last/(k − 1)) in integers (a float32 linspace rounds past ``last`` above 2²⁴)
-    starts = [0] if k == 1 else [(2 * i * last + k - 1) // (2 * (k - 1)) for i in range(k)]
-    starts = torch.unique(torch.tensor(starts, dtype=torch.int64))
-    return val[starts[:, None] + torch.arange(context + 1)]
 
 
 # -- arms and models ----------------------------------------------------------------------------
@@ -414,9 +292,7 @@ class RunSpec:
 def run_config(config: Mapping[str, Any], corpus: Corpus) -> dict[str, Any]:
     """The part of the configuration that defines a single run (plus the corpus hash): the
     checkpoint key of every run."""
-    keep = {k: v for k, v in config.items() if k not in SWEEP_KEYS}
-    keep["corpus_sha256"] = corpus.info["sha256"]
-    return keep
+    return {**runs.run_config(config, SWEEP_KEYS), "corpus_sha256": corpus.info["sha256"]}
 
 
 @torch.no_grad()
@@ -450,19 +326,16 @@ def train_run(
     device: torch.device,
     checkpoint: common.Checkpoint | None = None,
     *,
-    resume: bool = True,
     bar: Any = None,
     stop_after: int | None = None,
 ) -> dict[str, Any] | None:
     """Train one run and return its record; with ``checkpoint`` the state is saved every
-    ``checkpoint_every`` steps and at the end (with the record), and a saved state is resumed.
+    ``checkpoint_every`` steps (``runs.save_training``) and a saved state is resumed
+    (``runs.resume_training``). The checkpoint is left in place: ``runs.run_cached`` keeps the
+    finished record and then removes it. ``bar`` (a progress bar) advances by the steps
+    restored, then by one per step, and to ``steps`` when the run stops early (a divergence).
 
     ``stop_after`` (for resume checks) saves the state after that many steps and returns None."""
-    state = checkpoint.load() if (checkpoint is not None and resume) else None
-    if state is not None and state.get("done"):
-        if bar is not None:
-            bar.update(int(config["steps"]))
-        return state["record"]
     steps, ctx, warmup = int(config["steps"]), int(config["context"]), int(config["warmup"])
     model = build_model(config, spec.config_name, spec.arm, spec.seed).to(device)
     optimizer = build_optimizer(
@@ -477,27 +350,25 @@ def train_run(
     history: list[dict[str, Any]] = []
     start, seconds, train_sum, train_count = 0, 0.0, 0.0, 0
     diverged, error = False, None
+    state = runs.resume_training(checkpoint, model, optimizer, gen)
     if state is not None:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
         start, history, seconds = state["step"], state["history"], state["seconds"]
         train_sum, train_count = state["train_sum"], state["train_count"]
         if bar is not None:
             bar.update(start)
 
-    def snapshot(step: int) -> dict[str, Any]:
-        return {
-            "done": False,
-            "step": step,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "generator": gen.get_state(),
-            "history": history,
-            "seconds": seconds,
-            "train_sum": train_sum,
-            "train_count": train_count,
-        }
+    def save(step: int) -> None:
+        runs.save_training(
+            checkpoint,
+            model,
+            optimizer,
+            gen,
+            step=step,
+            history=history,
+            seconds=seconds,
+            train_sum=train_sum,
+            train_count=train_count,
+        )
 
     model.train()
     step = start
@@ -540,7 +411,7 @@ def train_run(
         if checkpoint is not None and (
             step % int(config["checkpoint_every"]) == 0 or step == stop_after
         ):
-            checkpoint.save(snapshot(step))
+            save(step)
         if stop_after is not None and step >= stop_after:
             return None
     if bar is not None and step < steps:
@@ -561,8 +432,6 @@ def train_run(
         "seconds": seconds,
         "history": history,
     }
-    if checkpoint is not None:
-        checkpoint.save({"done": True, "record": record})
     return record
 
 
@@ -837,7 +706,7 @@ def run(options: RunOptions) -> dict[str, Any]:
     corpus = load_corpus(options.corpus, config)
     directory = common.output_dir(options, NAME)
     arms = resolve_arms(config)
-    with torch_threads(config["threads"]):
+    with runs.torch_threads(config["threads"]):
         specs, skipped = [], []
         for name in config["configs"]:
             for arm in arms:
@@ -850,19 +719,18 @@ def run(options: RunOptions) -> dict[str, Any]:
                     for lr in config["lrs"]
                     for seed in config["seeds"]
                 ]
-        base = run_config(config, corpus)
-        checkpoints = [common.Checkpoint(directory, base, s.key) for s in specs]
-        runs = []
-        with common.progress(
-            len(specs) * int(config["steps"]), "lm sweep", options.progress
-        ) as bar:
-            for spec, ckpt in zip(specs, checkpoints, strict=True):
-                bar.set_postfix_str(f"{spec.config_name} {spec.arm} lr={spec.lr:g}")
-                record = train_run(
-                    spec, config, corpus, device, ckpt, resume=options.resume, bar=bar
-                )
-                runs.append(record)
-        table = summarise(runs, config["configs"], arms)
+        base, steps = run_config(config, corpus), int(config["steps"])
+        cells = [runs.Cell(base, spec.key, spec, steps) for spec in specs]
+
+        def work(cell: runs.Cell, ckpt: common.Checkpoint, bar: Any) -> dict[str, Any] | None:
+            spec = cell.spec
+            bar.set_postfix_str(f"{spec.config_name} {spec.arm} lr={spec.lr:g}")
+            return train_run(spec, config, corpus, device, ckpt, bar=bar)
+
+        records = runs.run_cells(
+            directory, cells, work, resume=options.resume, desc="lm sweep", show=options.progress
+        )
+        table = summarise(records, config["configs"], arms)
         summary = {
             "table": table,
             "skipped": skipped,
@@ -872,16 +740,15 @@ def run(options: RunOptions) -> dict[str, Any]:
                 f"adamw arm: W_Q, W_K decayed like every weight (weight_decay "
                 f"{config['weight_decay']}); geometry arms: QK points not decayed"
             ),
-            "block_equals_plain_mha": block_equals_plain(runs),
+            "block_equals_plain_mha": block_equals_plain(records),
             "corpus": corpus.info,
-            "seconds": sum(r["seconds"] for r in runs),
+            "seconds": sum(r["seconds"] for r in records),
             "environment_threads": torch.get_num_threads(),
         }
-        document = common.results_document(NAME, options, config, runs, summary, device)
+        document = common.results_document(NAME, options, config, records, summary, device)
     common.write_results(directory, document, markdown(document))
     plot(document, directory)
-    for ckpt in checkpoints:
-        ckpt.remove()
+    runs.forget_cached(directory, cells)
     return document
 
 

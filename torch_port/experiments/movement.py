@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from torch_port.experiments import arms as arms_lib
-from torch_port.experiments.arms import task_config
+from torch_port.experiments.arms import ARMS
 from torch_port.experiments.common import RunOptions, figure, markdown_table
+from torch_port.experiments.runs import median, paired_stats, stat_cell
+from torch_port.experiments.suite import run_stiefel_experiment, task_config
 
 NAME = "movement"
 
@@ -80,11 +81,10 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
         for arm in config["arms"]:
             rs = [r for r in mine if r["arm"] == arm]
             move = {
-                k: float(np.mean([arms_lib.median(r["movement"][k]) for r in rs]))
-                for k in ("w_q", "w_k")
+                k: float(np.mean([median(r["movement"][k]) for r in rs])) for k in ("w_q", "w_k")
             }
             move["both"] = float(
-                np.mean([arms_lib.median(r["movement"]["w_q"] + r["movement"]["w_k"]) for r in rs])
+                np.mean([median(r["movement"]["w_q"] + r["movement"]["w_k"]) for r in rs])
             )
             per_arm[arm] = {
                 "median_step": move,
@@ -104,7 +104,7 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
         seeds = sorted({r["seed"] for r in mine})
         for trained in ("C", "B"):
             if "G" in per_arm and trained in per_arm:
-                frozen[f"{trained}-G"] = arms_lib.paired_stats(
+                frozen[f"{trained}-G"] = paired_stats(
                     [acc[("G", s)] for s in seeds], [acc[(trained, s)] for s in seeds]
                 )
         out["tasks"][task] = {"arms": per_arm, "ratios": ratios, "frozen_cost": frozen}
@@ -122,7 +122,7 @@ def _plots(
                 r = next(r for r in runs if r["task"] == task and r["arm"] == arm)
                 y = np.asarray(r["movement"]["w_q"])
                 if np.any(y > 0):
-                    ax.plot(np.arange(1, len(y) + 1), y, label=f"{arm} {arms_lib.ARMS[arm]}")
+                    ax.plot(np.arange(1, len(y) + 1), y, label=f"{arm} {ARMS[arm]}")
             ax.set_yscale("log")
             ax.set_xlabel("step")
             ax.set_ylabel("median over heads of ‖ΔW_Q‖_F")
@@ -138,7 +138,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
         rows = [
             [
                 arm,
-                arms_lib.ARMS[arm],
+                ARMS[arm],
                 e["median_step"]["w_q"],
                 e["median_step"]["w_k"],
                 e["drift"],
@@ -170,7 +170,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 s["n"],
                 s["mean_diff"],
                 s["sd_diff"],
-                arms_lib.stat_cell(s["t"]),
+                stat_cell(s["t"]),
                 f"{s['wins']}/{s['n']}",
             ]
             for k, s in t["frozen_cost"].items()
@@ -187,7 +187,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
 
 def run(options: RunOptions) -> dict[str, Any]:
     """Train every (task, seed, arm) with per-step movement logs and write the outputs."""
-    return arms_lib.run_experiment(
+    return run_stiefel_experiment(
         NAME,
         PRESETS,
         options,

@@ -8,7 +8,7 @@ values). Pixels are standardised per channel with the training set's mean and SD
 
 Model: ``models.Transformer`` with a linear patch embedding, learned positions, pre-LayerNorm
 blocks, logits averaged over tokens. Paired seeds: for one seed both arms share every
-non-attention weight and the minibatch order (``arms.train_run``); frames start orthonormal.
+non-attention weight and the minibatch order (``training.train_run``); frames start orthonormal.
 
 Reported: the paired test-accuracy difference C − A (pp) over the seeds, ``scipy.stats.ttest_rel``
 and the win count; and a sweep over training-set fractions at a fixed step budget (does the gap
@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_port.experiments import arms as arms_lib
+from torch_port.experiments import runs
+from torch_port.experiments.arms import ARMS, check_arms, check_optimizer_config
 from torch_port.experiments.common import (
     RunOptions,
     configure,
@@ -41,6 +42,7 @@ from torch_port.experiments.common import (
     write_results,
 )
 from torch_port.experiments.models import PatchEmbedding, Transformer
+from torch_port.experiments.training import Task, train_with
 
 NAME = "patches"
 CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
@@ -320,7 +322,7 @@ def make_task(
     data: dict[str, torch.Tensor],
     fraction: float = 1.0,
     device: torch.device | str = "cpu",
-) -> arms_lib.Task:
+) -> Task:
     """The classification task on the first ⌈fraction·N⌉ training images (the split order is
     already random), with the model of ``config``."""
     if not 0 < fraction <= 1:
@@ -343,7 +345,7 @@ def make_task(
         ).to(device)
 
     dev = torch.device(device)
-    return arms_lib.Task(
+    return Task(
         "patches",
         make_model,
         data["x_train"][:n].to(dev),
@@ -371,7 +373,7 @@ def check_task(config: dict[str, Any]) -> None:
         )
     if config["dataset"] not in ("digits", "cifar10"):
         raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
-    arms_lib.check_optimizer_config(config)
+    check_optimizer_config(config)
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -381,19 +383,19 @@ def check_config(config: dict[str, Any]) -> None:
     for f in config["fractions"]:
         if not (isinstance(f, int | float) and 0 < f < 1):
             raise ValueError(f"sweep fractions must lie in (0, 1), got {f!r}")
-    arms_lib.check_arms(config["arms"])
+    check_arms(config["arms"])
 
 
 # -- the experiment -------------------------------------------------------------------------------
-def _compare(runs: list[dict[str, Any]], base: str, other: str) -> dict[str, Any]:
+def _compare(records: list[dict[str, Any]], base: str, other: str) -> dict[str, Any]:
     """Paired statistics (in pp) of ``other`` against ``base`` over the seeds both ran."""
-    acc = {(r["arm"], r["seed"]): 100 * r["final_val_acc"] for r in runs}
+    acc = {(r["arm"], r["seed"]): 100 * r["final_val_acc"] for r in records}
     seeds = sorted(
-        {r["seed"] for r in runs if (base, r["seed"]) in acc and (other, r["seed"]) in acc}
+        {r["seed"] for r in records if (base, r["seed"]) in acc and (other, r["seed"]) in acc}
     )
     a = [acc[(base, s)] for s in seeds]
     b = [acc[(other, s)] for s in seeds]
-    stats = arms_lib.paired_stats(a, b)
+    stats = runs.paired_stats(a, b)
     stats.update(mean_base=float(np.mean(a)), mean_other=float(np.mean(b)), seeds=seeds)
     return stats
 
@@ -436,40 +438,35 @@ def run(options: RunOptions) -> dict[str, Any]:
     data = load_data(config, options.data_dir)
     directory = output_dir(options, NAME)
     base, other = config["arms"][0], config["arms"][-1]
-    cache_config = arms_lib.run_config(config, ("seeds", "arms", "fractions", "sweep_seeds"))
-    entries: list[tuple[dict[str, Any], str]] = []
-    runs: list[dict[str, Any]] = []
-
-    def one(task: arms_lib.Task, fraction: float, seed: int, arm: str) -> dict[str, Any]:
-        key = f"{fraction}-{seed}-{arm}"
-        entries.append((cache_config, key))
-        record = arms_lib.run_cached(
-            directory,
-            cache_config,
-            key,
-            options.resume,
-            lambda ck: arms_lib.train_with(
-                task, config, arm, seed, checkpoint=ck, show_progress=options.progress
-            ),
-        )
-        record["fraction"] = fraction
-        record["n_train"] = len(task.y_train)
-        return record
-
+    cache_config = runs.run_config(config, ("seeds", "arms", "fractions", "sweep_seeds"))
     full = make_task(config, data, 1.0, device)
-    for seed in config["seeds"]:
-        for arm in config["arms"]:
-            runs.append(one(full, 1.0, seed, arm))
+    cells = [
+        runs.Cell(cache_config, f"{1.0}-{seed}-{arm}", (full, 1.0, seed, arm))
+        for seed in config["seeds"]
+        for arm in config["arms"]
+    ]
     for fraction in config["fractions"]:
         task = make_task(config, data, fraction, device)
-        for seed in config["sweep_seeds"]:
-            for arm in config["arms"]:
-                runs.append(one(task, fraction, seed, arm))
-    main = _compare([r for r in runs if r["fraction"] == 1.0], base, other)
+        cells += [
+            runs.Cell(cache_config, f"{fraction}-{seed}-{arm}", (task, fraction, seed, arm))
+            for seed in config["sweep_seeds"]
+            for arm in config["arms"]
+        ]
+
+    def work(cell: runs.Cell, ck: Any, bar: Any) -> Any:
+        task, _, seed, arm = cell.spec
+        return train_with(task, config, arm, seed, checkpoint=ck, show_progress=options.progress)
+
+    records = runs.run_cells(directory, cells, work, resume=options.resume)
+    for cell, record in zip(cells, records, strict=True):
+        task, fraction = cell.spec[:2]
+        record["fraction"] = fraction
+        record["n_train"] = len(task.y_train)
+    main = _compare([r for r in records if r["fraction"] == 1.0], base, other)
     main["n_train"] = len(full.y_train)
     sweep = []
     for fraction in [*sorted(config["fractions"]), 1.0]:
-        mine = [r for r in runs if r["fraction"] == fraction]
+        mine = [r for r in records if r["fraction"] == fraction]
         entry = _compare(mine, base, other)
         entry.update(fraction=fraction, n_train=mine[0]["n_train"])
         sweep.append(entry)
@@ -481,13 +478,13 @@ def run(options: RunOptions) -> dict[str, Any]:
         "main": main,
         "sweep": sweep,
         "gap_grows_with_data": gap_grows(gaps),
-        "gap_slope": gap_slope(runs, base, other),
+        "gap_slope": gap_slope(records, base, other),
         "paper": PAPER,
     }
-    summary["plots"] = _plots(directory, runs, summary)
-    document = results_document(NAME, options, config, runs, summary, device)
+    summary["plots"] = _plots(directory, records, summary)
+    document = results_document(NAME, options, config, records, summary, device)
     write_results(directory, document, markdown(config, summary))
-    arms_lib.forget_cached(directory, entries)
+    runs.forget_cached(directory, cells)
     return document
 
 
@@ -499,9 +496,7 @@ def _plots(directory: Path, runs: list[dict[str, Any]], summary: dict[str, Any])
         seeds = summary["main"]["seeds"]
         for s in seeds:
             axes[0].plot([0, 1], [acc[(base, s)], acc[(other, s)]], "o-", color="gray", alpha=0.6)
-        axes[0].set_xticks(
-            [0, 1], [f"{base} {arms_lib.ARMS[base]}", f"{other} {arms_lib.ARMS[other]}"], fontsize=7
-        )
+        axes[0].set_xticks([0, 1], [f"{base} {ARMS[base]}", f"{other} {ARMS[other]}"], fontsize=7)
         axes[0].set_ylabel("test accuracy (%)")
         axes[0].set_title("paired seeds")
         sweep = summary["sweep"]
@@ -545,8 +540,8 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 m["mean_other"],
                 m["mean_diff"],
                 m["sd_diff"],
-                arms_lib.stat_cell(m["t"]),
-                arms_lib.stat_cell(m["p"]),
+                runs.stat_cell(m["t"]),
+                runs.stat_cell(m["p"]),
                 f"{m['wins']}/{m['n']}",
             ]
         ],
@@ -572,7 +567,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 e["mean_other"],
                 e["mean_diff"],
                 e["sd_diff"],
-                arms_lib.stat_cell(e["t"]),
+                runs.stat_cell(e["t"]),
                 f"{e['wins']}/{e['n']}",
             ]
             for e in summary["sweep"]
@@ -582,7 +577,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
         [
             f"# patches: {summary['dataset']}, {config['steps']} steps of batch "
             f"{config['batch_size']}, d_model {config['d_model']}, {config['n_layers']} layers",
-            f"Arms: {base} = {arms_lib.ARMS[base]}, {other} = {arms_lib.ARMS[other]}.",
+            f"Arms: {base} = {ARMS[base]}, {other} = {ARMS[other]}.",
             "Paired test: scipy.stats.ttest_rel over the seeds (test accuracy in %).",
             main_table,
             "Training-set fraction sweep (same step budget; the fraction 1 row is the main "
