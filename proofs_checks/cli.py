@@ -60,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="float64,float32,bfloat16",
         help="comma-separated dtypes of the port (default float64,float32,bfloat16)",
     )
-    comp.add_argument("--steps", type=int, default=100, help="steps per case (default 100)")
+    comp.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="steps per case (default: each case's own, 100 or 50)",
+    )
     comp.add_argument("--seed", type=int, default=0, help="seed of the problems (default 0)")
     comp.add_argument(
         "--geometry",
@@ -239,7 +244,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise ValueError(f"rattn compare needs torch (pip install 'rattn[torch]'): {exc}") from None
     dtypes = port_compare.parse_dtypes(args.dtype)
     port_compare.check_device(args.device)
-    if args.steps < 1:
+    if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be ≥ 1, got {args.steps}")
     if args.seed < 0:
         raise ValueError(f"--seed must be ≥ 0, got {args.seed}")

@@ -1,10 +1,20 @@
-"""Plain arrays: the Euclidean space R^{shape}, for baselines (AdamW) and movement ratios."""
+"""Plain arrays: the Euclidean space R^{shape}, for baselines (AdamW) and movement ratios; and
+the ambient Euclidean space of a geometry's points (``Ambient``), for rules that never project."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from reference.geometry import check_finite, check_shapes, is_integer
+from reference.geometry import (
+    Geometry,
+    Point,
+    Tangent,
+    check_finite,
+    check_shapes,
+    is_integer,
+    parts,
+    tree_map,
+)
 from reference.linalg import Array, frobenius
 
 
@@ -68,3 +78,48 @@ class Euclidean:
     def check_point(self, x: Array) -> None:
         check_shapes("Euclidean point", [self.shape], x)
         check_finite("Euclidean point", x)
+
+
+class Ambient:
+    """The ambient Euclidean space of a geometry's points, with the geometry's frames.
+
+    Points are the geometry's points; a tangent vector is any array structure of the point's
+    layout (a Euclidean gradient itself), so the projection, the Riemannian gradient and the
+    transport are the identity, and the metric is the Frobenius one, ⟨u, v⟩ = Σ_parts Σ u_ij v_ij.
+    ``moment_groups`` are the geometry's, so per-frame rules (a scalar second moment, a trust
+    region) act on the same frames. An ``Optimizer`` with ``gradient="euclidean"`` runs its chain
+    here and retracts with the geometry's own retraction: a rule that never projects, followed by
+    the manifold's retraction (arms E and H of the step-rule ablation: polar(W + ξ)). Defined for
+    geometries whose tangent vectors have the layout of their points (not R1 or P1)."""
+
+    def __init__(self, geometry: Geometry):
+        if getattr(geometry, "embedded", False):
+            raise ValueError(
+                f"the ambient space of {geometry!r} is not its tangent layout: its tangent vectors "
+                "have their own embedded layout, so gradient='euclidean' is not defined there"
+            )
+        self.geometry = geometry
+        self.moment_groups = geometry.moment_groups
+
+    def __repr__(self) -> str:
+        return f"Ambient({self.geometry!r})"
+
+    def zero_tangent(self, x: Point) -> Tangent:
+        return tree_map(np.zeros_like, x)
+
+    def inner(self, x: Point, u: Tangent, v: Tangent) -> float:
+        return float(sum(np.vdot(a, b) for a, b in zip(parts(u), parts(v), strict=True)))
+
+    def norm(self, x: Point, u: Tangent) -> float:
+        return frobenius(np.concatenate([np.ravel(p) for p in parts(u)]))
+
+    def proj_tangent(self, x: Point, u: Tangent) -> Tangent:
+        return u
+
+    proj = proj_tangent
+
+    def egrad_to_rgrad(self, x: Point, egrad: Tangent) -> Tangent:
+        return egrad
+
+    def transport(self, x: Point, y: Point, u: Tangent) -> Tangent:
+        return u

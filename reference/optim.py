@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from reference.euclidean import Euclidean
+from reference.euclidean import Ambient, Euclidean
 from reference.geometry import (
     Geometry,
     Point,
@@ -42,6 +42,7 @@ from reference.product import Product
 MOMENTS = ("frame", "elementwise")
 REDUCTIONS = ("mean", "sum")
 DECAY_MODES = ("coupled", "after", "fused")
+GRADIENTS = ("riemannian", "euclidean")
 
 
 class FrameDecayWarning(UserWarning):
@@ -351,20 +352,33 @@ class Optimizer:
     "fused" retracts from (1 − lr·λ)·x, i.e. returns the nearest point to (1 − lr·λ)x + ξ. On
     frames (geometries with a ``project_point``) none of them shrinks anything (RA-5), so asking
     for decay there raises a ``FrameDecayWarning``.
+
+    ``gradient="euclidean"`` runs the chain on the Euclidean gradient in the ambient space of
+    the points (``euclidean.Ambient``: no projection, no transport, the Frobenius metric per
+    frame) and retracts with the geometry's retraction; e.g. on St(d, r) with the polar
+    retraction, W ← polar(W + ξ) for a step ξ that was never projected (ablation arms E, H).
     """
 
     transform: Transform
     lr: float
     weight_decay: float = 0.0
     decay: str = "coupled"
+    gradient: str = "riemannian"
 
     def __post_init__(self) -> None:
         _check_lr(self.lr)
         if self.decay not in DECAY_MODES:
             raise ValueError(f"unknown decay mode {self.decay!r}; choose one of {DECAY_MODES}")
+        if self.gradient not in GRADIENTS:
+            raise ValueError(f"unknown gradient {self.gradient!r}; choose one of {GRADIENTS}")
         _nonnegative("weight_decay", self.weight_decay)
         if self.decay == "fused" and self.lr * self.weight_decay >= 1.0:
             raise ValueError(f"fused decay needs lr·λ < 1, got {self.lr * self.weight_decay}")
+
+    def view(self, geometry: Geometry) -> Geometry:
+        """The geometry the chain sees: the geometry, or its ambient space for
+        ``gradient="euclidean"``."""
+        return Ambient(geometry) if self.gradient == "euclidean" else geometry
 
     def init(self, geometry: Geometry, x: Point) -> Any:
         """Validate the starting point (and the decay mode for this geometry); initial state."""
@@ -373,7 +387,7 @@ class Optimizer:
             _check_decay_mode(self.decay, geometry)
         if self.weight_decay > 0.0 and hasattr(geometry, "project_point"):
             warnings.warn(_DECAY_MESSAGES[self.decay], FrameDecayWarning, stacklevel=2)
-        return self.transform.init(geometry, x)
+        return self.transform.init(self.view(geometry), x)
 
     def update(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
         """The tangent step ξ at x and the chain's new state (before transport).
@@ -385,10 +399,11 @@ class Optimizer:
         if not same_structure(x, egrad):
             raise ValueError("gradient: its tuple structure differs from the point's")
         check_finite("gradient", egrad)
-        _check_state(self.transform.init(geometry, x), state)
+        view = self.view(geometry)
+        _check_state(self.transform.init(view, x), state)
         if self.weight_decay > 0.0 and self.decay == "coupled":
             egrad = tree_map(lambda gi, xi: gi + self.weight_decay * xi, egrad, x)
-        return self.transform.update(geometry, x, geometry.egrad_to_rgrad(x, egrad), state)
+        return self.transform.update(view, x, view.egrad_to_rgrad(x, egrad), state)
 
     def step(self, geometry: Geometry, x: Point, egrad: Tangent, state: Any):
         """One update from a Euclidean (factor) gradient: returns (new point, new state).
@@ -400,7 +415,7 @@ class Optimizer:
         check_finite("the step ξ (e.g. lr·g overflowed)", xi)
         y = self.move(geometry, x, xi)
         check_finite("the point after this step", y)
-        return y, self.transform.transport(geometry, x, y, new_state)
+        return y, self.transform.transport(self.view(geometry), x, y, new_state)
 
     def move(self, geometry: Geometry, x: Point, xi: Tangent) -> Point:
         """Retract along ξ, with decay applied as ``decay`` says."""

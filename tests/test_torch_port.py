@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 
 import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
+from proofs_checks import port_compare as cmp  # noqa: E402
 from reference import optim as ref_optim  # noqa: E402
 from torch_port import linalg as tl  # noqa: E402
 
@@ -37,46 +38,6 @@ LR = 1e-2
 LR_NORMALIZED = 2e-3
 
 
-# -- rules: (reference preset, port optimizer, group options) ---------------------------------
-def _rules():
-    return {
-        "adam_frame": (
-            lambda: ref_optim.riemannian_adam(lr=LR),
-            lambda ps: tp.RiemannianAdam(ps, lr=LR),
-        ),
-        "adam_frame_trust": (
-            lambda: ref_optim.riemannian_adam(lr=LR, betas=(0.8, 0.99), trust_radius=0.03),
-            lambda ps: tp.RiemannianAdam(ps, lr=LR, betas=(0.8, 0.99), trust_radius=0.03),
-        ),
-        "adam_frame_sum": (
-            lambda: ref_optim.riemannian_adam(lr=LR, eps=1e-3, reduction="sum"),
-            lambda ps: tp.RiemannianAdam(ps, lr=LR, eps=1e-3, reduction="sum"),
-        ),
-        "adam_elementwise": (
-            lambda: ref_optim.riemannian_adam(lr=LR, moment="elementwise", trust_radius=0.03),
-            lambda ps: tp.RiemannianAdam(ps, lr=LR, moment="elementwise", trust_radius=0.03),
-        ),
-        "momentum": (
-            lambda: ref_optim.riemannian_momentum(lr=LR, beta=0.9, c=1.0),
-            lambda ps: tp.RiemannianMomentum(ps, lr=LR, beta=0.9, c=1.0),
-        ),
-        "momentum_small_c": (
-            lambda: ref_optim.riemannian_momentum(lr=LR, beta=0.5, c=1e-3),
-            lambda ps: tp.RiemannianMomentum(ps, lr=LR, beta=0.5, c=1e-3),
-        ),
-        "rsgd": (lambda: ref_optim.rsgd(lr=LR), lambda ps: tp.RSGD(ps, lr=LR)),
-        "rsgd_trust": (
-            lambda: ref_optim.rsgd(lr=LR, trust_radius=0.01),
-            lambda ps: tp.RSGD(ps, lr=LR, trust_radius=0.01),
-        ),
-        "normalized_rsgd": (
-            lambda: ref_optim.normalized_rsgd(lr=LR_NORMALIZED),
-            lambda ps: tp.NormalizedRSGD(ps, lr=LR_NORMALIZED),
-        ),
-    }
-
-
-RULES = _rules()
 VARIANTS = [
     ("polar", "embedded"),
     ("polar_svd", "embedded"),
@@ -100,86 +61,41 @@ def _frames(shape):
 
 
 # -- seeded problems ---------------------------------------------------------------------------
-def _brockett(seed=0, d=8, r=3):
-    """f(W) = tr(Wᵀ A W N), A symmetric (unit spectral norm), N = diag(1, …, r)."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((d, d))
-    a = (a + a.T) / 2
-    a /= np.linalg.norm(a, 2)
-    n = np.diag(np.arange(1.0, r + 1.0))
-    w0 = ref.Stiefel(d, r).random_point(rng)
-    return a, n, w0
-
-
-def _run_brockett(rule, retraction="polar", metric="embedded", steps=STEPS):
-    a, n, w0 = _brockett()
-    d, r = w0.shape
-    make_ref, make_port = RULES[rule]
-    st = ref.Stiefel(d, r, retraction=retraction, metric=metric)
-    opt = make_ref()
-    state = opt.init(st, w0)
-    w, ref_points = w0, []
-    for _ in range(steps):
-        w, state = opt.step(st, w, 2.0 * a @ w @ n, state)
-        ref_points.append(w)
-
-    at, nt = torch.from_numpy(a), torch.from_numpy(n)
-    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
-    port = make_port([_group(p, retraction, metric)])
-    devs = []
-    for k in range(steps):
-        port.zero_grad()
-        torch.trace(p.T @ at @ p @ nt).backward()
-        port.step()
-        devs.append(float(np.linalg.norm(p.detach().numpy() - ref_points[k])))
-    return max(devs), float(np.linalg.norm(p.detach().numpy() - ref_points[-1]))
-
-
-@pytest.mark.parametrize("rule", list(RULES))
-def test_brockett_float64_agrees_with_reference(rule):
-    worst, final = _run_brockett(rule)
-    assert worst <= TOL_F64, (rule, worst)
-    assert final <= TOL_F64
-
-
+# The float64 trajectories of every rule, retraction and metric against the reference are rows
+# of port_compare.RECORDS (tests/test_port_agreement.py).
 def test_normalized_rsgd_oscillation_is_the_problems_sensitivity():
     """At lr = 1e-2 normalized RSGD on the Brockett problem enters a 2-cycle around the minimiser
     after ~55 steps, where rounding differences grow ~8× per step. The reference moved by
     1e-16 from its own starting point departs from itself by the same order (~3e-7) as the port
     departs from it (~7e-7): the growth is the problem's, not a port error."""
-    a, n, w0 = _brockett()
-    st = ref.Stiefel(*w0.shape)
-
-    def run(w):
-        opt = ref_optim.normalized_rsgd(lr=1e-2)
-        state, out = opt.init(st, w), []
-        for _ in range(STEPS):
-            w, state = opt.step(st, w, 2.0 * a @ w @ n, state)
-            out.append(w)
-        return out
-
-    base = run(w0)
-    nudged = run(st.retract(w0, 1e-16 * st.random_tangent(w0, np.random.default_rng(3))))
-    self_dev = max(float(np.linalg.norm(x - y)) for x, y in zip(base, nudged, strict=True))
-    assert self_dev > 1e-9  # the reference itself amplifies a 1e-16 nudge by > 1e7
-
-    saved = RULES["normalized_rsgd"]
-    RULES["normalized_rsgd"] = (
+    problem = cmp.PROBLEMS["stiefel"]["brockett"]
+    rule = cmp.Rule(
+        "normalized_rsgd_1e-2",
+        "",
         lambda: ref_optim.normalized_rsgd(lr=1e-2),
-        lambda ps: tp.NormalizedRSGD(ps, lr=1e-2),
+        lambda groups: tp.NormalizedRSGD(groups, lr=1e-2),
     )
-    try:
-        port_dev, _ = _run_brockett("normalized_rsgd")
-    finally:
-        RULES["normalized_rsgd"] = saved
+    inst, adapter = problem.build(0), problem.adapter
+    base = cmp.reference_trajectory(inst, adapter, rule, STEPS)
+    rng = np.random.default_rng(3)
+    nudged = [
+        g.retract(x, 1e-16 * g.random_tangent(x, rng)) for g, x in adapter.elements(inst.points)
+    ]
+    moved = cmp.Instance(adapter.assemble(nudged, inst.points), inst.data, inst.egrad, inst.loss)
+    other = cmp.reference_trajectory(moved, adapter, rule, STEPS)
+    self_dev = max(
+        float(np.linalg.norm(x - y))
+        for xs, ys in zip(base, other, strict=True)
+        for x, y in zip(xs, ys, strict=True)
+    )
+    assert self_dev > 1e-9  # the reference itself amplifies a 1e-16 nudge by > 1e7
+    _, port = cmp.port_trajectory(inst, adapter, rule, STEPS, torch.float64, "cpu")
+    port_dev = max(
+        float(np.linalg.norm(x - y))
+        for xs, ys in zip(port, base, strict=True)
+        for x, y in zip(xs, ys, strict=True)
+    )
     assert port_dev <= 10 * self_dev, (port_dev, self_dev)
-
-
-@pytest.mark.parametrize(("retraction", "metric"), VARIANTS[1:])
-@pytest.mark.parametrize("rule", ["adam_frame_trust", "momentum", "rsgd"])
-def test_brockett_float64_retractions_and_metrics(rule, retraction, metric):
-    worst, _ = _run_brockett(rule, retraction, metric)
-    assert worst <= TOL_F64, (rule, retraction, metric, worst)
 
 
 def _batch_problem(seed=1, shape=(3, 2), d=7, r=3, steps=STEPS):
@@ -204,11 +120,11 @@ def _reference_state_arrays(rule, state):
     return None, None
 
 
-@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("rule", list(cmp.RULES))
 def test_frame_batch_float64_agrees_with_reference_per_frame(rule):
     w0, grads = _batch_problem()
     shape, (d, r) = w0.shape[:-2], w0.shape[-2:]
-    make_ref, make_port = RULES[rule]
+    make_ref, make_port = cmp.RULES[rule].reference, cmp.RULES[rule].port
     p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
     port = make_port([_group(p)])
     port_points = []
@@ -227,7 +143,7 @@ def test_frame_batch_float64_agrees_with_reference_per_frame(rule):
             worst = max(worst, float(np.linalg.norm(port_points[k][idx] - w)))
         assert worst <= TOL_F64, (rule, idx, worst)
         m_ref, sv_ref = _reference_state_arrays(rule, state)
-        key = "exp_avg" if "adam" in rule else "momentum_buffer"
+        key = "momentum_buffer" if "momentum" in rule else "exp_avg"
         if m_ref is not None:
             m_port = state_port[key][idx].numpy()
             assert np.linalg.norm(m_port - m_ref) <= TOL_F64 * max(1.0, np.linalg.norm(m_ref))
