@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from reference import optim_checks as checks
 from reference.euclidean import Ambient, Euclidean
 from reference.geometry import (
     Geometry,
@@ -30,7 +31,6 @@ from reference.geometry import (
     Tangent,
     check_finite,
     check_shapes,
-    is_integer,
     like,
     parts,
     same_structure,
@@ -155,38 +155,6 @@ def _safe_ratio(num: float, den: float) -> float:
     return 0.0 if den == 0.0 else num / den
 
 
-# -- hyperparameters ---------------------------------------------------------------------------
-def _is_real(v: Any) -> bool:
-    return isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
-
-
-def _hyper(name: str, v: Any, ok: Callable[[Any], bool], must: str) -> Any:
-    """v, once checked: TypeError unless it is a real number (an int or a float, NumPy's
-    included; never a bool, a string or a complex), ValueError unless ok(v). Both messages name
-    the hyperparameter, what it must be and the value given ("lr must be ..., got '1e-3'")."""
-    if not _is_real(v):
-        raise TypeError(f"{name} must {must}, got {v!r} of type {type(v).__name__}")
-    if not ok(v):
-        raise ValueError(f"{name} must {must}, got {v!r}")
-    return v
-
-
-def _positive(name: str, v: Any, must: str = "be a finite number > 0") -> Any:
-    return _hyper(name, v, lambda t: 0.0 < t < np.inf, must)  # NaN fails every comparison
-
-
-def _nonnegative(name: str, v: Any) -> Any:
-    return _hyper(name, v, lambda t: 0.0 <= t < np.inf, "be a finite number ≥ 0")
-
-
-def _beta(name: str, v: Any) -> Any:
-    return _hyper(name, v, lambda t: 0.0 <= t < 1.0, "lie in [0, 1)")
-
-
-def _check_lr(lr: Any) -> None:
-    _positive("lr", lr, "be a positive finite number")
-
-
 # -- transformations ---------------------------------------------------------------------------
 class AdamState(NamedTuple):
     count: int
@@ -215,9 +183,9 @@ def scale_by_adam(
         raise ValueError(f"unknown moment {moment!r}; choose one of {MOMENTS}")
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; choose one of {REDUCTIONS}")
-    _beta("beta1", b1)
-    _beta("beta2", b2)
-    _nonnegative("eps", eps)
+    checks.beta("beta1", b1)
+    checks.beta("beta2", b2)
+    checks.nonnegative("eps", eps)
     root = _frame_rms if reduction == "mean" else _frame_norms
     rb2, r1mb2 = np.sqrt(b2), np.sqrt(1.0 - b2)
 
@@ -264,7 +232,7 @@ class TraceState(NamedTuple):
 
 def trace(beta: float) -> Transform:
     """Damped momentum M ← β·T(M) + (1 − β)·g."""
-    _beta("beta", beta)
+    checks.beta("beta", beta)
 
     def update(geometry: Geometry, x: Point, g: Tangent, state: TraceState):
         m = tree_map(lambda mi, gi: beta * mi + (1.0 - beta) * gi, state.m, g)
@@ -279,13 +247,13 @@ def trace(beta: float) -> Transform:
 
 def scale(factor: float) -> Transform:
     """u ↦ factor·u."""
-    _hyper("factor", factor, np.isfinite, "be a finite number")
+    checks.hyper("factor", factor, np.isfinite, "be a finite number")
     return _stateless(lambda geometry, x, u: tree_map(lambda p: factor * p, u))
 
 
 def trust_region(radius: float) -> Transform:
     """Per frame, ξ ← ξ·min(1, Δ/‖ξ‖) with min(1, Δ/0) := 1."""
-    _positive("trust_radius", radius, "be > 0 and finite")
+    checks.positive("trust_radius", radius, "be > 0 and finite")
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
         # Δ/‖ξ‖ may overflow to inf for a subnormal ‖ξ‖ (then min(1, inf) = 1, as it should).
@@ -298,7 +266,7 @@ def trust_region(radius: float) -> Transform:
 
 def normalize_by_max(c: float) -> Transform:
     """Per frame, M ↦ M / max(‖M‖, c): a step of length min(1, ‖M‖/c)."""
-    _positive("c", c)
+    checks.positive("c", c)
 
     def update(geometry: Geometry, x: Point, u: Tangent) -> Tangent:
         dens = [max(n, c) for n in _frame_norms(geometry, x, u)]
@@ -319,7 +287,7 @@ def normalize_by_rms() -> Transform:
 
 def add_decayed_weights(weight_decay: float) -> Transform:
     """u ↦ u + λ·x on plain arrays (decoupled decay once scaled by −lr)."""
-    _nonnegative("weight_decay", weight_decay)
+    checks.nonnegative("weight_decay", weight_decay)
     return _stateless(lambda geometry, x, u: tree_map(lambda ui, xi: ui + weight_decay * xi, u, x))
 
 
@@ -366,12 +334,12 @@ class Optimizer:
     gradient: str = "riemannian"
 
     def __post_init__(self) -> None:
-        _check_lr(self.lr)
+        checks.check_lr(self.lr)
         if self.decay not in DECAY_MODES:
             raise ValueError(f"unknown decay mode {self.decay!r}; choose one of {DECAY_MODES}")
         if self.gradient not in GRADIENTS:
             raise ValueError(f"unknown gradient {self.gradient!r}; choose one of {GRADIENTS}")
-        _nonnegative("weight_decay", self.weight_decay)
+        checks.nonnegative("weight_decay", self.weight_decay)
         if self.decay == "fused" and self.lr * self.weight_decay >= 1.0:
             raise ValueError(f"fused decay needs lr·λ < 1, got {self.lr * self.weight_decay}")
 
@@ -393,14 +361,14 @@ class Optimizer:
         """The tangent step ξ at x and the chain's new state (before transport).
 
         First checks the point (``check_point``), the gradient (real, finite, of the point's
-        shapes and structure) and the state (``_check_state``: the layout ``init`` makes at x)."""
+        shapes and structure) and the state (``check_state``: the layout ``init`` makes at x)."""
         geometry.check_point(x)
         check_shapes("gradient", [np.shape(p) for p in parts(x)], egrad)
         if not same_structure(x, egrad):
             raise ValueError("gradient: its tuple structure differs from the point's")
         check_finite("gradient", egrad)
         view = self.view(geometry)
-        _check_state(self.transform.init(view, x), state)
+        checks.check_state(self.transform.init(view, x), state)
         if self.weight_decay > 0.0 and self.decay == "coupled":
             egrad = tree_map(lambda gi, xi: gi + self.weight_decay * xi, egrad, x)
         return self.transform.update(view, x, view.egrad_to_rgrad(x, egrad), state)
@@ -426,48 +394,6 @@ class Optimizer:
         if self.decay == "after":
             return nearest(tree_map(lambda p: shrink * p, geometry.retract(x, xi)))
         return nearest(tree_map(lambda p, u: shrink * p + u, x, xi))
-
-
-#: State fields whose entries are never negative: a step count and a root second moment √v.
-_NONNEGATIVE_FIELDS = ("count", "sqrt_v")
-
-
-def _check_state(expected: Any, state: Any, path: str = "state", nonnegative: bool = False) -> None:
-    """Raise ValueError naming the field unless ``state`` fits the point, i.e. has the layout of
-    ``expected``, the state the chain's ``init`` makes there: the same nesting of tuples (a
-    NamedTuple such as ``AdamState`` of the same class, so √v has one entry per moment group),
-    arrays of the same shapes with finite real entries (TypeError for complex or object ones),
-    ints where a count is, finite reals where a scalar √v is; counts and √v ≥ 0."""
-    fields = getattr(type(expected), "_fields", None)
-    if fields is not None and type(state) is not type(expected):
-        raise ValueError(
-            f"{path}: expected type {type(expected).__name__}, got {type(state).__name__}"
-        )
-    if isinstance(expected, tuple):
-        if not isinstance(state, tuple) or len(state) != len(expected):
-            got = f"{len(state)} entries" if isinstance(state, tuple) else type(state).__name__
-            raise ValueError(f"{path}: expected a tuple of {len(expected)} entries, got {got}")
-        for i, (e, s) in enumerate(zip(expected, state, strict=True)):
-            name = fields[i] if fields else None
-            _check_state(
-                e,
-                s,
-                f"{path}.{name}" if name else f"{path}[{i}]",
-                nonnegative or name in _NONNEGATIVE_FIELDS,
-            )
-    elif isinstance(expected, np.ndarray):
-        check_shapes(path, [expected.shape], state)
-        check_finite(path, state)
-        low = float(np.min(state)) if np.size(state) else 0.0
-        if nonnegative and low < 0.0:
-            raise ValueError(f"{path}: entries must be ≥ 0, got a minimum of {low!r}")
-    elif is_integer(expected) and not (is_integer(state) and state >= 0):
-        raise ValueError(f"{path}: expected an integer ≥ 0, got {state!r}")
-    elif isinstance(expected, float) and not (
-        _is_real(state) and np.isfinite(state) and (state >= 0.0 or not nonnegative)
-    ):
-        want = "a finite number" + (" ≥ 0" if nonnegative else "")
-        raise ValueError(f"{path}: expected {want}, got {state!r}")
 
 
 def _check_decay_mode(decay: str, geometry: Geometry) -> None:
@@ -496,14 +422,6 @@ _DECAY_MESSAGES = {
 
 
 # -- presets -----------------------------------------------------------------------------------
-def _two_betas(betas: tuple[float, float]) -> tuple[float, float]:
-    if not isinstance(betas, tuple | list):
-        raise TypeError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
-    if len(betas) != 2:
-        raise ValueError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
-    return float(_beta("beta1", betas[0])), float(_beta("beta2", betas[1]))
-
-
 def riemannian_adam(
     lr: float,
     betas: tuple[float, float] = (0.9, 0.999),
@@ -515,8 +433,8 @@ def riemannian_adam(
     decay: str = "coupled",
 ) -> Optimizer:
     """Riemannian Adam of Stiefel attention: ξ = −lr·m̂/(√v̂ + ε), capped at ‖ξ‖ ≤ Δ per frame."""
-    _check_lr(lr)
-    b1, b2 = _two_betas(betas)
+    checks.check_lr(lr)
+    b1, b2 = checks.two_betas(betas)
     steps = [scale_by_adam(b1, b2, eps, moment, reduction), scale(-lr)]
     if trust_radius is not None:
         steps.append(trust_region(trust_radius))
@@ -525,20 +443,20 @@ def riemannian_adam(
 
 def riemannian_momentum(lr: float, beta: float = 0.9, c: float = 1.0) -> Optimizer:
     """The low-rank template: M ← β·T(M) + (1 − β)·g, ξ = −lr·M/max(‖M‖, c)."""
-    _check_lr(lr)
+    checks.check_lr(lr)
     return Optimizer(chain(trace(beta), normalize_by_max(c), scale(-lr)), lr)
 
 
 def rsgd(lr: float, trust_radius: float | None = None) -> Optimizer:
     """Fixed-step Riemannian gradient descent ξ = −lr·g (degree one in the gradient)."""
-    _check_lr(lr)
+    checks.check_lr(lr)
     steps = [scale(-lr)] + ([trust_region(trust_radius)] if trust_radius is not None else [])
     return Optimizer(chain(*steps), lr)
 
 
 def normalized_rsgd(lr: float) -> Optimizer:
     """ξ = −lr·g/RMS(g) per frame (degree zero in the gradient)."""
-    _check_lr(lr)
+    checks.check_lr(lr)
     return Optimizer(chain(normalize_by_rms(), scale(-lr)), lr)
 
 
@@ -557,8 +475,8 @@ def adamw(
     weight_decay: float = 1e-2,
 ) -> Optimizer:
     """AdamW on plain arrays (torch's convention): x ← x − lr·(m̂/(√v̂ + ε) + λ·x), per entry."""
-    _check_lr(lr)
-    b1, b2 = _two_betas(betas)
+    checks.check_lr(lr)
+    b1, b2 = checks.two_betas(betas)
     return _EuclideanOptimizer(
         chain(
             scale_by_adam(b1, b2, eps, moment="elementwise"),

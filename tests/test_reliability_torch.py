@@ -292,18 +292,6 @@ def test_float16_gradient_near_its_largest_value_steps(d: int, r: int) -> None:
     )
 
 
-def test_reliability_doc_examples_run() -> None:
-    """Every Python block of docs/reliability.md runs as written."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).parents[1] / "docs" / "reliability.md").read_text("utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    assert blocks
-    for block in blocks:
-        exec(compile(block, "docs/reliability.md", "exec"), {})
-
-
 @pytest.mark.parametrize("name", sorted(tp.GEOMETRIES))
 @pytest.mark.parametrize("sizes", [(True, 4, 2), (6, 4.0, 2), (6, 4, "2")])
 def test_port_geometries_refuse_non_integer_sizes(name: str, sizes) -> None:

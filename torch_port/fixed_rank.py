@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_port import linalg
-from torch_port.geometry import FactoredGeometry, check_factor_shapes, finite_or_raise
+from torch_port.geometry import Draw, FactoredGeometry, check_factor_shapes, finite_or_raise
 from torch_port.linalg import Tensor, transpose
 
 WIDE = torch.float64
@@ -92,27 +92,15 @@ class FixedRankEmbedded(FactoredGeometry):
         return f"FixedRankEmbedded({self.m}, {self.n}, {self.r}, retraction={self.retraction!r})"
 
     # -- points and tangent vectors ------------------------------------------------------------
-    def random_point(
-        self,
-        generator: torch.Generator | None = None,
-        batch_shape: Sequence[int] = (),
-        dtype: torch.dtype = torch.float64,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, ...]:
+    def draw_point(self, draw: Draw) -> tuple[Tensor, ...]:
         """Haar U, V and S = Q1 diag(s) Q2ᵀ with s log-uniform in [1, e] (κ(S) ≤ e), as the
-        reference; drawn in float64, then cast."""
-        shape = tuple(batch_shape)
-
-        def gauss(*s):
-            return torch.randn((*shape, *s), generator=generator, dtype=WIDE, device=device)
-
-        u = linalg.qr_signfixed(gauss(self.m, self.r))[0]
-        v = linalg.qr_signfixed(gauss(self.n, self.r))[0]
-        q1 = linalg.qr_signfixed(gauss(self.r, self.r))[0]
-        q2 = linalg.qr_signfixed(gauss(self.r, self.r))[0]
-        sv = torch.exp(torch.rand((*shape, self.r), generator=generator, dtype=WIDE, device=device))
-        s = (q1 * sv[..., None, :]) @ transpose(q2)
-        return tuple(t.to(dtype) for t in (u, s, v))
+        reference."""
+        u = linalg.qr_signfixed(draw.normal(self.m, self.r))[0]
+        v = linalg.qr_signfixed(draw.normal(self.n, self.r))[0]
+        q1 = linalg.qr_signfixed(draw.normal(self.r, self.r))[0]
+        q2 = linalg.qr_signfixed(draw.normal(self.r, self.r))[0]
+        sv = torch.exp(draw.uniform(self.r))
+        return u, (q1 * sv[..., None, :]) @ transpose(q2), v
 
     def zero_tangent(self, x: Sequence[Tensor]) -> tuple[Tensor, ...]:
         u, s, v = x
@@ -260,18 +248,9 @@ class FixedRankQuotient(FactoredGeometry):
     def __repr__(self) -> str:
         return f"FixedRankQuotient({self.m}, {self.n}, {self.r}, metric={self.metric!r})"
 
-    def random_point(
-        self,
-        generator: torch.Generator | None = None,
-        batch_shape: Sequence[int] = (),
-        dtype: torch.dtype = torch.float64,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, ...]:
+    def draw_point(self, draw: Draw) -> tuple[Tensor, ...]:
         """Gaussian A, B scaled by 1/√m and 1/√n (full rank almost surely)."""
-        shape = tuple(batch_shape)
-        a = torch.randn((*shape, self.m, self.r), generator=generator, dtype=WIDE, device=device)
-        b = torch.randn((*shape, self.n, self.r), generator=generator, dtype=WIDE, device=device)
-        return (a / self.m**0.5).to(dtype), (b / self.n**0.5).to(dtype)
+        return draw.normal(self.m, self.r) / self.m**0.5, draw.normal(self.n, self.r) / self.n**0.5
 
     def zero_tangent(self, x: Sequence[Tensor]) -> tuple[Tensor, ...]:
         return tuple(torch.zeros_like(p) for p in x)

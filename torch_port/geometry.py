@@ -123,6 +123,24 @@ def check_factor_shapes(geometry, what: str, x: Parts, shapes: Sequence[tuple[in
         )
 
 
+class Draw:
+    """float64 random draws of a batch shape: ``normal(*s)`` Gaussian, ``uniform(*s)`` on [0, 1),
+    of shape (*batch, *s), from one generator in call order."""
+
+    def __init__(self, generator: torch.Generator | None, batch: tuple[int, ...], device: Any):
+        self.generator, self.batch, self.device = generator, batch, device
+
+    def normal(self, *shape: int) -> Tensor:
+        return torch.randn(
+            (*self.batch, *shape), generator=self.generator, dtype=torch.float64, device=self.device
+        )
+
+    def uniform(self, *shape: int) -> Tensor:
+        return torch.rand(
+            (*self.batch, *shape), generator=self.generator, dtype=torch.float64, device=self.device
+        )
+
+
 def finite_or_raise(what: str, x: Parts) -> None:
     """Raise ValueError with the count of NaN/inf entries, if any."""
     bad = int(sum((~torch.isfinite(t)).sum() for t in x))
@@ -153,6 +171,22 @@ class FactoredGeometry:
     tangent_shapes: tuple[tuple[int, ...], ...]
     point_kinds: tuple[str, ...]
     tangent_kinds: tuple[str, ...]
+
+    # -- points --------------------------------------------------------------------------------
+    def random_point(
+        self,
+        generator: torch.Generator | None = None,
+        batch_shape: Sequence[int] = (),
+        dtype: torch.dtype = torch.float64,
+        device: torch.device | str | None = None,
+    ) -> tuple:
+        """A random point per element of the batch (``draw_point``), drawn and factorised in
+        float64 as the reference, then cast to ``dtype``."""
+        draw = Draw(generator, tuple(batch_shape), device)
+        return tuple(t.to(dtype) for t in self.draw_point(draw))
+
+    def draw_point(self, draw: Draw) -> tuple:
+        raise NotImplementedError(f"{self.name} defines no random point")
 
     # -- metric --------------------------------------------------------------------------------
     def inner(self, x: Parts, u: Parts, v: Parts) -> Tensor:

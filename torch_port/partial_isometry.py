@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_port import linalg
-from torch_port.geometry import FactoredGeometry, check_factor_shapes, finite_or_raise
+from torch_port.geometry import Draw, FactoredGeometry, check_factor_shapes, finite_or_raise
 from torch_port.linalg import Tensor, skew, transpose
 from torch_port.stiefel import RETRACTIONS as FACTOR_RETRACTIONS
 from torch_port.stiefel import Stiefel
@@ -67,17 +67,11 @@ class _FramePair(FactoredGeometry):
             f"{type(self).__name__}({self.m}, {self.n}, {self.r}, retraction={self.retraction!r})"
         )
 
-    def random_point(
-        self,
-        generator: torch.Generator | None = None,
-        batch_shape: Sequence[int] = (),
-        dtype: torch.dtype = torch.float64,
-        device: torch.device | str | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def draw_point(self, draw: Draw) -> tuple[Tensor, Tensor]:
         """(U, V), each the sign-fixed QR factor of a Gaussian (Haar on each factor)."""
         return (
-            self.row_frames.random_point(generator, batch_shape, dtype, device),
-            self.col_frames.random_point(generator, batch_shape, dtype, device),
+            linalg.qr_signfixed(draw.normal(self.m, self.r))[0],
+            linalg.qr_signfixed(draw.normal(self.n, self.r))[0],
         )
 
     def pair(self, x: Sequence[Tensor]) -> tuple[Tensor, Tensor]:

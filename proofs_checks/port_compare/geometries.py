@@ -203,7 +203,10 @@ class PointAdapter:
         return max(polar_drift_bound(f.shape[0], f.shape[1], dtype) for f in frames)
 
     def diameter(self, point: Any) -> float:
-        return math.inf
+        """2·‖x‖_F of what is compared: the diameter where that is a set of frames (P1, P3:
+        2·sqrt(2r)) or of partial isometries (P2: 2·sqrt(r)); for R1 and R2, whose W is
+        unbounded, the size of the point itself: a deviation bound as large says nothing."""
+        return 2.0 * math.sqrt(sum(float(np.sum(p * p)) for p in self.compared(point)))
 
     def scale(self, point: Any) -> float:
         """max(1, ‖W‖_F/sqrt(r)): the size of the represented matrix against a frame's."""

@@ -153,6 +153,16 @@ class Record:
     steps: int = 100
 
 
+def _point_dtypes(name: str, rule: str) -> tuple[str, ...]:
+    """float64 and float32, except the elementwise moment on R1 (and block R1): its first steps
+    are sign-like (m̂/√v̂ = sign(g) at t = 1), so the trajectory amplifies a 1e-7 perturbation
+    of the start by S ≈ 1e7 (measured) and no a priori float32 bound is informative; float64
+    agreement is still asserted (measured 4e-14)."""
+    if rule == "riemannian_adam_elementwise" and name.endswith("fixed_rank_embedded"):
+        return ("float64",)
+    return ("float64", "float32")
+
+
 def _records() -> list[Record]:
     stiefel = [
         Record("stiefel", problem, rule, ("float64", "float32", "bfloat16"))
@@ -172,7 +182,7 @@ def _records() -> list[Record]:
         for rule in ("riemannian_adam_capped", "riemannian_momentum", "rsgd")
     ]
     points = [
-        Record(name, "matrix_fit", rule, ("float64", "float32"))
+        Record(name, "matrix_fit", rule, _point_dtypes(name, rule))
         for name in ref.GEOMETRIES
         for rule in POINT_RULES
     ]
