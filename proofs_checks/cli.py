@@ -307,8 +307,46 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+class _LineEndTracker:
+    """``sys.stderr`` while ``main`` runs, noting whether what was last written to it ended
+    its line: a progress bar drawn with ``\r`` leaves the line open (and tqdm leaves it open
+    for good when Ctrl-C lands inside its constructor, after it has drawn the bar but before a
+    ``with`` holds it). Set before each write, so an interrupt mid-write errs towards a
+    newline."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.mid_line = False
+
+    def write(self, text: str) -> int:
+        if text:
+            self.mid_line = True
+        written = self.stream.write(text)
+        if text:
+            self.mid_line = not text.endswith("\n")
+        return written
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``rattn`` console script."""
+    """Entry point of the ``rattn`` console script. Ctrl-C at any moment (while parsing, a
+    check, a progress bar being drawn, or the certificates being written) exits 130 with
+    ``rattn: interrupted`` on a line of its own, no traceback; certificates are not touched."""
+    stderr, tracker = sys.stderr, None
+    try:
+        sys.stderr = tracker = _LineEndTracker(stderr)
+        return _main(argv)
+    except KeyboardInterrupt:
+        end = "\n" if tracker is not None and tracker.mid_line else ""
+        print(f"{end}rattn: interrupted", file=stderr, flush=True)
+        return INTERRUPTED
+    finally:
+        sys.stderr = stderr
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -327,9 +365,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # bad input named by the library: report it, no traceback
         print(f"rattn: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; certificates are not touched
-        print("rattn: interrupted", file=sys.stderr)
-        return INTERRUPTED
 
 
 def certify_main(argv: Sequence[str] | None = None) -> int:

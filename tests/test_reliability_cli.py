@@ -225,9 +225,26 @@ def test_interrupt_exits_130_with_one_line(command, tmp_path, monkeypatch, capsy
     assert snapshot(out) == before
 
 
+def test_interrupt_while_a_bar_is_mid_line_ends_its_line(tmp_path, monkeypatch, capsys):
+    """Ctrl-C right after a progress bar was drawn (no newline yet, e.g. inside tqdm's
+    constructor, where the bar is drawn before ``with`` can close it): the message still gets a
+    line of its own, and ``sys.stderr`` is given back."""
+    stderr = sys.stderr
+
+    def drawn_then_interrupted(*args, **kwargs):
+        print("\rcertify:   0%|          | 0/138", end="", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "certify", drawn_then_interrupted)
+    assert main(["certify", "RA-7", "--out", str(tmp_path / "out")]) == 130
+    assert capsys.readouterr().err == "\rcertify:   0%|          | 0/138\nrattn: interrupted\n"
+    assert sys.stderr is stderr
+
+
 def test_real_sigint_during_certify(tmp_path):
-    """``python -m proofs_checks`` sent SIGINT once its checks have started (its progress bar
-    is on stderr): exit 130, the last line of stderr says so, no traceback, old files kept."""
+    """``python -m proofs_checks`` sent SIGINT as soon as its progress bar (on stderr) starts
+    to appear, the moment tqdm is still inside its constructor: exit 130, the last line of
+    stderr is the message on a line of its own, no traceback, old files kept."""
     out = tmp_path / "out"
     Certificate([], seed=1, quick=True).write(out)
     before = snapshot(out)
@@ -236,15 +253,22 @@ def test_real_sigint_during_certify(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    seen = b""
-    while b"certify" not in seen:
-        chunk = proc.stderr.read(1)
-        assert chunk, f"no progress bar: {seen!r}"
-        seen += chunk
-    proc.send_signal(signal.SIGINT)
-    err = (seen + proc.stderr.read()).decode()
-    assert proc.wait(timeout=60) == 130
-    assert err.splitlines()[-1] == "rattn: interrupted" and "Traceback" not in err
+    try:
+        seen = b""
+        while b"certify" not in seen:
+            chunk = proc.stderr.read(1)
+            assert chunk, f"no progress bar: {seen!r}"
+            seen += chunk
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = (seen + rest).decode()
+    assert proc.returncode == 130, err
+    assert err.endswith("\nrattn: interrupted\n") and err.count("rattn: interrupted") == 1, err
+    assert err.splitlines()[-1] == "rattn: interrupted" and "Traceback" not in err, err
     assert snapshot(out) == before
 
 
