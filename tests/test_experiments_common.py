@@ -11,11 +11,14 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from proofs_checks.cli import main  # noqa: E402
+from reference.environment import COMMON_KEYS  # noqa: E402
 from torch_port.experiments import EXPERIMENTS, load, runs  # noqa: E402
 from torch_port.experiments.common import (  # noqa: E402
     Checkpoint,
     RunOptions,
+    check_int,
     configure,
+    environment,
     jsonable,
     markdown_table,
     resolve_device,
@@ -52,6 +55,36 @@ def test_devices() -> None:
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             resolve_device("cuda")
+
+
+def test_environment_builds_on_the_common_recorder() -> None:
+    """Every result's ``environment``: the keys of ``reference.environment.environment`` (torch
+    among the versions) plus the device and torch's thread count (CUDA facts on a GPU only)."""
+    env = environment("cpu")
+    assert set(COMMON_KEYS) <= set(env)
+    assert set(env) - set(COMMON_KEYS) == {"device", "torch_threads"}
+    assert env["device"] == "cpu" and env["torch_threads"] == torch.get_num_threads()
+    assert env["versions"]["torch"] and env["versions"]["numpy"] and env["versions"]["scipy"]
+    assert json.loads(json.dumps(env)) == env
+    if torch.cuda.is_available():
+        gpu = environment("cuda")
+        assert gpu["cuda_device"] == torch.cuda.get_device_name(0) and "cuda" in gpu
+
+
+@pytest.mark.parametrize(
+    ("value", "minimum", "message"),
+    [
+        (0, 1, "k must be a positive integer, got 0"),
+        (True, 1, "k must be a positive integer, got True"),
+        (2.0, 1, "k must be a positive integer, got 2.0"),
+        (-1, 0, "k must be an integer ≥ 0, got -1"),
+        (2, 3, "k must be an integer ≥ 3, got 2"),
+    ],
+)
+def test_check_int_names_the_value(value, minimum, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_int({"k": value}, "k", minimum)
+    check_int({"k": minimum}, "k", minimum)
 
 
 def test_jsonable_and_tables() -> None:

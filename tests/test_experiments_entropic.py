@@ -8,6 +8,7 @@ is refused with the value named.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,7 +23,13 @@ pytest.importorskip("matplotlib")
 from proofs_checks.cli import main  # noqa: E402
 from reference import capacity  # noqa: E402
 from torch_port.experiments import attention_students as st  # noqa: E402
-from torch_port.experiments import ladder, native_rank, runs  # noqa: E402
+from torch_port.experiments import (  # noqa: E402
+    ladder,
+    native_rank,
+    native_rank_cells,
+    native_rank_report,
+    runs,
+)
 from torch_port.experiments.common import RunOptions  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -132,8 +139,8 @@ def test_ladder_resume_equals_uninterrupted(ladder_run, tmp_path, monkeypatch) -
 
 def interrupt_after(module: Any, monkeypatch: pytest.MonkeyPatch, count: int | None) -> list[Any]:
     """Make ``module.run`` raise after ``count`` cells (never for None); return the list of the
-    cells it computes."""
-    real, calls = module.work, []
+    cells it computes (the ``work`` of its ``EXPERIMENT`` replaced)."""
+    real, calls = module.EXPERIMENT.work, []
 
     def failing(config):
         inner = real(config)
@@ -146,7 +153,7 @@ def interrupt_after(module: Any, monkeypatch: pytest.MonkeyPatch, count: int | N
 
         return one
 
-    monkeypatch.setattr(module, "work", failing)
+    monkeypatch.setattr(module, "EXPERIMENT", dataclasses.replace(module.EXPERIMENT, work=failing))
     return calls
 
 
@@ -242,7 +249,7 @@ def test_native_rank_resume_equals_uninterrupted(native_run, tmp_path, monkeypat
     monkeypatch.undo()
     again = interrupt_after(native_rank, monkeypatch, None)
     assert comparable(native_rank.run(options)) == comparable(reference_doc)
-    total = len(native_rank.cells_of(reference_doc["config"]))
+    total = len(native_rank_cells.cells_of(reference_doc["config"]))
     assert len(calls) == 3 and len(again) == total - 3
 
 
@@ -250,7 +257,7 @@ def test_native_rank_teacher_clean_output() -> None:
     """``clean`` is the teacher's noiseless output: y − clean is the noise (σ·N(0, 1))."""
     config = dict(native_rank.PRESETS["smoke"])
     for kind in ("linear", "softmax"):
-        data = native_rank.teacher(config, kind, 0)
+        data = native_rank_cells.teacher(config, kind, 0)
         if kind == "linear":
             mix = capacity.linear_attention_mixing(data["x"], data["kernel"])
         else:
@@ -262,7 +269,7 @@ def test_native_rank_teacher_clean_output() -> None:
 
 def test_native_rank_frontier_floor_is_the_rank_rule() -> None:
     config = dict(native_rank.PRESETS["smoke"])
-    cell = native_rank.frontier_cell(config, "linear", 8, None, "UV^T", 0)
+    cell = native_rank_cells.frontier_cell(config, "linear", 8, None, "UV^T", 0)
     s = np.asarray(cell["spectrum"])
     assert cell["floor"] == capacity.attention_gap_floor(s, cell["stderr"], 8)
     assert cell["floor"] == max(cell["stderr"], s[0] / 8)
@@ -271,13 +278,13 @@ def test_native_rank_frontier_floor_is_the_rank_rule() -> None:
 def test_native_rank_cells_are_deterministic() -> None:
     config = dict(native_rank.PRESETS["smoke"])
     with runs.torch_threads(1):
-        one = native_rank.student_cell(config, "linear", 1, seed=2)
-        two = native_rank.student_cell(config, "linear", 1, seed=2)
-        other = native_rank.student_cell(config, "linear", 1, seed=5)
+        one = native_rank_cells.student_cell(config, "linear", 1, seed=2)
+        two = native_rank_cells.student_cell(config, "linear", 1, seed=2)
+        other = native_rank_cells.student_cell(config, "linear", 1, seed=5)
     assert json.dumps(one, default=list) == json.dumps(two, default=list)
     assert one["excess"] != other["excess"]
-    f1 = native_rank.frontier_cell(config, "softmax", 8, 0.5, "UU^T", 1)
-    f2 = native_rank.frontier_cell(config, "softmax", 8, 0.5, "UU^T", 1)
+    f1 = native_rank_cells.frontier_cell(config, "softmax", 8, 0.5, "UU^T", 1)
+    f2 = native_rank_cells.frontier_cell(config, "softmax", 8, 0.5, "UU^T", 1)
     assert np.array_equal(f1["spectrum"], f2["spectrum"])
 
 
@@ -305,8 +312,8 @@ def test_helpers() -> None:
     assert st.knee_rank([1, 2, 3, 4], [0.5, 0.2, 1e-4, 1e-4], 0.01) == 3
     assert st.knee_rank([3, 1, 2], [1e-4, 0.5, 1e-3], 0.01) == 2  # order of the input is free
     assert st.knee_rank([1, 2], [0.5, 0.2], 0.01) is None
-    assert native_rank.eckart_young(3, 1) == pytest.approx(2 / 3)
-    assert native_rank.eckart_young(3, 5) == 0
+    assert native_rank_report.eckart_young(3, 1) == pytest.approx(2 / 3)
+    assert native_rank_report.eckart_young(3, 5) == 0
     est = st.estimators([1.0, 1.0, 1.0, 1e-3])
     assert est["r_0.99"] == 3 and est["num_rank(1e-3)"] == 3 and est["gap"] == 3
     assert math.isclose(st.spread([1.0, 3.0])["mean"], 2.0)

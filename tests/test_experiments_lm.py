@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 
 from proofs_checks.cli import main  # noqa: E402
 from torch_port.experiments import corpus as corpus_lib  # noqa: E402
-from torch_port.experiments import lm, runs  # noqa: E402
+from torch_port.experiments import lm, lm_report, runs  # noqa: E402
 from torch_port.experiments.common import Checkpoint, RunOptions, configure  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -183,7 +183,7 @@ def test_summary_picks_lowest_mean_and_skips_diverged() -> None:
         rec("stiefel", 1e-2, 0, 1.0),
         rec("stiefel", 1e-2, 1, math.nan),  # one diverged seed disqualifies the lr
     ]
-    adamw, stiefel = lm.summarise(runs, ["mha"], ["adamw", "stiefel"])
+    adamw, stiefel = lm_report.summarise(runs, ["mha"], ["adamw", "stiefel"])
     assert adamw["best_lr"] == 1e-3 and adamw["best_val_loss"] == pytest.approx(2.1)
     assert adamw["seed_std"] == pytest.approx(math.sqrt(0.02))
     assert (adamw["seed_min"], adamw["seed_max"]) == (2.0, 2.2)
@@ -191,11 +191,11 @@ def test_summary_picks_lowest_mean_and_skips_diverged() -> None:
     assert stiefel["best_lr"] == 1e-3 and stiefel["diverged_lrs"] == [1e-2]
     assert stiefel["minus_adamw"] == pytest.approx(0.2)
     # the order of the arms does not matter: AdamW's best is known before any row is filled
-    stiefel2, adamw2 = lm.summarise(runs, ["mha"], ["stiefel", "adamw"])
+    stiefel2, adamw2 = lm_report.summarise(runs, ["mha"], ["stiefel", "adamw"])
     assert (stiefel2["arm"], adamw2["arm"]) == ("stiefel", "adamw")
     assert stiefel2["minus_adamw"] == pytest.approx(0.2) and "minus_adamw" not in adamw2
     # without AdamW in the sweep there is nothing to subtract
-    (alone,) = lm.summarise(runs, ["mha"], ["stiefel"])
+    (alone,) = lm_report.summarise(runs, ["mha"], ["stiefel"])
     assert "minus_adamw" not in alone
 
 

@@ -20,6 +20,7 @@ from torch_port.experiments import (  # noqa: E402
     ablation,
     grokking,
     movement,
+    patch_data,
     patches,
     suite,
     training,
@@ -118,7 +119,7 @@ def test_deterministic_under_the_seed(tmp_path: Path) -> None:
 def _tasks() -> dict[str, training.Task]:
     gcfg = grokking.PRESETS["smoke"]
     pcfg = patches.PRESETS["smoke"]
-    data = patches.load_data(pcfg, None)
+    data = patch_data.load_data(pcfg, None)
     return {
         "grokking": grokking.make_task(gcfg, 0),
         "patches": patches.make_task(pcfg, data, 0.5),
@@ -407,17 +408,17 @@ def test_paired_stats_and_grokking_metrics() -> None:
 
 def test_patchify_row_major() -> None:
     img = torch.arange(16.0).reshape(1, 4, 4, 1)
-    x = patches.patchify(img, 2)
+    x = patch_data.patchify(img, 2)
     assert x.shape == (1, 4, 4)
     assert x[0, 1].tolist() == [2.0, 3.0, 6.0, 7.0]
     with pytest.raises(ValueError, match="patch size 3"):
-        patches.patchify(img, 3)
+        patch_data.patchify(img, 3)
 
 
 def _fake_cifar(directory: Path, n: int = 6, skip: str | None = None) -> None:
     gen = np.random.default_rng(0)
     directory.mkdir(parents=True, exist_ok=True)
-    for name in patches.CIFAR_FILES:
+    for name in patch_data.CIFAR_FILES:
         if name == skip:
             continue
         batch = {
@@ -448,7 +449,7 @@ def test_patches_reads_a_local_cifar10(tmp_path: Path) -> None:
     doc = json.loads((out / "patches" / "results.json").read_text("utf-8"))
     assert doc["summary"]["dataset"] == "cifar10"
     assert doc["summary"]["main"]["n_train"] == 30
-    xtr, _, xte, _ = patches.load_cifar10(tmp_path / "data")
+    xtr, _, xte, _ = patch_data.load_cifar10(tmp_path / "data")
     assert xtr.shape == (30, 32, 32, 3) and xte.shape == (6, 32, 32, 3)
 
 
@@ -469,16 +470,18 @@ def test_bad_input_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None
     assert code == 2
     assert "data_batch_1" in capsys.readouterr().err
     (tmp_path / "bad").mkdir()
-    for name in patches.CIFAR_FILES:
+    for name in patch_data.CIFAR_FILES:
         (tmp_path / "bad" / name).write_bytes(b"not a pickle")
     with pytest.raises(ValueError, match=r"data_batch_1.*not a python pickle"):
-        patches.load_cifar10(tmp_path / "bad")
+        patch_data.load_cifar10(tmp_path / "bad")
     with pytest.raises(ValueError, match="lacks the file"):
-        patches.load_data({**patches.PRESETS["smoke"], "dataset": "cifar10"}, tmp_path / "missing")
+        patch_data.load_data(
+            {**patches.PRESETS["smoke"], "dataset": "cifar10"}, tmp_path / "missing"
+        )
     with pytest.raises(ValueError, match="does not exist"):
-        patches.load_cifar10(tmp_path / "nowhere")
+        patch_data.load_cifar10(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="needs --data-dir"):
-        patches.load_data(patches.PRESETS["paper"], None)
+        patch_data.load_data(patches.PRESETS["paper"], None)
     with pytest.raises(ValueError, match="p must be an integer ≥ 3, got 2"):
         grokking.run(RunOptions(preset="smoke", out=tmp_path, overrides={"p": 2}))
     with pytest.raises(ValueError, match="train_fraction"):

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
 
 from proofs_checks.cli import main  # noqa: E402
-from torch_port.experiments import grokking, patches, runs  # noqa: E402
+from torch_port.experiments import grokking, patch_data, runs  # noqa: E402
 from torch_port.experiments.common import (  # noqa: E402
     Checkpoint,
     CheckpointError,
@@ -61,7 +61,7 @@ def test_cifar_batch_of_every_protocol_loads(tmp_path: Path, protocol: int) -> N
     path = tmp_path / "data_batch_1"
     batch = _batch()
     path.write_bytes(pickle.dumps(batch, protocol=protocol))
-    images, labels = patches._read_cifar_batch(path)
+    images, labels = patch_data._read_cifar_batch(path)
     expected = batch[b"data"].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
     assert np.array_equal(images, expected) and labels.tolist() == batch[b"labels"]
 
@@ -79,7 +79,7 @@ def test_planted_cifar_batch_runs_no_code(tmp_path: Path, payload) -> None:
     path = tmp_path / "data_batch_1"
     path.write_bytes(pickle.dumps(payload(marker)))
     with pytest.raises(ValueError, match=r"data_batch_1.*not a python pickle batch.*refused"):
-        patches._read_cifar_batch(path)
+        patch_data._read_cifar_batch(path)
     assert not marker.exists()
 
 
@@ -102,7 +102,7 @@ def test_bad_cifar_values_are_refused(tmp_path: Path, changes: dict, message: st
     path = tmp_path / "data_batch_1"
     path.write_bytes(pickle.dumps(_batch(changes=changes)))
     with pytest.raises(ValueError, match=message):
-        patches._read_cifar_batch(path)
+        patch_data._read_cifar_batch(path)
 
 
 # -- checkpoints -------------------------------------------------------------------------------

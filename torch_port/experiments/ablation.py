@@ -20,7 +20,7 @@ import numpy as np
 from torch_port.experiments.arms import ARMS
 from torch_port.experiments.common import RunOptions, figure, markdown_table
 from torch_port.experiments.runs import paired_stats
-from torch_port.experiments.suite import run_stiefel_experiment, task_config
+from torch_port.experiments.suite import StiefelExperiment, run_stiefel_experiment, task_config
 
 NAME = "ablation"
 ALL_ARMS = list(ARMS)
@@ -141,17 +141,12 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
     return "\n\n".join(parts)
 
 
+EXPERIMENT = StiefelExperiment(NAME, PRESETS, summarise, markdown, _plots, track_movement=False)
+
+
 def run(options: RunOptions) -> dict[str, Any]:
     """Train every (task, seed, arm) and write the outputs."""
-    return run_stiefel_experiment(
-        NAME,
-        PRESETS,
-        options,
-        track_movement=False,
-        summarise=summarise,
-        markdown=markdown,
-        plots=_plots,
-    )
+    return run_stiefel_experiment(EXPERIMENT, options)
 
 
 def format_summary(document: dict[str, Any]) -> str:

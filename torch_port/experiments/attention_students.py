@@ -18,7 +18,8 @@ data (float32 or float64, ``dtype_of``), from an initialisation drawn from a tor
 through ``runs.run_cells``, which saves every finished cell: an interrupted run resumes where it
 stopped and gives the same results as an uninterrupted one. ``run_experiment`` is the whole
 ``run`` of both experiments (configuration, CPU-only check, one-thread cells, summary, plots,
-results document); each experiment supplies its cells, their work, its summary and its reports.
+results document); each experiment supplies its cells, their work, its summary and its reports
+as a ``StudentExperiment``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +44,6 @@ from torch_port.experiments.common import (
     jsonable,
     output_dir,
     results_document,
-    write_results,
 )
 
 Tensor = torch.Tensor
@@ -297,34 +298,43 @@ def cpu_only(name: str, device: str) -> None:
         )
 
 
-def run_experiment(
-    name: str,
-    options: RunOptions,
-    presets: Mapping[str, Mapping[str, Any]],
-    *,
-    check: Callable[[Mapping[str, Any]], None],
-    cells: Callable[[Mapping[str, Any]], list[dict[str, Any]]],
-    work: Callable[[Mapping[str, Any]], Callable[[Mapping[str, Any]], dict[str, Any]]],
-    summarize: Callable[[Mapping[str, Any], list[dict[str, Any]]], dict[str, Any]],
-    plots: Callable[..., list[str]],
-    markdown: Callable[[Mapping[str, Any], Mapping[str, Any], float], str],
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StudentExperiment:
+    """What a student-sweep experiment module (``ladder``, ``native_rank``) supplies to
+    ``run_experiment``: its ``name`` and ``presets``; ``check(config)`` (raises on a configuration
+    that cannot run); ``cells(config)``, the list of cells (JSON-able dicts); ``work(config)``,
+    the function computing one cell's record; ``summarize(config, runs)``;
+    ``plots(directory, config, summary, runs)``, the file names drawn; and
+    ``markdown(config, summary, seconds)``, results.md."""
+
+    name: str
+    presets: Mapping[str, Mapping[str, Any]]
+    check: Callable[[Mapping[str, Any]], None]
+    cells: Callable[[Mapping[str, Any]], list[dict[str, Any]]]
+    work: Callable[[Mapping[str, Any]], Callable[[Mapping[str, Any]], dict[str, Any]]]
+    summarize: Callable[[Mapping[str, Any], list[dict[str, Any]]], dict[str, Any]]
+    plots: Callable[..., list[str]]
+    markdown: Callable[[Mapping[str, Any], Mapping[str, Any], float], str]
+
+
+def run_experiment(experiment: StudentExperiment, options: RunOptions) -> dict[str, Any]:
     """The ``run`` of a student sweep: configure and ``check`` (and ``cpu_only``) before any
     work, the ``cells`` through ``runs.run_cells`` (each keyed by the configuration and the
     cell) with ``work(config)`` under the preset's ``threads``, then ``summarize(config, runs)``
     (with wall and CPU seconds), ``plots(directory, config, summary, runs)`` (file names) and
-    results.json/results.md. The results document is built inside the thread context, so its
-    environment records the thread count used."""
-    config = configure(presets, options)
-    check(config)
+    results.json/results.md (``runs.finish``). The results document is built inside the thread
+    context, so its environment records the thread count used."""
+    name = experiment.name
+    config = configure(experiment.presets, options)
+    experiment.check(config)
     cpu_only(name, options.device)
     directory = output_dir(options, name)
     start, cpu = time.perf_counter(), time.process_time()
     with runs.torch_threads(config["threads"]):
-        compute = work(config)
+        compute = experiment.work(config)
         specs = [
             runs.Cell(config, json.dumps(jsonable(cell), sort_keys=True), cell)
-            for cell in cells(config)
+            for cell in experiment.cells(config)
         ]
         records = runs.run_cells(
             directory,
@@ -334,11 +344,10 @@ def run_experiment(
             desc=name,
             show=options.progress,
         )
-        summary = summarize(config, records)
+        summary = experiment.summarize(config, records)
         summary["wall_seconds"] = time.perf_counter() - start
         summary["cpu_seconds"] = time.process_time() - cpu
-        summary["plots"] = plots(directory, config, summary, records)
+        summary["plots"] = experiment.plots(directory, config, summary, records)
         document = results_document(name, options, config, records, summary, "cpu")
-    write_results(directory, document, markdown(config, summary, summary["wall_seconds"]))
-    runs.forget_cached(directory, specs)  # after the results: a kill before loses no cell
-    return document
+    markdown = experiment.markdown(config, summary, summary["wall_seconds"])
+    return runs.finish(directory, specs, document, markdown)

@@ -24,8 +24,6 @@ import io
 import json
 import math
 import os
-import platform
-import sys
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -36,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm.auto import tqdm
+
+from reference.environment import environment as recorded_environment
 
 
 @dataclass(frozen=True)
@@ -89,24 +89,25 @@ def generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
 
 
 def environment(device: torch.device | str = "cpu") -> dict[str, Any]:
-    """Versions and machine facts recorded with every result."""
-    import scipy
-
-    env: dict[str, Any] = {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "platform": platform.platform(),
-        "processor": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "device": str(device),
-    }
+    """The machine and versions recorded with every result: ``reference.environment.environment``
+    with torch's version among ``versions`` (its common keys: python, platform, machine,
+    cpu_count, versions, git_commit, created), plus ``device``, ``torch_threads`` (torch's
+    intra-op thread count at the time) and, on a CUDA device, ``cuda_device`` (its name) and
+    ``cuda`` (the CUDA version torch was built with)."""
+    extra: dict[str, Any] = {"device": str(device), "torch_threads": torch.get_num_threads()}
     if str(device).startswith("cuda"):
-        env["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
-        env["cuda"] = torch.version.cuda
-    return env
+        extra["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
+        extra["cuda"] = torch.version.cuda
+    return recorded_environment("torch", **extra)
+
+
+def check_int(config: Mapping[str, Any], key: str, minimum: int = 1) -> None:
+    """Refuse ``config[key]`` unless it is an integer (not a bool) ≥ ``minimum``, naming the
+    value: "must be a positive integer" for ``minimum`` 1, "must be an integer ≥ m" otherwise."""
+    v = config[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise ValueError(f"{key} must be {what}, got {v!r}")
 
 
 def jsonable(value: Any) -> Any:
@@ -139,7 +140,7 @@ def results_document(
 ) -> dict[str, Any]:
     """The JSON document of a run: ``experiment``, ``preset``, ``config`` (seeds included),
     ``runs`` (one entry per seed and arm, with per-epoch metrics), ``summary`` (the reported
-    numbers) and ``environment`` (library versions)."""
+    numbers) and ``environment`` (``environment(device)``: machine, versions, commit, time)."""
     return jsonable(
         {
             "experiment": name,

@@ -24,20 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_port.experiments import runs
-from torch_port.experiments.arms import ARMS, check_arms, check_optimizer_config
-from torch_port.experiments.common import (
-    RunOptions,
-    configure,
-    figure,
-    markdown_table,
-    output_dir,
-    resolve_device,
-    results_document,
-    write_results,
-)
+from torch_port.experiments import common, runs
+from torch_port.experiments.arms import ARMS, check_arms
 from torch_port.experiments.models import TokenEmbedding, Transformer
-from torch_port.experiments.training import Task, train_with
+from torch_port.experiments.training import Task, check_training_config, train_cells
 
 NAME = "grokking"
 
@@ -97,33 +87,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 PAPER = {"C": 0.970, "A": 0.611, "epoch": 20000}
 
 
-def _positive_int(config: dict[str, Any], key: str, minimum: int = 1) -> None:
-    """Refuse config[key] unless it is an integer ≥ ``minimum``, naming the value."""
-    v = config[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{key} must be an integer ≥ {minimum}, got {v!r}")
-
-
 def check_task(config: dict[str, Any]) -> None:
     """Refuse task settings that cannot run (p, split, model sizes, optimizer), naming the bad
     value; the movement and ablation experiments check their grokking task with this."""
-    p = config["p"]
-    if isinstance(p, bool) or not isinstance(p, int) or p < 3:
-        raise ValueError(f"p must be an integer ≥ 3, got {p!r}")
-    f = config["train_fraction"]
+    common.check_int(config, "p", 3)
+    p, f = config["p"], config["train_fraction"]
     n_train = round(f * p * p) if isinstance(f, int | float) else 0
     if not (isinstance(f, int | float) and 0 < f < 1) or not 1 <= n_train < p * p:
         raise ValueError(
             f"train_fraction must lie in (0, 1) and leave both splits non-empty, got {f!r}"
         )
-    for key in ("steps", "eval_every", "d_model", "n_heads", "d_mlp"):
-        _positive_int(config, key)
-    _positive_int(config, "checkpoint_every", 0)
-    if config["d_model"] % config["n_heads"]:
-        raise ValueError(
-            f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
-        )
-    check_optimizer_config(config)
+    check_training_config(config, ("d_model", "n_heads", "d_mlp"))
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -213,7 +187,7 @@ def _plots(directory: Any, config: dict[str, Any], runs: list[dict[str, Any]]) -
     colors = {"A": "tab:blue", "C": "tab:red"}
     names = []
     path = directory / "grokking_accuracy.png"
-    with figure(path, ncols=1, width=6.5) as axes:
+    with common.figure(path, ncols=1, width=6.5) as axes:
         ax = axes[0]
         for r in runs:
             steps = [h["step"] for h in r["history"]]
@@ -239,7 +213,7 @@ def _plots(directory: Any, config: dict[str, Any], runs: list[dict[str, Any]]) -
     names.append(path.name)
     path = directory / "grokking_norms.png"
     arms = config["arms"]
-    with figure(path, ncols=len(arms), width=5.0) as axes:
+    with common.figure(path, ncols=len(arms), width=5.0) as axes:
         for ax, arm in zip(axes, arms, strict=True):
             r = next(r for r in runs if r["arm"] == arm)
             steps = [h["step"] for h in r["history"]]
@@ -252,7 +226,7 @@ def _plots(directory: Any, config: dict[str, Any], runs: list[dict[str, Any]]) -
             ax.legend(fontsize=6)
     names.append(path.name)
     path = directory / "grokking_angles.png"
-    with figure(path) as axes:
+    with common.figure(path) as axes:
         ax = axes[0]
         for r in runs:
             steps = [h["step"] for h in r["history"]]
@@ -314,9 +288,9 @@ def markdown(config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[s
         [
             f"# grokking: a + b mod {config['p']}, {config['train_fraction']:.0%} of pairs, "
             f"{config['steps']} epochs",
-            markdown_table(header, rows),
+            common.markdown_table(header, rows),
             "Mean over seeds:",
-            markdown_table(
+            common.markdown_table(
                 [
                     "arm",
                     "seeds",
@@ -332,35 +306,29 @@ def markdown(config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[s
     )
 
 
-def run(options: RunOptions) -> dict[str, Any]:
+def run(options: common.RunOptions) -> dict[str, Any]:
     """Train every (seed, arm) of the preset and write results.json, results.md and plots."""
-    config = configure(PRESETS, options)
+    config = common.configure(PRESETS, options)
     check_config(config)
-    device = resolve_device(options.device)
-    directory = output_dir(options, NAME)
+    device = common.resolve_device(options.device)
+    directory = common.output_dir(options, NAME)
     cache_config = runs.run_config(config, ("seeds", "arms", "threshold", "last_fraction"))
     cells = []
     for seed in config["seeds"]:
         task = make_task(config, seed, device)
         cells += [
-            runs.Cell(cache_config, f"{seed}-{arm}", (task, arm, seed)) for arm in config["arms"]
+            runs.Cell(cache_config, f"{seed}-{arm}", (task, config, arm, seed))
+            for arm in config["arms"]
         ]
-
-    def work(cell: runs.Cell, ckpt: Any, bar: Any) -> Any:
-        task, arm, seed = cell.spec
-        return train_with(task, config, arm, seed, checkpoint=ckpt, show_progress=options.progress)
-
-    records = runs.run_cells(directory, cells, work, resume=options.resume)
+    records = train_cells(directory, cells, options)
     for record in records:
         record["metrics"] = run_metrics(
             record["history"], config["threshold"], config["last_fraction"]
         )
     summary = summarise(config, records)
     summary["plots"] = _plots(directory, config, records)
-    document = results_document(NAME, options, config, records, summary, device)
-    write_results(directory, document, markdown(config, records, summary))
-    runs.forget_cached(directory, cells)
-    return document
+    document = common.results_document(NAME, options, config, records, summary, device)
+    return runs.finish(directory, cells, document, markdown(config, records, summary))
 
 
 def format_summary(document: dict[str, Any]) -> str:

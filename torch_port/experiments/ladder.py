@@ -360,7 +360,12 @@ def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: flo
     )
 
 
-def plots(directory: Any, config: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+def plots(
+    directory: Any,
+    config: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    runs: list[dict[str, Any]],
+) -> list[str]:
     """spectra.png (normalised mean spectrum of each reading) and students.png (R2 risk)."""
     r = config["r_star"]
     with figure(directory / "spectra.png") as axes:
@@ -385,20 +390,15 @@ def plots(directory: Any, config: Mapping[str, Any], summary: Mapping[str, Any])
     return ["spectra.png", "students.png"]
 
 
+EXPERIMENT = st.StudentExperiment(
+    NAME, PRESETS, check_config, cells_of, work, summarize, plots, markdown
+)
+
+
 def run(options: RunOptions) -> dict[str, Any]:
     """Run the ladder for the preset's seeds; write results.json, results.md and the plots.
     CPU only: any other ``options.device`` is refused before any work."""
-    return st.run_experiment(
-        NAME,
-        options,
-        PRESETS,
-        check=check_config,
-        cells=cells_of,
-        work=work,
-        summarize=summarize,
-        plots=lambda directory, config, summary, runs: plots(directory, config, summary),
-        markdown=markdown,
-    )
+    return st.run_experiment(EXPERIMENT, options)
 
 
 def format_summary(document: Mapping[str, Any]) -> str:

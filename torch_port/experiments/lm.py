@@ -39,14 +39,12 @@ random windows of ``context + 1`` bytes drawn by a generator seeded with the run
 same windows for every arm and learning rate of a seed: paired comparisons); validation uses
 ``eval_windows`` fixed windows spread evenly over the validation split.
 
-Reported: for each run the validation loss at the end of training (``val_loss``) and the
-minimum over the evaluations (``best_val_loss``); for each (configuration, arm) the learning
-rate whose mean final validation loss over seeds is lowest, that mean, and the seed spread
-(sample standard deviation, minimum and maximum) at that learning rate. A run whose loss
-becomes non-finite, or whose optimizer step fails the way a divergence does (a non-finite
-gradient or point, or a step that leaves the rank-r manifold: the ValueErrors of
-``torch_port.optim`` matched by ``DIVERGENCE_MARKERS``), is marked diverged and never selected;
-any other error of a step propagates (a bug is not a divergence).
+Reported (``lm_report``): for each run the final and the best validation loss; for each
+(configuration, arm) the learning rate of the lowest mean final validation loss over seeds, with
+the seed spread there. A run whose loss becomes non-finite, or whose optimizer step fails the
+way a divergence does (a non-finite gradient or point, or a step that leaves the rank-r
+manifold: the ValueErrors of ``torch_port.optim`` matched by ``DIVERGENCE_MARKERS``), is marked
+diverged and never selected; any other error of a step propagates (a bug is not a divergence).
 
 Threads: every preset fixes ``threads`` (torch intra-op threads), so results do not depend on
 the machine's core count; ``results.json`` records the count used.
@@ -59,12 +57,10 @@ interrupted sweep resumes where it stopped (and equals the uninterrupted one).
 from __future__ import annotations
 
 import math
-import statistics
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,6 +69,7 @@ import torch.nn.functional as F
 from torch_port.experiments import common, runs
 from torch_port.experiments.common import RunOptions
 from torch_port.experiments.corpus import Corpus, load_corpus, train_batch, val_windows
+from torch_port.experiments.lm_report import block_equals_plain, markdown, plot, summarise
 from torch_port.experiments.models import TokenEmbedding, Transformer
 from torch_port.geometries import GEOMETRIES, PLAIN
 from torch_port.optim import FrameDecayWarning, NonFiniteGradientWarning, RiemannianAdam
@@ -252,9 +249,7 @@ def check_config(config: Mapping[str, Any]) -> None:
         "n_layers",
         "d_mlp",
     ):
-        v = config[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{key} must be a positive integer, got {v!r}")
+        common.check_int(config, key)
     d, heads, kv = config["d_model"], config["n_heads"], config["gqa_kv_heads"]
     if d % heads:
         raise ValueError(f"d_model = {d} must be divisible by n_heads = {heads}")
@@ -435,267 +430,6 @@ def train_run(
     return record
 
 
-# -- summary, tables and plots ------------------------------------------------------------------
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
-def _lr_means(
-    runs: Sequence[Mapping[str, Any]], name: str, arm: str
-) -> tuple[dict[float, list[float]], dict[float, float | None]]:
-    """Final validation losses per lr of (configuration, arm), and their means over seeds (None
-    when a seed diverged)."""
-    per_lr: dict[float, list[float]] = {}
-    for r in runs:
-        if r["config"] == name and r["arm"] == arm:
-            per_lr.setdefault(r["lr"], []).append(r["val_loss"])
-    means = {
-        lr: (statistics.fmean(v) if all(_finite(x) for x in v) else None)
-        for lr, v in sorted(per_lr.items())
-    }
-    return per_lr, means
-
-
-def _best_mean(runs: Sequence[Mapping[str, Any]], name: str, arm: str) -> float | None:
-    """The lowest finite mean final validation loss over the lrs of (configuration, arm)."""
-    finite = [m for m in _lr_means(runs, name, arm)[1].values() if m is not None]
-    return min(finite) if finite else None
-
-
-def summarise(
-    runs: Sequence[Mapping[str, Any]], configs: Sequence[str], arms: Sequence[str]
-) -> list[dict[str, Any]]:
-    """For each (configuration, arm): mean final validation loss over seeds for every lr (None
-    when a seed diverged), the best lr (lowest mean), the seed spread at that lr, and (for
-    every arm but AdamW, whatever the order of ``arms``) ``minus_adamw``: its best mean minus
-    AdamW's in the same configuration, when AdamW ran there."""
-    rows = []
-    for name in configs:
-        adamw_best = _best_mean(runs, name, "adamw") if "adamw" in arms else None
-        for arm in arms:
-            per_lr, means = _lr_means(runs, name, arm)
-            if not per_lr:
-                continue
-            finite = {lr: m for lr, m in means.items() if m is not None}
-            row: dict[str, Any] = {
-                "config": name,
-                "arm": arm,
-                "val_loss_by_lr": {repr(lr): m for lr, m in means.items()},
-                "diverged_lrs": [lr for lr, m in means.items() if m is None],
-            }
-            if finite:
-                best_lr = min(finite, key=finite.get)
-                seeds = per_lr[best_lr]
-                row.update(
-                    best_lr=best_lr,
-                    best_val_loss=finite[best_lr],
-                    seed_std=statistics.stdev(seeds) if len(seeds) > 1 else None,
-                    seed_min=min(seeds),
-                    seed_max=max(seeds),
-                    n_seeds=len(seeds),
-                    best_lr_at_sweep_edge=best_lr in (min(per_lr), max(per_lr)),
-                )
-                if arm != "adamw" and adamw_best is not None:
-                    row["minus_adamw"] = finite[best_lr] - adamw_best
-            else:
-                row.update(best_lr=None, best_val_loss=None)
-            rows.append(row)
-    return rows
-
-
-def block_equals_plain(runs: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Under MHA, max |val_loss(block_X) − val_loss(X)| over the shared (lr, seed) runs of each
-    base geometry X (the block variant of a one-to-one pattern is the plain one)."""
-    out: dict[str, float | None] = {}
-    mha = {(r["arm"], r["lr"], r["seed"]): r["val_loss"] for r in runs if r["config"] == "mha"}
-    for arm in TEN_GEOMETRIES:
-        if arm.startswith("block_"):
-            continue
-        diffs = [
-            abs(v - mha[("block_" + arm, lr, seed)])
-            for (a, lr, seed), v in mha.items()
-            if a == arm
-            and ("block_" + arm, lr, seed) in mha
-            and _finite(v)
-            and _finite(mha[("block_" + arm, lr, seed)])
-        ]
-        if diffs:
-            out[arm] = max(diffs)
-    return out
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
-    return "–" if not _finite(x) else f"{x:.{digits}f}"
-
-
-def markdown(document: Mapping[str, Any]) -> str:
-    """results.md: the best-lr table, the full sweep, the skipped arms and the setup."""
-    cfg, summary = document["config"], document["summary"]
-    rows = summary["table"]
-    lines = [
-        "# lm: character-level LM, learning-rate sweep (AdamW vs QK geometries)",
-        "",
-        f"Preset `{document['preset']}`; corpus: {summary['corpus']['source']} "
-        f"({summary['corpus']['bytes']} bytes, sha256 {summary['corpus']['sha256'][:12]}…); "
-        f"{cfg['n_layers']} layers, d_model {cfg['d_model']}, {cfg['n_heads']} heads "
-        f"(GQA: {cfg['gqa_kv_heads']} kv heads), context {cfg['context']}, batch "
-        f"{cfg['batch_size']}, {cfg['steps']} steps (warm-up {cfg['warmup']}, no annealing), "
-        f"seeds {cfg['seeds']}. Validation loss = next-byte cross-entropy in nats after the "
-        "last step. The learning rate is swept for the whole optimizer (QK points and the AdamW "
-        f"group share it). Weight decay {cfg['weight_decay']} on every AdamW-trained weight, "
-        "W_Q and W_K included in the adamw arm; the other arms do not decay their QK points "
-        "(on frames decay does nothing, RA-5; on fixed-rank factors scaling the stored factors "
-        "is not decay of the product W_Q W_Kᵀ).",
-        "",
-        "## Best learning rate per arm",
-        "",
-    ]
-    table = []
-    for r in rows:
-        spread = (
-            "–"
-            if r.get("best_val_loss") is None
-            else (
-                f"{_fmt(r.get('seed_std'))} [{_fmt(r['seed_min'])}, {_fmt(r['seed_max'])}]"
-                if r.get("n_seeds", 1) > 1
-                else "1 seed"
-            )
-        )
-        edge = " (edge)" if r.get("best_lr_at_sweep_edge") else ""
-        table.append(
-            [
-                r["arm"],
-                r["config"],
-                _fmt(r.get("best_val_loss")),
-                "–" if r.get("best_lr") is None else f"{r['best_lr']:g}{edge}",
-                spread,
-                f"{r['minus_adamw']:+.4f}" if _finite(r.get("minus_adamw")) else "–",
-            ]
-        )
-    lines.append(
-        common.markdown_table(
-            ["arm", "config", "best val loss", "best lr", "seed std [min, max]", "− AdamW"],
-            table,
-        )
-    )
-    lrs = sorted({float(x) for x in cfg["lrs"]})
-    lines += ["", "## Mean final validation loss for every learning rate", ""]
-    lines.append(
-        common.markdown_table(
-            ["arm", "config", *[f"lr {lr:g}" for lr in lrs]],
-            [
-                [r["arm"], r["config"], *[_fmt(r["val_loss_by_lr"].get(repr(lr))) for lr in lrs]]
-                for r in rows
-            ],
-        )
-    )
-    if summary["skipped"]:
-        lines += ["", "## Arms not run", ""]
-        lines += [f"- {s['config']} / {s['arm']}: {s['reason']}" for s in summary["skipped"]]
-    if summary["block_equals_plain_mha"]:
-        lines += [
-            "",
-            "Under MHA each block group is one head, so each `block_` variant is the plain one: "
-            "max |Δ final val loss| over shared runs: "
-            + ", ".join(f"{k} {v:.2g}" for k, v in summary["block_equals_plain_mha"].items())
-            + ".",
-        ]
-    failed = [r for r in document["runs"] if r["diverged"]]
-    if failed:
-        lines += ["", "## Diverged runs", ""]
-        lines += [
-            f"- {r['config']} / {r['arm']} / lr {r['lr']:g} / seed {r['seed']}: {r['error']}"
-            for r in failed
-        ]
-    lines += [
-        "",
-        f"Compute: {summary['seconds']:.0f} s of training steps over {len(document['runs'])} runs "
-        f"({summary['environment_threads']} torch thread(s), device "
-        f"{document['environment']['device']}).",
-        "",
-        '"(edge)": the best lr is the smallest or largest swept, so the optimum may lie '
-        'outside the sweep. "− AdamW": best val loss minus AdamW\'s in the same configuration '
-        "(negative: better than AdamW).",
-        "",
-        "Plots: `lr_sweep.png` (final validation loss against lr, mean over seeds, bars = seed "
-        "range), `curves.png` (validation loss against step at each arm's best lr, seed "
-        f"{cfg['seeds'][0]}).",
-    ]
-    return "\n".join(lines)
-
-
-def plot(document: Mapping[str, Any], directory: Path) -> list[Path]:
-    """lr_sweep.png and curves.png, one panel per attention configuration."""
-    cfg, rows, runs = document["config"], document["summary"]["table"], document["runs"]
-    names = [c for c in cfg["configs"] if any(r["config"] == c for r in rows)]
-    import matplotlib
-
-    cmap = matplotlib.colormaps["tab20"]
-    bases = [a for a in TEN_GEOMETRIES if not a.startswith("block_")]
-    colour = {"adamw": "black", "stiefel": "grey"}
-    for i, base in enumerate(bases):  # tab20 pairs: dark for plain, light for block_
-        colour[base], colour["block_" + base] = cmap(2 * i), cmap(2 * i + 1)
-    paths = [directory / "lr_sweep.png", directory / "curves.png"]
-    with common.figure(paths[0], ncols=max(1, len(names)), width=6.0, height=4.2) as axes:
-        for ax, name in zip(axes, names or ["mha"], strict=False):
-            for r in (r for r in rows if r["config"] == name):
-                pts = []
-                for lr_key, mean in r["val_loss_by_lr"].items():
-                    lr = float(lr_key)
-                    vals = [
-                        x["val_loss"]
-                        for x in runs
-                        if x["config"] == name and x["arm"] == r["arm"] and x["lr"] == lr
-                    ]
-                    if mean is not None:
-                        pts.append((lr, mean, mean - min(vals), max(vals) - mean))
-                if not pts:
-                    continue
-                lr_, m_, lo, hi = zip(*sorted(pts), strict=True)
-                style = "--" if r["arm"].startswith("block_") else "-"
-                ax.errorbar(
-                    lr_,
-                    m_,
-                    yerr=[lo, hi],
-                    fmt="o" + style,
-                    ms=3,
-                    capsize=2,
-                    color=colour[r["arm"]],
-                    label=r["arm"],
-                    lw=2.0 if r["arm"] == "adamw" else 1.0,
-                )
-            ax.set_xscale("log")
-            ax.set_xlabel("learning rate")
-            ax.set_ylabel("final validation loss (nats/byte)")
-            ax.set_title(f"{name.upper()}")
-            ax.legend(fontsize=6, ncol=2)
-    with common.figure(paths[1], ncols=max(1, len(names)), width=6.0, height=4.2) as axes:
-        for ax, name in zip(axes, names or ["mha"], strict=False):
-            for r in (r for r in rows if r["config"] == name and r.get("best_lr") is not None):
-                match = [
-                    x
-                    for x in runs
-                    if x["config"] == name
-                    and x["arm"] == r["arm"]
-                    and x["lr"] == r["best_lr"]
-                    and x["seed"] == cfg["seeds"][0]
-                ]
-                if match and match[0]["history"]:
-                    h = match[0]["history"]
-                    ax.plot(
-                        [p["step"] for p in h],
-                        [p["val_loss"] for p in h],
-                        color=colour[r["arm"]],
-                        label=f"{r['arm']} ({r['best_lr']:g})",
-                        lw=2.0 if r["arm"] == "adamw" else 1.0,
-                    )
-            ax.set_xlabel("step")
-            ax.set_ylabel("validation loss (nats/byte)")
-            ax.set_title(f"{name.upper()}, best lr per arm")
-            ax.legend(fontsize=6, ncol=2)
-    return paths
-
-
 # -- the experiment -----------------------------------------------------------------------------
 def run(options: RunOptions) -> dict[str, Any]:
     """Run the sweep of the preset (every configuration × arm × lr × seed) and write
@@ -746,10 +480,8 @@ def run(options: RunOptions) -> dict[str, Any]:
             "environment_threads": torch.get_num_threads(),
         }
         document = common.results_document(NAME, options, config, records, summary, device)
-    common.write_results(directory, document, markdown(document))
     plot(document, directory)
-    runs.forget_cached(directory, cells)
-    return document
+    return runs.finish(directory, cells, document, markdown(document))
 
 
 def format_summary(document: Mapping[str, Any]) -> str:

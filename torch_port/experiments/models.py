@@ -27,34 +27,22 @@ class PatchEmbedding(nn.Linear):
 
 
 class Block(nn.Module):
-    """One pre-norm transformer block: attention and a ReLU MLP, each with a residual."""
+    """One pre-norm transformer block: ``attn`` (an attention module mapping (B, T, d_model) to
+    itself) and a ReLU MLP, each with a residual."""
 
     def __init__(
         self,
         d_model: int,
-        n_heads: int,
         d_mlp: int,
+        attn: nn.Module,
         *,
-        n_kv_heads: int | None = None,
-        qk_geometry: str | None = None,
-        vo_geometry: str | None = None,
-        block: bool = False,
         layernorm: bool = True,
         causal: bool = False,
-        generator: torch.Generator | None = None,
     ):
         super().__init__()
         self.causal = causal
         self.norm1 = nn.LayerNorm(d_model) if layernorm else nn.Identity()
-        self.attn = RiemannianMultiheadAttention(
-            d_model,
-            n_heads,
-            n_kv_heads=n_kv_heads,
-            qk_geometry=qk_geometry,
-            vo_geometry=vo_geometry,
-            block=block,
-            generator=generator,
-        )
+        self.attn = attn
         self.norm2 = nn.LayerNorm(d_model) if layernorm else nn.Identity()
         self.mlp = nn.Sequential(nn.Linear(d_model, d_mlp), nn.ReLU(), nn.Linear(d_mlp, d_model))
 
@@ -99,15 +87,18 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(
             Block(
                 d_model,
-                n_heads,
                 d_mlp,
-                n_kv_heads=n_kv_heads,
-                qk_geometry=qk_geometry,
-                vo_geometry=vo_geometry,
-                block=block,
+                RiemannianMultiheadAttention(
+                    d_model,
+                    n_heads,
+                    n_kv_heads=n_kv_heads,
+                    qk_geometry=qk_geometry,
+                    vo_geometry=vo_geometry,
+                    block=block,
+                    generator=attention_stream,
+                ),
                 layernorm=layernorm,
                 causal=causal,
-                generator=attention_stream,
             )
             for _ in range(n_layers)
         )

@@ -4,7 +4,8 @@ Data: scikit-learn's bundled digits by default (8×8 grey images cut into 2×2 p
 of 4 pixels; a fixed split of ``val_size`` test images), or CIFAR-10 from a local directory in
 its python-pickle format (``--data-dir``: data_batch_1 … data_batch_5 and test_batch, or a
 directory holding cifar-10-batches-py; 32×32×3 images cut into 4×4 patches: 64 tokens of 48
-values). Pixels are standardised per channel with the training set's mean and SD.
+values). Pixels are standardised per channel with the training set's mean and SD. The readers
+(a CIFAR-10 batch is read by a restricted unpickler) are in ``patch_data``.
 
 Model: ``models.Transformer`` with a linear patch embedding, learned positions, pre-LayerNorm
 blocks, logits averaged over tokens. Paired seeds: for one seed both arms share every
@@ -22,30 +23,19 @@ from __future__ import annotations
 
 import itertools
 import math
-import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from torch_port.experiments import runs
-from torch_port.experiments.arms import ARMS, check_arms, check_optimizer_config
-from torch_port.experiments.common import (
-    RunOptions,
-    configure,
-    figure,
-    markdown_table,
-    output_dir,
-    resolve_device,
-    results_document,
-    write_results,
-)
+from torch_port.experiments import common, runs
+from torch_port.experiments.arms import ARMS, check_arms
 from torch_port.experiments.models import PatchEmbedding, Transformer
-from torch_port.experiments.training import Task, train_with
+from torch_port.experiments.patch_data import load_data
+from torch_port.experiments.training import Task, check_training_config, train_cells
 
 NAME = "patches"
-CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
 
 _SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=128)
 
@@ -119,204 +109,6 @@ PRESETS: dict[str, dict[str, Any]] = {
 PAPER = {"mean_diff_pp": 8.98, "t": 60.6, "wins": 12, "n": 12}
 
 
-# -- data ---------------------------------------------------------------------------------------
-def cifar_directory(data_dir: Path) -> Path:
-    """The directory holding the CIFAR-10 batches: ``data_dir`` or its cifar-10-batches-py."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise ValueError(f"CIFAR-10 directory {str(data_dir)!r} does not exist")
-    nested = data_dir / "cifar-10-batches-py"
-    return nested if nested.is_dir() else data_dir
-
-
-class _CifarUnpickler(pickle.Unpickler):
-    """An unpickler for CIFAR-10's python batches that can build nothing but what the format
-    holds: dicts, lists, bytes, str and numbers (pickle's own opcodes) and NumPy arrays of a
-    numeric dtype (``ndarray``, ``dtype`` and the array reconstructor). Any other global, e.g. a
-    planted ``os.system``, is refused before it is called, so no code from the file runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _CIFAR_GLOBALS.get((module, name))
-        if allowed is None:
-            raise pickle.UnpicklingError(
-                f"refused to load {module}.{name}: a CIFAR-10 batch holds only dicts, lists, "
-                "bytes, numbers and numeric NumPy arrays"
-            )
-        return allowed
-
-
-def _numeric_dtype(spec: Any, align: bool = False, copy: bool = False) -> np.dtype:
-    """``numpy.dtype`` for a plain numeric type code only (no object or structured dtypes)."""
-    if isinstance(spec, bytes):
-        spec = spec.decode("ascii", "replace")
-    if not isinstance(spec, str | np.dtype):
-        raise pickle.UnpicklingError(f"refused a NumPy dtype built from {type(spec).__name__}")
-    dtype = np.dtype(spec)
-    if dtype.kind not in "biuf":
-        raise pickle.UnpicklingError(f"refused a NumPy array of dtype {dtype} (not numeric)")
-    return dtype
-
-
-def _reconstruct(cls: Any, shape: Any, dtype: Any) -> np.ndarray:
-    """NumPy's pickle reconstructor for a plain ndarray (no subclass)."""
-    if cls is not np.ndarray:
-        raise pickle.UnpicklingError(f"refused to reconstruct a {cls!r}")
-    return np.ndarray.__new__(np.ndarray, shape, _numeric_dtype(dtype))
-
-
-def _frombuffer(buffer: Any, dtype: Any, shape: Any, order: str) -> np.ndarray:
-    """NumPy's pickle-protocol-5 array constructor, for a numeric dtype only."""
-    return np.frombuffer(buffer, dtype=_numeric_dtype(dtype)).reshape(shape, order=order)
-
-
-def _scalar(dtype: Any, data: bytes) -> Any:
-    """NumPy's pickled scalar (e.g. a label saved as numpy.int64), for a numeric dtype only."""
-    return np.frombuffer(data, dtype=_numeric_dtype(dtype), count=1)[0]
-
-
-def _encode(text: Any, encoding: str = "utf-8") -> bytes:
-    """``_codecs.encode`` for a string: how pickle protocol 2 writes Python 3 bytes."""
-    if not isinstance(text, str) or encoding != "latin1":
-        raise pickle.UnpicklingError("refused _codecs.encode of anything but a latin-1 string")
-    return text.encode("latin1")
-
-
-#: The only globals a CIFAR-10 batch may name (NumPy 1 and NumPy 2 module paths).
-_CIFAR_GLOBALS = {
-    ("_codecs", "encode"): _encode,
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): _numeric_dtype,
-    **{
-        (f"numpy.{core}.{module}", name): function
-        for core in ("core", "_core")
-        for module, name, function in (
-            ("multiarray", "_reconstruct", _reconstruct),
-            ("multiarray", "scalar", _scalar),
-            ("numeric", "_frombuffer", _frombuffer),
-        )
-    },
-}
-
-
-def _read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Images (N, 32, 32, 3) uint8 and labels (N,) of one pickled CIFAR-10 batch, read with
-    ``_CifarUnpickler`` (no code runs) and checked: pixel values integers in 0…255, labels
-    integers in 0…9."""
-    try:
-        with open(path, "rb") as fh:
-            batch = _CifarUnpickler(fh, encoding="bytes").load()
-    except Exception as exc:  # a truncated, foreign or planted file: name it
-        raise ValueError(
-            f"CIFAR-10 file {str(path)!r} is not a python pickle batch: {exc}"
-        ) from None
-    if not isinstance(batch, dict):
-        raise ValueError(f"CIFAR-10 file {str(path)!r} holds a {type(batch).__name__}, not a dict")
-    data = batch.get(b"data", batch.get("data"))
-    labels = batch.get(b"labels", batch.get("labels"))
-    if data is None or labels is None:
-        raise ValueError(f"CIFAR-10 file {str(path)!r} lacks the 'data' or 'labels' entry")
-    data, labels = _numeric(path, "data", data), _numeric(path, "labels", labels)
-    if data.ndim != 2 or data.shape[1] != 3072 or labels.ndim != 1 or len(labels) != len(data):
-        raise ValueError(
-            f"CIFAR-10 file {str(path)!r}: data of shape {data.shape} with labels of shape "
-            f"{labels.shape} (expected (N, 3072) and (N,))"
-        )
-    for what, values, top in (("pixel values", data, 255), ("labels", labels, 9)):
-        if values.size == 0:
-            continue
-        bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0) | (values > top)
-        if bad.any():
-            first = values.reshape(-1)[np.argmax(bad.reshape(-1))].item()
-            raise ValueError(
-                f"CIFAR-10 file {str(path)!r}: {int(bad.sum())} {what} are not integers in "
-                f"0…{top} (e.g. {first!r})"
-            )
-    images = data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1).astype(np.uint8)
-    return images, labels.astype(np.int64)
-
-
-def _numeric(path: Path, what: str, value: Any) -> np.ndarray:
-    """``value`` as a real numeric array, or a ValueError naming the file and the entry."""
-    try:
-        array = np.asarray(value)
-    except ValueError as exc:  # ragged lists
-        raise ValueError(f"CIFAR-10 file {str(path)!r}: '{what}' is not an array: {exc}") from None
-    if array.dtype.kind not in "biuf":
-        raise ValueError(
-            f"CIFAR-10 file {str(path)!r}: '{what}' must be numeric, got dtype {array.dtype}"
-        )
-    return array.astype(np.float64) if array.dtype.kind == "f" else array
-
-
-def load_cifar10(data_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(train images, train labels, test images, test labels) from a local CIFAR-10 copy in the
-    python-pickle format; a missing or malformed file is a ValueError naming it."""
-    root = cifar_directory(data_dir)
-    for name in CIFAR_FILES:
-        if not (root / name).is_file():
-            raise ValueError(
-                f"CIFAR-10 directory {str(root)!r} lacks the file {name} (expected the python "
-                f"version: {', '.join(CIFAR_FILES)})"
-            )
-    parts = [_read_cifar_batch(root / name) for name in CIFAR_FILES[:-1]]
-    x_test, y_test = _read_cifar_batch(root / "test_batch")
-    x_train = np.concatenate([p[0] for p in parts])
-    y_train = np.concatenate([p[1] for p in parts])
-    return x_train, y_train, x_test, y_test
-
-
-def load_digits_split(val_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """scikit-learn's digits (1,797 8×8 images, values 0…16) as (N, 8, 8, 1), split by a fixed
-    permutation into train and ``val_size`` test images (the same split for every seed)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    images = digits.images.astype(np.float32)[..., None]
-    labels = digits.target.astype(np.int64)
-    n = len(labels)
-    if isinstance(val_size, bool) or not isinstance(val_size, int) or not 0 < val_size < n:
-        raise ValueError(f"val_size must be an integer in [1, {n - 1}], got {val_size!r}")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0)).numpy()
-    test, train = perm[:val_size], perm[val_size:]
-    return images[train], labels[train], images[test], labels[test]
-
-
-def patchify(images: torch.Tensor, patch: int) -> torch.Tensor:
-    """(N, H, W, C) → (N, (H/patch)·(W/patch), patch·patch·C), patches in row-major order."""
-    n, h, w, c = images.shape
-    if h % patch or w % patch:
-        raise ValueError(f"patch size {patch} does not divide the image size {h}×{w}")
-    x = images.reshape(n, h // patch, patch, w // patch, patch, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(n, (h // patch) * (w // patch), patch * patch * c)
-
-
-def load_data(config: dict[str, Any], data_dir: Path | None) -> dict[str, torch.Tensor]:
-    """Standardised patch tensors and labels of the configured dataset."""
-    if config["dataset"] == "cifar10":
-        if data_dir is None:
-            raise ValueError(
-                "the CIFAR-10 configuration needs --data-dir DIR (a local copy in the python "
-                f"pickle format: {', '.join(CIFAR_FILES)})"
-            )
-        xtr, ytr, xte, yte = load_cifar10(data_dir)
-        patch = config["patch_cifar10"]
-    elif config["dataset"] == "digits":
-        xtr, ytr, xte, yte = load_digits_split(config["val_size"])
-        patch = config["patch_digits"]
-    else:
-        raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
-    xtr_t = torch.as_tensor(xtr, dtype=torch.float32)
-    xte_t = torch.as_tensor(xte, dtype=torch.float32)
-    mean = xtr_t.mean(dim=(0, 1, 2))
-    sd = xtr_t.std(dim=(0, 1, 2)).clamp_min(1e-6)
-    return {
-        "x_train": patchify((xtr_t - mean) / sd, patch),
-        "y_train": torch.as_tensor(ytr),
-        "x_val": patchify((xte_t - mean) / sd, patch),
-        "y_val": torch.as_tensor(yte),
-    }
-
-
 def make_task(
     config: dict[str, Any],
     data: dict[str, torch.Tensor],
@@ -360,20 +152,9 @@ def make_task(
 def check_task(config: dict[str, Any]) -> None:
     """Refuse task settings that cannot run (sizes, intervals, optimizer), naming the bad
     value; the movement and ablation experiments check their patches task with this."""
-    for key in ("steps", "eval_every", "batch_size", "d_model", "n_heads", "d_mlp", "n_layers"):
-        v = config[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{key} must be a positive integer, got {v!r}")
-    every = config["checkpoint_every"]
-    if isinstance(every, bool) or not isinstance(every, int) or every < 0:
-        raise ValueError(f"checkpoint_every must be an integer ≥ 0, got {every!r}")
-    if config["d_model"] % config["n_heads"]:
-        raise ValueError(
-            f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
-        )
     if config["dataset"] not in ("digits", "cifar10"):
         raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
-    check_optimizer_config(config)
+    check_training_config(config, ("batch_size", "d_model", "n_heads", "d_mlp", "n_layers"))
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -427,41 +208,33 @@ def gap_grows(gaps: list[float]) -> bool:
     return bool(all(b >= a for a, b in itertools.pairwise(gaps)))
 
 
-def run(options: RunOptions) -> dict[str, Any]:
+def run(options: common.RunOptions) -> dict[str, Any]:
     """Main paired comparison over ``seeds`` and the training-fraction sweep; writes the
     outputs."""
-    config = configure(PRESETS, options)
+    config = common.configure(PRESETS, options)
     if options.data_dir is not None:
         config["dataset"] = "cifar10"
     check_config(config)
-    device = resolve_device(options.device)
+    device = common.resolve_device(options.device)
     data = load_data(config, options.data_dir)
-    directory = output_dir(options, NAME)
+    directory = common.output_dir(options, NAME)
     base, other = config["arms"][0], config["arms"][-1]
     cache_config = runs.run_config(config, ("seeds", "arms", "fractions", "sweep_seeds"))
     full = make_task(config, data, 1.0, device)
-    cells = [
-        runs.Cell(cache_config, f"{1.0}-{seed}-{arm}", (full, 1.0, seed, arm))
-        for seed in config["seeds"]
-        for arm in config["arms"]
+    groups = [(1.0, full, config["seeds"])] + [
+        (f, make_task(config, data, f, device), config["sweep_seeds"]) for f in config["fractions"]
     ]
-    for fraction in config["fractions"]:
-        task = make_task(config, data, fraction, device)
-        cells += [
-            runs.Cell(cache_config, f"{fraction}-{seed}-{arm}", (task, fraction, seed, arm))
-            for seed in config["sweep_seeds"]
-            for arm in config["arms"]
-        ]
-
-    def work(cell: runs.Cell, ck: Any, bar: Any) -> Any:
-        task, _, seed, arm = cell.spec
-        return train_with(task, config, arm, seed, checkpoint=ck, show_progress=options.progress)
-
-    records = runs.run_cells(directory, cells, work, resume=options.resume)
-    for cell, record in zip(cells, records, strict=True):
-        task, fraction = cell.spec[:2]
+    cells, fractions = [], []
+    for fraction, task, seeds in groups:
+        for seed in seeds:
+            for arm in config["arms"]:
+                key = f"{fraction}-{seed}-{arm}"
+                cells.append(runs.Cell(cache_config, key, (task, config, arm, seed)))
+                fractions.append(fraction)
+    records = train_cells(directory, cells, options)
+    for cell, fraction, record in zip(cells, fractions, records, strict=True):
         record["fraction"] = fraction
-        record["n_train"] = len(task.y_train)
+        record["n_train"] = len(cell.spec[0].y_train)
     main = _compare([r for r in records if r["fraction"] == 1.0], base, other)
     main["n_train"] = len(full.y_train)
     sweep = []
@@ -482,17 +255,15 @@ def run(options: RunOptions) -> dict[str, Any]:
         "paper": PAPER,
     }
     summary["plots"] = _plots(directory, records, summary)
-    document = results_document(NAME, options, config, records, summary, device)
-    write_results(directory, document, markdown(config, summary))
-    runs.forget_cached(directory, cells)
-    return document
+    document = common.results_document(NAME, options, config, records, summary, device)
+    return runs.finish(directory, cells, document, markdown(config, summary))
 
 
 def _plots(directory: Path, runs: list[dict[str, Any]], summary: dict[str, Any]) -> list[str]:
     base, other = summary["base"], summary["other"]
     acc = {(r["arm"], r["seed"]): 100 * r["final_val_acc"] for r in runs if r["fraction"] == 1.0}
     path = directory / "patches_paired.png"
-    with figure(path, ncols=2, width=4.5) as axes:
+    with common.figure(path, ncols=2, width=4.5) as axes:
         seeds = summary["main"]["seeds"]
         for s in seeds:
             axes[0].plot([0, 1], [acc[(base, s)], acc[(other, s)]], "o-", color="gray", alpha=0.6)
@@ -518,7 +289,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
     """The tables of results.md."""
     base, other = summary["base"], summary["other"]
     m, g = summary["main"], summary["gap_slope"]
-    main_table = markdown_table(
+    main_table = common.markdown_table(
         [
             "dataset",
             "train images",
@@ -546,7 +317,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             ]
         ],
     )
-    sweep_table = markdown_table(
+    sweep_table = common.markdown_table(
         [
             "fraction",
             "train images",

@@ -12,7 +12,7 @@ computes at a time). ``run_cells`` computes them in order, each through ``run_ca
   resumed cell equals the uninterrupted one, bit for bit;
 - ``resume=False`` discards a cell's saved record and progress before computing it;
 - the saved records stay until ``forget_cached``, which an experiment calls once its outputs
-  are written (a kill before that loses no finished cell).
+  are written (``finish`` does both, in that order: a kill before that loses no finished cell).
 
 Also here: ``torch_threads`` (the thread count a sweep runs under), ``median``, and the paired
 statistics of arms over seeds (``paired_stats``, ``stat_cell``).
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torch_port.experiments.common import Checkpoint, progress
+from torch_port.experiments.common import Checkpoint, progress, write_results
 
 
 # -- cells and their cache ---------------------------------------------------------------------
@@ -121,6 +121,17 @@ def forget_cached(directory: Any, cells: Iterable[Cell]) -> None:
     for cell in cells:
         Checkpoint(directory, cell.config, cell.key).remove()
         Checkpoint(directory, cell.config, cell.key + "/done").remove()
+
+
+def finish(
+    directory: Path, cells: Iterable[Cell], document: dict[str, Any], markdown: str
+) -> dict[str, Any]:
+    """The last step of a sweep: write results.json and results.md (``common.write_results``,
+    which releases the output directory), then ``forget_cached`` the cells — in this order, so a
+    kill before the results are written loses no finished cell. Returns ``document``."""
+    write_results(directory, document, markdown)
+    forget_cached(directory, cells)
+    return document
 
 
 # -- the state of a training loop --------------------------------------------------------------

@@ -3,15 +3,16 @@
 Both experiments train every (task, seed, arm) of a configuration ``{"tasks": {name: task
 configuration}, "arms": [...], "seeds": [...]}`` on the tasks of the grokking and patches
 experiments (``TASKS``), with task configurations taken from those experiments' presets
-(``task_config``). ``run_stiefel_experiment`` is the whole ``run`` of either: configure and
-check, build every task, run the cells (``runs.run_cells``, keyed by the task's configuration,
-seed and arm), summarise, plot and write the results. This is the only module that imports the
-grokking and patches experiments.
+(``task_config``). ``run_stiefel_experiment`` is the whole ``run`` of either (each describes
+itself by a ``StiefelExperiment``): configure and check, build every task, train the cells
+(``training.train_cells``, keyed by the task's configuration, seed and arm), summarise, plot and
+write the results. This is the only module that imports the grokking and patches experiments.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,12 +20,10 @@ import torch
 from torch_port.experiments import grokking, patches, runs, training
 from torch_port.experiments.arms import check_arms
 from torch_port.experiments.common import (
-    Checkpoint,
     configure,
     output_dir,
     resolve_device,
     results_document,
-    write_results,
 )
 from torch_port.experiments.training import Task
 
@@ -97,9 +96,9 @@ def run_tasks(
     track_movement: bool,
 ) -> tuple[list[dict[str, Any]], list[runs.Cell]]:
     """Every (task, seed, arm) of ``config`` ("tasks": name -> task configuration, "arms",
-    "seeds") through ``runs.run_cells`` (keyed by the task's configuration, seed and arm);
+    "seeds") through ``training.train_cells`` (keyed by the task's configuration, seed and arm);
     every task is built (its data loaded) before the first run. Returns the run records and
-    their cells (for ``runs.forget_cached``)."""
+    their cells (for ``runs.finish``)."""
     check_arms(config["arms"])
     tasks = {}
     for name, tcfg in config["tasks"].items():
@@ -112,43 +111,36 @@ def run_tasks(
         cache_config = {"task": name, **tcfg, "track_movement": track_movement}
         for arm in config["arms"]:
             cells.append(runs.Cell(cache_config, f"{name}-{seed}-{arm}", (task, tcfg, arm, seed)))
-
-    def work(cell: runs.Cell, ck: Checkpoint, bar: Any) -> Any:
-        task, tcfg, arm, seed = cell.spec
-        return training.train_with(
-            task,
-            tcfg,
-            arm,
-            seed,
-            track_movement=track_movement,
-            checkpoint=ck,
-            show_progress=options.progress,
-        )
-
-    return runs.run_cells(directory, cells, work, resume=options.resume), cells
+    records = training.train_cells(directory, cells, options, track_movement=track_movement)
+    return records, cells
 
 
-def run_stiefel_experiment(
-    name: str,
-    presets: dict[str, dict[str, Any]],
-    options: Any,
-    *,
-    track_movement: bool,
-    summarise: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]],
-    markdown: Callable[[dict[str, Any], dict[str, Any]], str],
-    plots: Callable[[Any, dict[str, Any], list[dict[str, Any]], dict[str, Any]], list[str]],
-) -> dict[str, Any]:
-    """A movement/ablation-style experiment: configure the preset (CIFAR-10 for the patches
-    task when ``options.data_dir`` is given), check it, train every (task, seed, arm), then
-    ``summarise`` the runs, draw the ``plots`` and write results.json and results.md."""
-    config = apply_data_dir(configure(presets, options), options.data_dir)
+@dataclass(frozen=True)
+class StiefelExperiment:
+    """What a movement/ablation-style experiment module supplies to ``run_stiefel_experiment``:
+    its ``name`` and ``presets``, its reports (``summarise(config, runs) -> summary``,
+    ``markdown(config, summary) -> results.md``, ``plots(directory, config, runs, summary) ->
+    file names``) and whether its runs log per-step movement (``track_movement``)."""
+
+    name: str
+    presets: dict[str, dict[str, Any]]
+    summarise: Callable[[dict[str, Any], list[dict[str, Any]]], dict[str, Any]]
+    markdown: Callable[[dict[str, Any], dict[str, Any]], str]
+    plots: Callable[[Any, dict[str, Any], list[dict[str, Any]], dict[str, Any]], list[str]]
+    track_movement: bool = False
+
+
+def run_stiefel_experiment(experiment: StiefelExperiment, options: Any) -> dict[str, Any]:
+    """The ``run`` of a movement/ablation-style experiment: configure its preset (CIFAR-10 for
+    the patches task when ``options.data_dir`` is given), check it, train every (task, seed,
+    arm), then ``summarise`` the runs, draw the ``plots`` and write results.json and results.md
+    under ``<out>/<name>``."""
+    config = apply_data_dir(configure(experiment.presets, options), options.data_dir)
     check_tasks(config)
     device = resolve_device(options.device)
-    directory = output_dir(options, name)
-    records, cells = run_tasks(config, options, directory, device, track_movement)
-    summary = summarise(config, records)
-    summary["plots"] = plots(directory, config, records, summary)
-    document = results_document(name, options, config, records, summary, device)
-    write_results(directory, document, markdown(config, summary))
-    runs.forget_cached(directory, cells)
-    return document
+    directory = output_dir(options, experiment.name)
+    records, cells = run_tasks(config, options, directory, device, experiment.track_movement)
+    summary = experiment.summarise(config, records)
+    summary["plots"] = experiment.plots(directory, config, records, summary)
+    document = results_document(experiment.name, options, config, records, summary, device)
+    return runs.finish(directory, cells, document, experiment.markdown(config, summary))

@@ -5,13 +5,14 @@ arm, seed) under the arm's optimizer (``arms``), logs accuracy, per-component we
 principal angles of W_Q/W_K to their initialisation and, on request, the per-step movement
 ‖W_{t+1} − W_t‖_F of every head's W_Q and W_K, and can stop and resume from a ``Checkpoint``
 exactly (``runs.save_training``/``runs.resume_training``); ``train_with`` takes its settings from
-a task configuration. Runs of a sweep go through ``runs.run_cells``.
+a task configuration (``check_training_config`` refuses one that cannot run); ``train_cells``
+trains the (task, configuration, arm, seed) cells of a sweep through ``runs.run_cells``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,14 @@ from torch_port import linalg
 from torch_port.experiments.arms import (
     arm_geometry,
     check_arms,
+    check_optimizer_config,
     make_optimizer,
     prepare_model,
     qk_parameters,
     trust_radius,
 )
-from torch_port.experiments.common import Checkpoint, generator, progress
-from torch_port.experiments.runs import resume_training, save_training
+from torch_port.experiments.common import Checkpoint, check_int, generator, progress
+from torch_port.experiments.runs import Cell, resume_training, run_cells, save_training
 
 Tensor = torch.Tensor
 
@@ -307,3 +309,41 @@ def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: An
         checkpoint_every=config["checkpoint_every"],
         **kw,
     )
+
+
+def check_training_config(config: dict[str, Any], sizes: Iterable[str]) -> None:
+    """Refuse a task configuration whose ``train_with`` settings cannot run, naming the bad
+    value: ``steps``, ``eval_every`` and the ``sizes`` keys must be positive integers,
+    ``checkpoint_every`` an integer ≥ 0, ``d_model`` divisible by ``n_heads``, and the optimizer
+    settings valid (``arms.check_optimizer_config``)."""
+    for key in ("steps", "eval_every", *sizes):
+        check_int(config, key)
+    check_int(config, "checkpoint_every", 0)
+    if config["d_model"] % config["n_heads"]:
+        raise ValueError(
+            f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
+        )
+    check_optimizer_config(config)
+
+
+def train_cells(
+    directory: Any, cells: Sequence[Cell], options: Any, *, track_movement: bool = False
+) -> list[dict[str, Any]]:
+    """The records of ``cells``, each cell's ``spec`` a (task, task configuration, arm, seed)
+    trained by ``train_with`` (``track_movement`` passed on), through ``runs.run_cells``: a cell
+    finished earlier is read back, an interrupted one resumed from its checkpoint, none of it with
+    ``options.resume`` False; each run's progress bar shown when ``options.progress``."""
+
+    def work(cell: Cell, checkpoint: Checkpoint, bar: Any) -> dict[str, Any] | None:
+        task, config, arm, seed = cell.spec
+        return train_with(
+            task,
+            config,
+            arm,
+            seed,
+            track_movement=track_movement,
+            checkpoint=checkpoint,
+            show_progress=options.progress,
+        )
+
+    return run_cells(directory, cells, work, resume=options.resume)
