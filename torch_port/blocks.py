@@ -187,16 +187,9 @@ class BlockGeometry:
         return self.base.egrad_from_pair(x, (self._stack(g_a, "row"), self._stack(g_b, "col")))
 
     # -- the protocol: the base geometry, batched over the groups -------------------------------
-    def random_point(
-        self,
-        generator: torch.Generator | None = None,
-        batch_shape: Sequence[int] = (),
-        dtype: torch.dtype = torch.float64,
-        device: torch.device | str | None = None,
-    ) -> tuple:
-        return self.base.random_point(
-            generator, (*batch_shape, self.n_groups), dtype=dtype, device=device
-        )
+    def random_point(self, generator=None, batch_shape: Sequence[int] = (), **kwargs) -> tuple:
+        """A base point per element of the batch and group (``dtype``, ``device`` as the base's)."""
+        return self.base.random_point(generator, (*batch_shape, self.n_groups), **kwargs)
 
     def __getattr__(self, name: str):
         # proj, proj_tangent, egrad_to_rgrad, retract, transport, inner, norm, zero_tangent,

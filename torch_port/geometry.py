@@ -34,13 +34,9 @@ class Geometry(Protocol):
     moment_groups: tuple[tuple[int, ...], ...]
     retraction_order: int
 
-    def random_point(
-        self,
-        generator: torch.Generator | None = None,
-        batch_shape: Sequence[int] = (),
-        dtype: torch.dtype = torch.float64,
-        device: torch.device | str | None = None,
-    ) -> Any: ...
+    #: random_point(generator=None, batch_shape=(), dtype=torch.float64, device=None)
+    random_point: Callable[..., Any]
+
     def random_tangent(self, x: Any, generator: torch.Generator | None = None) -> Any: ...
     def zero_tangent(self, x: Any) -> Any: ...
     def inner(self, x: Any, u: Any, v: Any) -> Tensor: ...

@@ -21,6 +21,12 @@ from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.transforms import Transform
 
 
+def hyperparameters(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A preset's keyword arguments as the optimizer's defaults (its ``locals()`` less
+    ``self`` and ``params``)."""
+    return {k: v for k, v in arguments.items() if k not in ("self", "params", "__class__")}
+
+
 class RiemannianAdam(ChainOptimizer):
     """Riemannian Adam of Stiefel attention (``reference.optim.riemannian_adam``).
 
@@ -58,17 +64,7 @@ class RiemannianAdam(ChainOptimizer):
         reduction: str = "mean",
         skip_nonfinite: bool = False,
     ):
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            skip_nonfinite=skip_nonfinite,
-            trust_radius=trust_radius,
-            moment=moment,
-            reduction=reduction,
-        )
+        super().__init__(params, **hyperparameters(locals()))
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
@@ -108,16 +104,7 @@ class RiemannianMomentum(ChainOptimizer):
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
     ):
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            skip_nonfinite=skip_nonfinite,
-            beta=beta,
-            c=c,
-        )
+        super().__init__(params, **hyperparameters(locals()))
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
@@ -146,15 +133,7 @@ class RSGD(ChainOptimizer):
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
     ):
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            skip_nonfinite=skip_nonfinite,
-            trust_radius=trust_radius,
-        )
+        super().__init__(params, **hyperparameters(locals()))
 
     def rule(self, group: dict[str, Any]) -> Transform:
         steps = [transforms.scale(-group["lr"])]
@@ -176,14 +155,7 @@ class NormalizedRSGD(ChainOptimizer):
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
     ):
-        super().__init__(
-            params,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-            weight_decay=weight_decay,
-            skip_nonfinite=skip_nonfinite,
-        )
+        super().__init__(params, **hyperparameters(locals()))
 
     def rule(self, group: dict[str, Any]) -> Transform:
         return transforms.chain(transforms.normalize_by_rms(), transforms.scale(-group["lr"]))
