@@ -9,12 +9,12 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import U
 
 import reference as ref
 from reference import optim
 
 NAN, INF = float("nan"), float("inf")
-U = np.finfo(np.float64).eps / 2  # unit roundoff, 1.1e-16
 
 
 def _stiefel(d=6, r=3, seed=0):

@@ -13,10 +13,9 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from conftest import U
 
 from reference import capacity as cap
-
-U = np.finfo(np.float64).eps / 2
 
 
 def entropy_rank_closed_form(weights: list[int]) -> float:

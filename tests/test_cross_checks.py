@@ -35,20 +35,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.linalg
+from conftest import U
 
 import reference as ref
+from proofs_checks.bounds import gamma
 
-U_ROUND = np.finfo(np.float64).eps / 2  # u = 2^-53 ≈ 1.1e-16
 M, N, R = 7, 5, 2
 
 #: Number of rounding steps (products, factorizations, solves) in the longest chain of any of the
 #: computations compared below, each contributing ≤ γ_k·(its input norms) to first order; with the
 #: constant c ≤ 3 of backward-stable factorizations this is a generous count (≤ 8 steps × 3).
 CHAIN = 24
-
-
-def gamma(k: int) -> float:
-    return k * U_ROUND / (1 - k * U_ROUND)
 
 
 def fro(a) -> float:
@@ -203,8 +200,8 @@ def test_r1_retraction_matches_pymanopt(r1, step) -> None:
     truth, sig = _truncated_svd(a, R)
     bound = CHAIN * gamma(max(M, N)) * fro(a) * (1 + 2 * sig[0] / (sig[R - 1] - sig[R]))
     assert fro(ours - truth) <= bound
-    assert fro(theirs - truth) <= bound + np.sqrt(R) * 2 * U_ROUND
-    assert fro(ours - theirs) <= 2 * bound + np.sqrt(R) * 2 * U_ROUND
+    assert fro(theirs - truth) <= bound + np.sqrt(R) * 2 * U
+    assert fro(ours - theirs) <= 2 * bound + np.sqrt(R) * 2 * U
 
 
 def test_r1_transport_matches_pymanopt(r1) -> None:
@@ -274,7 +271,7 @@ def test_stiefel_exp_matches_pymanopt(stiefel, size) -> None:
     a, s = w.T @ xi, xi.T @ xi
     x_norm = np.linalg.norm(np.block([[a, -s], [np.eye(P), a]]), 2)
     scale = fro(np.hstack([w, xi])) * np.exp(x_norm) * np.exp(np.linalg.norm(a, 2))
-    tol = (CHAIN * gamma(2 * P) + 2 * U_ROUND * x_norm) * scale
+    tol = (CHAIN * gamma(2 * P) + 2 * U * x_norm) * scale
     assert fro(st.exp(w, xi) - peer.exp(w, xi)) <= 2 * tol
 
 
@@ -417,7 +414,7 @@ def _fd_terms(c, x, eta, h: float) -> tuple[float, float]:
 
 def _fd_bound(c, x, eta, h: float) -> float:
     third, rounding = _fd_terms(c, x, eta, h)
-    return h**2 / 6 * third + rounding / (2 * h) * (1 + 2 * U_ROUND)
+    return h**2 / 6 * third + rounding / (2 * h) * (1 + 2 * U)
 
 
 def _rgrad_error_bound(geo, x, rgrad) -> float:

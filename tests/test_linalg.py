@@ -9,10 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.linalg
+from conftest import U
 
 from reference import linalg
-
-U = np.finfo(np.float64).eps / 2  # unit roundoff, 1.1e-16
 
 
 def _with_singular_values(rng: np.random.Generator, d: int, r: int, sig: np.ndarray):

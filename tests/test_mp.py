@@ -10,11 +10,10 @@ import mpmath
 import numpy as np
 import pytest
 import scipy.linalg
+from conftest import U
 
 from reference import linalg, mp, optim
 from reference.stiefel import Stiefel
-
-U = np.finfo(np.float64).eps / 2  # unit roundoff, 1.1e-16
 
 
 def _well_conditioned(rng, d, r, lo=1.0, hi=1.5):

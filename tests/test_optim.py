@@ -12,11 +12,11 @@ import warnings
 import numpy as np
 import pytest
 import scipy.linalg
+from conftest import U
 
 import reference as ref
 from reference import optim
 
-U = np.finfo(np.float64).eps / 2  # unit roundoff, 1.1e-16
 D, R = 6, 3
 
 

@@ -5,7 +5,10 @@ Expected values come from independent computations on formed m×n matrices (the 
 projection in closed matrix form, the nearest partial isometry by a full SVD, ranks and singular
 values of linear maps assembled column by column), from tangent vectors built with SciPy's null
 spaces instead of the code under test, from least-squares projections onto an explicit basis of
-the vertical space, from the von Neumann trace inequality, and from Taylor slopes.
+the vertical space, and from the von Neumann trace inequality. The generic laws (projector and
+range, tangent vectors, the Riemannian gradient and its Taylor slope, retraction order, transport,
+the quotient's fibre) are tested once for every geometry in test_geometry_laws.py; γ_k and
+``frame_error`` are those of proofs_checks.bounds.
 
 Rounding bounds (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., §3.5): u is the
 unit roundoff 2^-53, γ_k = k·u/(1 − k·u); |fl(AB) − AB| ≤ γ_k |A||B| for an inner dimension k, so
@@ -23,25 +26,18 @@ import pytest
 import scipy.linalg
 
 import reference as ref
+from proofs_checks.bounds import frame_error, gamma
 from reference.partial_isometry import (
     PartialIsometryEmbedded,
     PartialIsometryQuotient,
     StiefelPair,
 )
 
-U_ROUND = np.finfo(np.float64).eps / 2  # unit roundoff u = 2^-53 ≈ 1.1e-16
-
 P1, P2, P3 = PartialIsometryEmbedded, PartialIsometryQuotient, StiefelPair
 GEOMETRIES = [P1, P2, P3]
 FACTOR_GEOMETRIES = [P2, P3]
 # (m, n, r): a generic case, rank one, r = n (V square), r = m = n (PI_r(r, r) = O(r)).
 SIZES = [(7, 5, 2), (7, 5, 1), (5, 3, 3), (4, 4, 4)]
-T_VALUES = np.logspace(-1, -3, 5)  # step sizes of the slope tests
-
-
-def gamma(k: int) -> float:
-    """γ_k = k·u/(1 − k·u)."""
-    return k * U_ROUND / (1 - k * U_ROUND)
 
 
 def _chain_tol(k: int, d: int, r: int, scale: float, terms: int = 1) -> float:
@@ -49,19 +45,6 @@ def _chain_tol(k: int, d: int, r: int, scale: float, terms: int = 1) -> float:
     holding ≤ k frames (U or V, ‖·‖_F = √r) and one data matrix of Frobenius norm ``scale``:
     terms·k·γ_d·r^{k/2}·scale (first order; see the module docstring)."""
     return terms * k * gamma(d) * r ** (k / 2) * scale
-
-
-def frame_error(d: int, r: int, kappa: float = 1.0) -> float:
-    """A-priori bound on ‖WᵀW − I‖ for W = polar(A) computed in float64, derived in
-    proofs_checks.bounds.frame_error (Gram γ_d·κ²·√r, symmetric eigensolver r·u, two r×r
-    products 2γ_r·κ²·√r, safety factor 10, times √r): 10·(γ_d + r·u + 2γ_r)·κ²·r. Householder
-    QR is orthonormal to O(d·r·u) (Higham Thm 19.4), below this bound for our sizes."""
-    return 10 * (gamma(d) + r * U_ROUND + 2 * gamma(r)) * kappa**2 * r
-
-
-def _slope(ts, errors) -> float:
-    """Least-squares slope of log(error) against log(t)."""
-    return float(np.polyfit(np.log(ts), np.log(errors), 1)[0])
 
 
 # -- independent constructions (NumPy/SciPy, not the code under test) --------------------------
@@ -124,14 +107,6 @@ def _lift(x, parts):
     uu, vv = x
     omega, up, vp = parts
     return uu @ omega / 2 + up, -vv @ omega / 2 + vp
-
-
-def _stiefel_pair_tangent(x, rng):
-    """(UA + U_⊥B, VC + V_⊥D) with A, C skew: tangent to St × St, generally not horizontal."""
-    uu, vv = x
-    r = uu.shape[1]
-    a, c = _skew(rng.standard_normal((r, r))), _skew(rng.standard_normal((r, r)))
-    return uu @ a + _complement_coords(uu, rng), vv @ c + _complement_coords(vv, rng)
 
 
 def _tangent_projection(x, z):
@@ -255,27 +230,6 @@ def test_dim_is_rank_of_tangent_map(cls, m, n, r):
     assert int(np.sum(sv > 0.5)) == g.dim
 
 
-@pytest.mark.parametrize("cls", FACTOR_GEOMETRIES)
-@pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_dim_is_rank_of_factor_projection(cls, m, n, r):
-    """P2: the horizontal space has dimension dim PI_r; P3: the tangent space of St × St."""
-    g = cls(m, n, r)
-    x = _frames(m, n, r, seed=2)
-    size = (m + n) * r
-    cols = []
-    for k in range(size):
-        e = np.zeros(size)
-        e[k] = 1.0
-        z = (e[: m * r].reshape(m, r), e[m * r :].reshape(n, r))
-        cols.append(_flat(g.proj(x, z)))
-    sv = np.linalg.svd(np.stack(cols, axis=1), compute_uv=False)
-    # An orthogonal projection: singular values 0 or 1, each computed to ≤ √size·(3 chains of
-    # ≤ 3 products), far from ½.
-    tol = np.sqrt(size) * _chain_tol(3, max(m, n), r, 1.0, terms=3)
-    assert np.all(np.minimum(np.abs(sv), np.abs(sv - 1.0)) < tol)
-    assert int(np.sum(sv > 0.5)) == g.dim
-
-
 def test_constructor_errors():
     with pytest.raises(ValueError, match=r"r ≤ min\(m, n\).*r=4 > min\(m=5, n=3\) = 3"):
         P1(5, 3, 4)
@@ -303,24 +257,16 @@ def test_constructor_errors():
 # -- points ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("cls", GEOMETRIES)
 @pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_random_point(cls, m, n, r):
+def test_random_point_is_a_pair_of_stiefel_draws(cls, m, n, r):
+    """(Orthonormal factors and unit singular values of W: test_geometry_laws.py.)"""
     g = cls(m, n, r)
     x = g.random_point(np.random.default_rng(3))
-    g.check_point(x)
     assert isinstance(x, tuple) and x[0].shape == (m, r) and x[1].shape == (n, r)
-    assert np.linalg.norm(x[0].T @ x[0] - np.eye(r)) < frame_error(m, r)
-    assert np.linalg.norm(x[1].T @ x[1] - np.eye(r)) < frame_error(n, r)
     # Each factor is a Stiefel draw, U first, from the same generator.
     rng = np.random.default_rng(3)
     expected = ref.Stiefel(m, r).random_point(rng), ref.Stiefel(n, r).random_point(rng)
     assert all(np.array_equal(a, b) for a, b in zip(x, expected, strict=True))
     assert g.pair(x)[0] is x[0] and g.pair(x)[1] is x[1]
-    w = g.to_matrix(x)
-    # W = UVᵀ has r singular values 1 and the rest 0, to ≤ frame residuals + SVD backward error
-    # γ_{mn}·‖W‖_F.
-    sv = np.linalg.svd(w, compute_uv=False)
-    tol = frame_error(m, r) + frame_error(n, r) + gamma(m * n) * np.sqrt(r)
-    assert np.max(np.abs(sv[:r] - 1.0)) < tol and np.all(sv[r:] < tol)
 
 
 @pytest.mark.parametrize("cls", GEOMETRIES)
@@ -368,23 +314,14 @@ def test_project_point_and_decay_warning(cls):
 # -- tangent vectors and metrics ---------------------------------------------------------------
 @pytest.mark.parametrize("cls", GEOMETRIES)
 @pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_random_and_zero_tangent(cls, m, n, r):
+def test_tangent_layout(cls, m, n, r):
+    """P1's Ω of a random tangent is exactly skew, check_tangent accepts it, and the zero
+    tangent has the family's layout. (Tangency and unit norm: test_geometry_laws.py.)"""
     g = cls(m, n, r)
     x = _frames(m, n, r, seed=7)
     u = g.random_tangent(x, np.random.default_rng(8))
-    n_entries = _flat(u).size
-    # Division by the computed norm: |‖u‖ − 1| ≤ γ_{N+2} (sum of N squares, sqrt, divide), ×2.
-    assert abs(np.linalg.norm(_flat(u)) - 1.0) < 2 * gamma(n_entries + 2)
-    assert g.norm(x, u) == pytest.approx(1.0, abs=2 * gamma(n_entries + 2))
-    tol = _chain_tol(2, max(m, n), r, 1.0, terms=2)  # one projection of a unit vector, one test
     if cls is P1:
-        omega, up, vp = u
-        assert np.array_equal(omega, -omega.T)
-        assert np.linalg.norm(x[0].T @ up) < tol and np.linalg.norm(x[1].T @ vp) < tol
-    else:
-        assert max(np.linalg.norm(_sym(f.T @ t)) for f, t in zip(x, u, strict=True)) < tol
-        if cls is P2:
-            assert _horizontal_residual(x, u) < tol
+        assert np.array_equal(u[0], -u[0].T)
     g.check_tangent(x, u)
     z = g.zero_tangent(x)
     shapes = [(r, r), (m, r), (n, r)] if cls is P1 else [(m, r), (n, r)]
@@ -460,28 +397,6 @@ def test_p1_proj_matches_matrix_projection(m, n, r):
 
 
 @pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_p1_projection_idempotent_and_self_adjoint(m, n, r):
-    """Π(Z) = tangent_to_matrix(proj(egrad_from_matrix(Z))) is Frobenius-orthogonal."""
-    g = P1(m, n, r)
-    x = _frames(m, n, r, seed=17)
-
-    def big_pi(z):
-        return g.tangent_to_matrix(x, g.proj(x, g.egrad_from_matrix(x, z)))
-
-    z1, z2 = np.random.default_rng(18).standard_normal((2, m, n))
-    n1, n2 = np.linalg.norm(z1), np.linalg.norm(z2)
-    tol = _chain_tol(4, max(m, n), r, 1.0, terms=3)  # per unit of ‖Z‖, one application of Π
-    p1 = big_pi(z1)
-    assert np.max(np.abs(big_pi(p1) - p1)) < 2 * tol * n1
-    # ⟨Π Z1, Z2⟩ vs ⟨Z1, Π Z2⟩: Π's error on either side plus the m·n-term sums.
-    adj_tol = (2 * tol + 2 * gamma(m * n)) * n1 * n2
-    assert np.vdot(p1, z2) == pytest.approx(np.vdot(z1, big_pi(z2)), abs=adj_tol)
-    # Z − Π Z is normal: orthogonal to every tangent matrix.
-    t = _form(x, _p1_parts(x, np.random.default_rng(19)))
-    assert abs(np.vdot(z1 - p1, t)) < adj_tol / n2 * 2
-
-
-@pytest.mark.parametrize(("m", "n", "r"), SIZES)
 def test_proj_tangent(m, n, r):
     """P1: a tangent-layout (Ω̃, Ũ_p, Ṽ_p) is projected part by part, (skew Ω̃, (I − UUᵀ)Ũ_p,
     (I − VVᵀ)Ṽ_p), the orthogonal projection in the layout's metric (idempotent, self-adjoint,
@@ -520,7 +435,10 @@ def test_proj_tangent(m, n, r):
 
 @pytest.mark.parametrize("cls", FACTOR_GEOMETRIES)
 @pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_factor_proj_idempotent_self_adjoint_and_independent(cls, m, n, r):
+def test_factor_proj_matches_independent_constructions(cls, m, n, r):
+    """The metric is Euclidean in factor space, and proj is the Stiefel-pair projection (P3) or
+    that minus a least-squares fit on an explicit vertical basis (P2). (Idempotence,
+    self-adjointness and tangency: test_geometry_laws.py.)"""
     g = cls(m, n, r)
     x = _frames(m, n, r, seed=22)
     rng = np.random.default_rng(23)
@@ -530,19 +448,12 @@ def test_factor_proj_idempotent_self_adjoint_and_independent(cls, m, n, r):
     # Stiefel projection then (P2) the vertical correction: ≤ 3 chains of ≤ 3 products each.
     tol = _chain_tol(3, max(m, n), r, 1.0, terms=3)
     p = g.proj(x, z1)
-    assert np.max(np.abs(_flat(g.proj(x, p)) - _flat(p))) < 2 * tol * n1
     adj_tol = (2 * tol + 2 * gamma((m + n) * r)) * n1 * n2
-    assert np.vdot(_flat(p), _flat(z2)) == pytest.approx(
-        np.vdot(_flat(z1), _flat(g.proj(x, z2))), abs=adj_tol
-    )
     assert g.inner(x, p, z2) == pytest.approx(np.vdot(_flat(p), _flat(z2)), abs=adj_tol)
     expected = _horizontal_proj_lstsq(x, z1) if cls is P2 else _stiefel_pair_proj(x, z1)
     # lstsq on an orthonormal-up-to-√2 basis (‖(UE_k, VE_k)‖ = 2, mutually orthogonal):
     # backward stable, condition 1, so its error is ≤ γ_{(m+n)r}·‖z‖ on top of the projections.
     assert np.max(np.abs(_flat(p) - _flat(expected))) < (2 * tol + gamma((m + n) * r)) * n1
-    assert max(np.linalg.norm(_sym(f.T @ t)) for f, t in zip(x, p, strict=True)) < 2 * tol * n1
-    if cls is P2:
-        assert _horizontal_residual(x, p) < 2 * tol * n1
 
 
 def test_p2_vertical_and_act():
@@ -563,76 +474,6 @@ def test_p2_vertical_and_act():
 
 
 # -- gradients ---------------------------------------------------------------------------------
-def _tangent_for(cls, x, rng):
-    if cls is P1:
-        return _p1_parts(x, rng)
-    if cls is P2:
-        return _lift(x, _p1_parts(x, rng))
-    u = _stiefel_pair_tangent(x, rng)
-    return _scale(1.0 / np.linalg.norm(_flat(u)), u)
-
-
-@pytest.mark.parametrize("cls", GEOMETRIES)
-@pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_rgrad_represents_differential(cls, m, n, r):
-    """g(rgrad, ξ) = Df[ξ]: ⟨G_W, ξ_matrix⟩ (P1, P2) or ⟨G_U, ξ_U⟩ + ⟨G_V, ξ_V⟩ (P2, P3)."""
-    g = cls(m, n, r)
-    x = _frames(m, n, r, seed=26)
-    rng = np.random.default_rng(27)
-    gw = rng.standard_normal((m, n))
-    egrad = g.egrad_from_matrix(x, gw)
-    rg = g.egrad_to_rgrad(x, egrad)
-    tol = (4 * _chain_tol(4, max(m, n), r, 1.0, terms=3) + 2 * gamma(m * n)) * np.linalg.norm(gw)
-    for _ in range(3):
-        xi = _tangent_for(cls, x, rng)
-        lhs = g.inner(x, rg, xi)
-        if cls is P3:
-            assert lhs == pytest.approx(np.vdot(_flat(egrad), _flat(xi)), abs=tol)
-        else:
-            assert lhs == pytest.approx(np.vdot(gw, g.tangent_to_matrix(x, xi)), abs=tol)
-
-
-@pytest.mark.parametrize("cls", GEOMETRIES)
-@pytest.mark.parametrize(("m", "n", "r"), [(7, 5, 2), (5, 3, 3)])
-def test_rgrad_taylor_slope(cls, m, n, r):
-    """e(t) = |f(R(tξ)) − f(x) − t·g(rgrad, ξ)| = O(t²): slope 2 over t = 1e-1…1e-3; with a
-    wrong gradient (1.1·rgrad, the negative control) the slope is 1.
-
-    e(t) = c t²(1 + a t + …): the a·t term moves the fitted slope by ≲ 0.1·|a|/ln(100) and
-    |a| ≲ 2 here; rounding of f (|f| ≤ m·n, ≤ γ_{mn}·m·n ≈ 1e-13) is ≤ 1e-6 of e(1e-3) ≳ 1e-7.
-    So the windows ±0.25 around 2 and 1 separate the cases."""
-    g = cls(m, n, r)
-    f, grad = _loss(28, m, n)
-    x = g.random_point(np.random.default_rng(29))
-    xi = g.random_tangent(x, np.random.default_rng(30))
-    rg = g.egrad_to_rgrad(x, g.egrad_from_matrix(x, grad(g.to_matrix(x))))
-    f0, d = f(g.to_matrix(x)), g.inner(x, rg, xi)
-    errors = [abs(f(g.to_matrix(g.retract(x, _scale(t, xi)))) - f0 - t * d) for t in T_VALUES]
-    assert abs(_slope(T_VALUES, errors) - 2.0) < 0.25
-    wrong = [abs(f(g.to_matrix(g.retract(x, _scale(t, xi)))) - f0 - 1.1 * t * d) for t in T_VALUES]
-    assert abs(_slope(T_VALUES, wrong) - 1.0) < 0.25
-
-
-@pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_p2_rgrad_horizontal_and_loss_invariant_on_fibre(m, n, r):
-    g = P2(m, n, r)
-    f, grad = _loss(31, m, n)
-    x = _frames(m, n, r, seed=32)
-    rg = g.egrad_to_rgrad(x, g.egrad_from_matrix(x, grad(g.to_matrix(x))))
-    # skew(UᵀP_U(G V) + VᵀP_V(GᵀU)) = skew(UᵀGV) + skew(VᵀGᵀU) = 0 up to the rounding of the
-    # egrad and projection chains (‖G‖_F ≤ ‖B‖_F ≤ √(mn)·3).
-    gnorm = np.linalg.norm(grad(g.to_matrix(x)))
-    assert _horizontal_residual(x, rg) < 2 * _chain_tol(4, max(m, n), r, gnorm, terms=3)
-    # Fibre invariance: f(U q, V q) = f(U, V) for Haar q: W changes by ≤ 2·_chain_tol(2, r, r)
-    # and F is Lipschitz with constant ‖B‖_F.
-    rng = np.random.default_rng(33)
-    for _ in range(3):
-        q = ref.linalg.haar_orthogonal(r, rng)
-        wq = g.to_matrix(g.act(x, q))
-        bound = (4 * _chain_tol(2, r, r, 1.0) * gnorm) + 2 * gamma(m * n) * m * n
-        assert abs(f(wq) - f(g.to_matrix(x))) < bound
-
-
 @pytest.mark.parametrize(("m", "n", "r"), [(7, 5, 2), (5, 3, 3), (4, 4, 4)])
 def test_p2_rgrad_not_horizontal_for_loss_of_u_alone(m, n, r):
     """Negative control: h(U, V) = Σ sin(B∘U) is not a function of UVᵀ; its projected gradient
@@ -671,33 +512,6 @@ def test_moment_groups_and_horizontal_steps(m, n, r):
 
 
 # -- retractions -------------------------------------------------------------------------------
-def _retractions(cls):
-    return cls._retractions
-
-
-@pytest.mark.parametrize(
-    ("cls", "retraction"), [(c, rt) for c in GEOMETRIES for rt in _retractions(c)]
-)
-@pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_retract_zero_and_stays_on_manifold(cls, retraction, m, n, r):
-    g = cls(m, n, r, retraction=retraction)
-    x = _frames(m, n, r, seed=38)
-    y0 = g.retract(x, g.zero_tangent(x))
-    # R_x(0) = x factor by factor: orthonormalising an orthonormal U (polar/QR/exp, or the
-    # Procrustes-aligned SVD of the P1 core) changes it by ≤ frame_error (exp: two r×r expm, ≤
-    # the same order).
-    assert max(np.max(np.abs(a - b)) for a, b in zip(y0, x, strict=True)) < frame_error(
-        max(m, n), r
-    )
-    u = _scale(0.9, g.random_tangent(x, np.random.default_rng(39)))
-    y = g.retract(x, u)
-    g.check_point(y)
-    # Every route ends in an orthonormalisation of a matrix of condition ≤ √(1 + 0.9²) < 1.4
-    # (exp: an exact geodesic, ≤ the same order).
-    for f, d in zip(y, (m, n), strict=True):
-        assert np.linalg.norm(f.T @ f - np.eye(r)) < frame_error(d, r, kappa=1.4)
-
-
 @pytest.mark.parametrize(("m", "n", "r"), SIZES)
 @pytest.mark.parametrize("size", [0.5, 1.3])
 def test_p1_retraction_is_nearest_partial_isometry(m, n, r, size):
@@ -737,37 +551,6 @@ def test_p1_qr_on_square_is_cayley(r):
     cayley = np.linalg.solve((np.eye(r) - omega / 2).T, (np.eye(r) + omega / 2).T).T
     # QR and a solve of matrices of condition ≤ 1 + ‖Ω‖₂/2 < 3: ≤ frame_error(r, r, κ = 3).
     assert np.max(np.abs(g.to_matrix(y) - x[0] @ cayley @ x[1].T)) < frame_error(r, r, kappa=3.0)
-
-
-def _order_error(g, x, u, t):
-    """‖P_x(R(tu) − x − tu)‖: in the matrix space for P1 (P = the tangent projection of PI_r),
-    in factor space for P2, P3 (P = the tangent projection of St × St, which contains P2's
-    horizontal space)."""
-    y = g.retract(x, _scale(t, u))
-    if g.embedded:
-        e = g.to_matrix(y) - g.to_matrix(x) - t * _form(x, u)
-        return np.linalg.norm(_tangent_projection(x, e))
-    e = tuple(a - b - t * c for a, b, c in zip(y, x, u, strict=True))
-    return np.linalg.norm(_flat(_stiefel_pair_proj(x, e)))
-
-
-@pytest.mark.parametrize(
-    ("cls", "retraction"), [(c, rt) for c in GEOMETRIES for rt in _retractions(c)]
-)
-@pytest.mark.parametrize(("m", "n", "r"), [(7, 5, 2), (7, 5, 1), (5, 3, 3)])
-def test_retraction_order(cls, retraction, m, n, r):
-    """Second-order retractions: the tangent part of R(tξ) − x − tξ is O(t³) (slope 3 over
-    t = 1e-1…1e-3); 'qr' (first order for r ≥ 2, with m > r) O(t²). For r = 1 (Ω = 0, each
-    factor normalised) 'qr' is second order as well.
-
-    e(t) = c t^p (1 + a t + …) with |a| ≲ 2 moves the fitted slope by ≲ 0.1·|a|/ln(100) < 0.05;
-    rounding (≲ 1e-15) is ≤ 1e-4 of e(1e-3) ≳ 1e-11: windows ±0.25 separate 2 from 3."""
-    g = cls(m, n, r, retraction=retraction)
-    x = _frames(m, n, r, seed=44)
-    u = g.random_tangent(x, np.random.default_rng(45))
-    errors = [_order_error(g, x, u, t) for t in T_VALUES]
-    expected = 2.0 if (retraction == "qr" and r >= 2) else 3.0
-    assert abs(_slope(T_VALUES, errors) - expected) < 0.25
 
 
 @pytest.mark.parametrize("retraction", ["polar", "polar_svd", "exp", "qr"])
@@ -816,7 +599,8 @@ def test_p1_transport_is_projection_of_formed_matrix(m, n, r):
 
 @pytest.mark.parametrize("cls", FACTOR_GEOMETRIES)
 @pytest.mark.parametrize(("m", "n", "r"), SIZES)
-def test_factor_transport_lands_in_tangent_space(cls, m, n, r):
+def test_factor_transport_is_the_projection_at_y(cls, m, n, r):
+    """(That it lands in the horizontal tangent space: test_geometry_laws.py.)"""
     g = cls(m, n, r)
     x = _frames(m, n, r, seed=50)
     rng = np.random.default_rng(51)
@@ -824,11 +608,8 @@ def test_factor_transport_lands_in_tangent_space(cls, m, n, r):
     u = g.random_tangent(x, rng)
     tu = g.transport(x, y, u)
     tol = 2 * _chain_tol(3, max(m, n), r, 1.0, terms=3)  # one projection, as above
-    assert max(np.linalg.norm(_sym(f.T @ t)) for f, t in zip(y, tu, strict=True)) < tol
     expected = _horizontal_proj_lstsq(y, u) if cls is P2 else _stiefel_pair_proj(y, u)
     assert np.max(np.abs(_flat(tu) - _flat(expected))) < tol + gamma((m + n) * r)
-    if cls is P2:
-        assert _horizontal_residual(y, tu) < tol
 
 
 # -- optimizers --------------------------------------------------------------------------------

@@ -18,12 +18,12 @@ import math
 
 import numpy as np
 import pytest
+from conftest import U
 
 import reference as ref
 from reference import optim
 from reference.geometry import parts, tree_map
 
-U = np.finfo(np.float64).eps / 2  # unit roundoff
 SUBNORMAL = 2.0**-1074  # the spacing of float64 below 2^-1022 (the smallest subnormal)
 
 

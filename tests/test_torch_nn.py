@@ -21,6 +21,7 @@ import math
 import warnings
 
 import pytest
+from conftest import U, unit_roundoff
 
 torch = pytest.importorskip("torch")
 
@@ -42,7 +43,7 @@ def maxabs(t) -> float:
 
 def frame_bound(d: int, r: int, dtype: torch.dtype) -> float:
     """4r(r + 1)u_w + 2(d + r)r·u (module docstring)."""
-    u_w, u = torch.finfo(dtype).eps / 2.0, torch.finfo(torch.float64).eps / 2.0
+    u_w, u = unit_roundoff(dtype), U
     return 4.0 * r * (r + 1) * u_w + 2.0 * (d + r) * r * u
 
 

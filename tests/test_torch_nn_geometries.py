@@ -28,6 +28,8 @@ import copy
 
 import pytest
 
+from proofs_checks.bounds import gamma
+
 torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
@@ -41,7 +43,6 @@ from torch_port.nn import (  # noqa: E402
 )
 
 F64 = torch.float64
-U64 = torch.finfo(F64).eps / 2.0
 FORWARD_TOL = 1e-12
 MANIFOLD_ATOL = 1e-13
 SIZES = {
@@ -133,7 +134,7 @@ def rounding_bound(m, x) -> float:
     """2·Σ_h (4γ_n L + 3γ_n) V (module docstring), from absolute values of the factors."""
     h, t = m.n_heads, x.shape[1]
     n = 2 * m.d_model + m.head_dim + t + h
-    gamma = n * U64 / (1.0 - n * U64)
+    gamma_n = gamma(n)
     kv = [m.kv_head_of(i) for i in range(h)]
     ax = x.abs()
     qa = torch.einsum("btd,hdk->bhtk", ax, m.query_weights().detach().abs())
@@ -141,7 +142,7 @@ def rounding_bound(m, x) -> float:
     big_l = float((m.head_dim**-0.5) * (qa @ ka.transpose(-1, -2)).max())
     va = torch.einsum("bsd,hdk->bhsk", ax, m.w_v.detach()[kv].abs())
     big_v = float(torch.einsum("bhsk,hek->bhse", va, m.output_weights().detach().abs()).max())
-    return 2.0 * h * (4.0 * gamma * big_l + 3.0 * gamma) * big_v
+    return 2.0 * h * (4.0 * gamma_n * big_l + 3.0 * gamma_n) * big_v
 
 
 def kinds_of(m, product):
