@@ -35,21 +35,22 @@ def frobenius(a: Array) -> float:
     The scaling keeps every squared entry in [0, 1], so no finite float64 input overflows or
     underflows (a plain sqrt(Σ A_ij²) overflows for entries near 1e155 and flushes near 1e-162).
     """
-    a = np.ravel(a)
-    s = float(np.max(np.abs(a))) if a.size else 0.0
-    if s == 0.0 or not np.isfinite(s):
-        return s
-    return s * float(np.sqrt(np.sum(np.square(a / s))))
+    return _scaled_root(a, np.sum)
 
 
 def rms(a: Array) -> float:
     """RMS(A) = sqrt(mean A_ij²), as s·sqrt(mean (A_ij/s)²) with s = max|A_ij|: no finite
     float64 input overflows (unlike ‖A‖/sqrt(n), whose ‖A‖ can exceed the largest float)."""
+    return _scaled_root(a, np.mean)
+
+
+def _scaled_root(a: Array, reduce) -> float:
+    """s·sqrt(reduce((A/s)²)), s = max|A_ij| (s itself for a zero or non-finite A)."""
     a = np.ravel(a)
     s = float(np.max(np.abs(a))) if a.size else 0.0
     if s == 0.0 or not np.isfinite(s):
         return s
-    return s * float(np.sqrt(np.mean(np.square(a / s))))
+    return s * float(np.sqrt(reduce(np.square(a / s))))
 
 
 def orthonormality_residual(a: Array) -> float:

@@ -21,7 +21,7 @@ import math
 import warnings
 
 import pytest
-from conftest import U, unit_roundoff
+from conftest import U, train_mse, unit_roundoff
 
 torch = pytest.importorskip("torch")
 
@@ -221,13 +221,7 @@ def test_frames_stay_on_the_manifold_over_20_steps(dtype, opt_cls, opt_kw):
     x, y = _teacher_task(kw, dtype)
     m = make(**kw, dtype=dtype)
     opt = build_optimizer(m, opt_cls, **opt_kw)
-    losses = []
-    for _ in range(20):
-        opt.zero_grad()
-        loss = torch.mean((m(x, is_causal=True) - y) ** 2)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_mse(m, opt, x, y, is_causal=True)
     assert losses[-1] < losses[0]
     bound = frame_bound(m.d_model, m.head_dim, dtype)
     for n, res in m.frame_residuals().items():
@@ -240,10 +234,7 @@ def test_block_frames_stay_on_their_stacked_manifold_over_20_steps():
     x, y = _teacher_task(kw, F64)
     m = make(**kw)
     opt = build_optimizer(m, lr=1e-2)
-    for _ in range(20):
-        opt.zero_grad()
-        torch.mean((m(x) - y) ** 2).backward()
-        opt.step()
+    train_mse(m, opt, x, y)
     assert max(m.frame_residuals().values()) <= frame_bound(
         m.d_model * m.group_size, m.head_dim, F64
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from conftest import train_mse
 
 from proofs_checks.bounds import gamma
 
@@ -185,13 +186,7 @@ def test_points_stay_on_their_manifold_over_20_steps(name, heads, vo):
     assert len(m.point_groups) == n_points and (n_points or m.frame_geometries)
     assert_on_manifold(m)
     opt = build_optimizer(m, tp.RiemannianAdam, lr=1e-2)
-    losses = []
-    for _ in range(20):
-        opt.zero_grad()
-        loss = torch.mean((m(x, is_causal=True) - y) ** 2)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_mse(m, opt, x, y, is_causal=True)
     assert losses[-1] < 0.9 * losses[0], losses
     assert_on_manifold(m)
 
