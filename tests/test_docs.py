@@ -1,9 +1,12 @@
 """Every Python block of README.md and docs/*.md runs as written: the blocks of one file in
-order, in one namespace (a later block may use what an earlier one defined, as a reader would)."""
+order, as one script in a fresh interpreter (a later block may use what an earlier one defined,
+as a reader would; nothing imported by other tests can help it)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,9 +25,11 @@ def python_blocks(path: Path) -> list[str]:
 def test_python_blocks_run(path: Path) -> None:
     if "import torch" in path.read_text(encoding="utf-8"):
         pytest.importorskip("torch")
-    namespace: dict = {"__name__": "__doc_example__"}
-    for i, block in enumerate(python_blocks(path)):
-        exec(compile(block, f"{path.relative_to(ROOT)} block {i + 1}", "exec"), namespace)
+    script = "\n\n".join(python_blocks(path))
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{path.relative_to(ROOT)}:\n{done.stderr[-3000:]}"
 
 
 def test_the_docs_have_python_blocks() -> None:

@@ -28,7 +28,7 @@ from torch_port.experiments import (  # noqa: E402
 from torch_port.experiments import arms as arms_lib  # noqa: E402
 from torch_port.experiments import runs as runs_lib  # noqa: E402
 from torch_port.experiments.common import Checkpoint, RunOptions, configure  # noqa: E402
-from torch_port.optim import ChainOptimizer  # noqa: E402
+from torch_port.optim import RiemannianAdam  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 NAMES = ("grokking", "patches", "movement", "ablation")
@@ -279,8 +279,8 @@ def test_arm_e_two_steps_match_a_hand_computation(radius: float | None) -> None:
 
 def _arm_e(params, trust_radius=None, **kw) -> torch.optim.Optimizer:
     """Arm E's optimizer on a group of frames alone."""
-    group = {"params": params, "geometry": "stiefel", "gradient": "euclidean", "arm": "E"}
-    return ChainOptimizer([{**group, "trust_radius": trust_radius}], arms_lib.arm_rule, **kw)
+    group = {"params": params, "geometry": "stiefel", "gradient": "euclidean"}
+    return RiemannianAdam([{**group, "trust_radius": trust_radius}], **kw)
 
 
 def test_arm_e_refuses_bad_options_and_non_finite_gradients() -> None:

@@ -426,7 +426,8 @@ def test_bench_refuses_sizes_beyond_memory(name, capsys):
 def test_bench_estimate_applies_at_small_sizes(name, monkeypatch, capsys):
     """With a tiny (patched) limit even default-like sizes are refused, before any timing."""
     monkeypatch.setattr(memory, "memory_limit", lambda: (1000, "a test limit"))
-    monkeypatch.setattr(bench, "_interleaved_rounds", no_checks)
+    for module in (bench.stiefel, bench.geometries, bench.port):  # each imports it by name
+        monkeypatch.setattr(module, "_interleaved_rounds", no_checks)
     argv = {
         "stiefel": ["--d", "16", "--r", "4"],
         "geometries": ["--m", "8", "--n", "6", "--r", "2"],

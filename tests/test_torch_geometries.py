@@ -35,6 +35,8 @@ from proofs_checks.port_compare.geometries import point_adapter  # noqa: E402
 from reference import optim as ro  # noqa: E402
 from torch_port import linalg as tl  # noqa: E402
 from torch_port.geometries import GEOMETRIES  # noqa: E402
+from torch_port.geometry import Ambient, Geometry, PointGeometry  # noqa: E402
+from torch_port.stiefel import StiefelFrames  # noqa: E402
 
 M, N, R = 6, 5, 2
 BATCH = (2, 3)
@@ -144,6 +146,20 @@ def test_registry_has_the_ten_names_and_stiefel():
         assert tg.embedded == rg.embedded and tg.quotient == rg.quotient
         assert tg.retraction_order == rg.retraction_order
     assert tp.optim.GEOMETRIES is GEOMETRIES
+
+
+def test_every_geometry_meets_the_typed_protocols():
+    """``torch_port.geometry``'s protocols are the ones the geometries implement: ``Geometry``
+    for all eleven, ``PointGeometry`` (the optimizers' view) for the ten, their block variants,
+    ``StiefelFrames`` and ``Ambient``. Negative control: a plain object meets neither."""
+    for name in GEOMETRIES:
+        g = GEOMETRIES[name](6, 2) if name == "stiefel" else GEOMETRIES[name](M, N, R)
+        assert isinstance(g, Geometry), name
+        if name != "stiefel":
+            assert isinstance(g, PointGeometry) and isinstance(Ambient(g), PointGeometry), name
+    frames = StiefelFrames(tp.Stiefel(6, 2))
+    assert isinstance(frames, PointGeometry) and isinstance(Ambient(frames), PointGeometry)
+    assert not isinstance(object(), Geometry) and not isinstance(object(), PointGeometry)
 
 
 def _stack_ref(tg, items):

@@ -5,13 +5,8 @@ leading dimensions; block variants also take ``n_heads``, ``n_kv_heads`` (defaul
 reference), ``pattern`` and ``groups``, other options going to the base geometry.
 ``GEOMETRIES["stiefel"](d, r, retraction=..., metric=...)`` is the building block.
 
-Protocol (``reference/geometry.py``), with tensors of shape (..., *trailing) and per-point
-scalars of shape (...,): ``random_point(generator, batch_shape, dtype, device)``,
-``random_tangent``, ``zero_tangent``, ``inner``, ``norm``, ``proj``, ``proj_tangent``,
-``egrad_to_rgrad``, ``retract``, ``transport``, ``pair``, ``egrad_from_pair``, ``to_matrix``,
-``tangent_to_matrix``, ``egrad_from_matrix``, ``check_point``, ``dim``, ``moment_groups``; and
-for the optimizers ``frame_shape``, ``frame_norms``, ``frame_sizes``, ``scale_frames``,
-``retract_scaled`` (``torch_port/blocks.py``).
+The protocols they implement are typed in ``torch_port/geometry.py`` (``Geometry``, mirroring
+``reference/geometry.py``, and ``PointGeometry``, what the optimizers need).
 """
 
 from __future__ import annotations

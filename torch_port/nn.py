@@ -1,5 +1,5 @@
 """Multi-head attention whose QK (and optionally VO) products live on a geometry (DESIGN §4, §7),
-and a helper that builds the optimizer for a whole model.
+and the helpers that build the optimizer for a whole model (from ``torch_port.optim.groups``).
 
 ``RiemannianMultiheadAttention`` is batch first: inputs (B, T, d_model), output (B, T, d_model),
 attention by ``torch.nn.functional.scaled_dot_product_attention``. Its projections are stored per

@@ -43,6 +43,7 @@ class Stiefel:
     name = "stiefel"
     embedded = False
     quotient = False
+    moment_groups = ((0,),)  # one frame per trailing d×r matrix
 
     def __init__(self, d: int, r: int, retraction: str = "polar", metric: str = "embedded"):
         if not (isinstance(d, int) and isinstance(r, int)) or isinstance(d, bool):

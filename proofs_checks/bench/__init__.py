@@ -47,7 +47,7 @@ from proofs_checks.bench.stiefel import (
     format_bench,
     stiefel_bytes,
 )
-from proofs_checks.bench.timing import SAMPLE_TARGET_S, _interleaved_rounds, machine_environment
+from proofs_checks.bench.timing import SAMPLE_TARGET_S, machine_environment
 
 __all__ = [
     "ADAMW_ROW",
@@ -73,7 +73,6 @@ __all__ = [
     "STEP_SCALE",
     "SVD_ROW",
     "TARGET_SPEEDUP",
-    "_interleaved_rounds",  # patched by tests/test_reliability_cli.py
     "bench_geometries",
     "bench_port",
     "bench_stiefel",

@@ -31,14 +31,7 @@ import torch
 from torch import nn
 
 from torch_port import linalg
-from torch_port.optim import (
-    RSGD,
-    ChainOptimizer,
-    NormalizedRSGD,
-    RiemannianAdam,
-    checks,
-    transforms,
-)
+from torch_port.optim import RSGD, NormalizedRSGD, RiemannianAdam, checks
 from torch_port.optim.groups import build_optimizer
 
 #: Arm letter -> what it does to W_Q, W_K.
@@ -76,38 +69,6 @@ def qk_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if n.endswith((".attn.w_q", ".attn.w_k"))}
 
 
-# -- the rules of arms E and H, as chains ---------------------------------------------------------
-def euclidean_frame_adam(group: dict[str, Any]) -> transforms.Transform:
-    """Arm E's rule on the raw Euclidean gradient G (a group with ``"gradient": "euclidean"``):
-    m ← β1·m + (1 − β1)·G; √v ← hypot(√β2·√v, √(1 − β2)·RMS(G)) per frame; ξ = −lr·m̂/(√v̂ + ε),
-    capped at ‖ξ‖_F ≤ Δ when ``trust_radius`` is given; then W ← polar(W + ξ), the Stiefel
-    retraction, removes the normal part of ξ only to first order."""
-    b1, b2 = group["betas"]
-    steps = [transforms.scale_by_adam(b1, b2, group["eps"]), transforms.scale(-group["lr"])]
-    if group.get("trust_radius") is not None:
-        steps.append(transforms.trust_region(group["trust_radius"]))
-    return transforms.chain(*steps)
-
-
-def euclidean_adam(group: dict[str, Any]) -> transforms.Transform:
-    """Arm H's rule: Adam with one second moment per entry on the raw gradient, ξ = −lr·m̂/(√v̂ +
-    ε) entry by entry (AdamW without decay), then W ← polar(W + ξ)."""
-    b1, b2 = group["betas"]
-    return transforms.chain(
-        transforms.scale_by_adam(b1, b2, group["eps"], moment="elementwise"),
-        transforms.scale(-group["lr"]),
-    )
-
-
-#: Arm -> the rule of its W_Q, W_K group (arms E and H; the others use a preset).
-EUCLIDEAN_RULES = {"E": euclidean_frame_adam, "H": euclidean_adam}
-
-
-def arm_rule(group: dict[str, Any]) -> transforms.Transform:
-    """The chain of a W_Q, W_K group of arm E or H (named by its "arm" entry)."""
-    return EUCLIDEAN_RULES[group["arm"]](group)
-
-
 def prepare_model(arm: str, model: nn.Module) -> nn.Module:
     """Arm-specific set-up of a freshly built model: H starts from polar(W_Q), polar(W_K);
     G freezes the frames (``requires_grad=False``)."""
@@ -134,10 +95,13 @@ def make_optimizer(
     trust_radius: float | None = None,
 ) -> torch.optim.Optimizer:
     """The arm's optimizer: AdamW (lr, betas, eps, decoupled ``weight_decay``) on every non-frame
-    weight, the arm's rule (same lr; no decay) on W_Q, W_K (module docstring): a preset for
-    A, B, C, D, F, G; for E and H a ``ChainOptimizer`` whose W_Q, W_K group takes the Euclidean
-    gradient (``EUCLIDEAN_RULES``) and the Stiefel polar retraction. The trust radius Δ caps the
-    steps of C, E and F only (B is plain fixed-step RSGD, D is scale free)."""
+    weight, the arm's rule (same lr; no decay) on W_Q, W_K (module docstring): a preset on the
+    model's groups for A, B, C, D, F, G; for E and H ``RiemannianAdam``'s chain on a W_Q, W_K
+    group with ``"gradient": "euclidean"`` (the chain acts on the raw gradient, with no
+    projection or transport, and the Stiefel polar retraction puts the frames back): E with one
+    second moment per frame and the cap, H with one per entry (AdamW's update without decay).
+    The trust radius Δ caps the steps of C, E and F only (B is plain fixed-step RSGD, D is scale
+    free)."""
     check_arms([arm])
     common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
     frame = {"trust_radius": trust_radius}
@@ -150,12 +114,12 @@ def make_optimizer(
             "param_names": list(qk),
             "geometry": "stiefel",
             "gradient": "euclidean",
-            "arm": arm,
+            "moment": "frame" if arm == "E" else "elementwise",
             "weight_decay": 0.0,
             "trust_radius": trust_radius if arm == "E" else None,
         }
         plain = {"params": [p for _, p in rest], "param_names": [n for n, _ in rest]}
-        return ChainOptimizer([frames, plain], arm_rule, **common)
+        return RiemannianAdam([frames, plain], **common)
     if arm in ("A", "G"):
         return build_optimizer(model, RiemannianAdam, **common)
     if arm == "B":

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
 from torch import nn
 
 from torch_port.experiments.common import Checkpoint, progress, write_results
@@ -205,7 +206,6 @@ def paired_stats(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     SD, t = d̄/(SD/√n) with its two-sided p (``scipy.stats.ttest_rel(b, a)``), and the number
     of seeds where b > a. SD 0: t = ±inf and p = 0 when d̄ ≠ 0 (every seed moved by the same
     non-zero amount), t = p = NaN when d̄ = 0; n < 2: t = p = NaN."""
-    from scipy import stats
 
     a_arr, b_arr = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     diff = b_arr - a_arr

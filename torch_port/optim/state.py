@@ -7,13 +7,32 @@ and moments tangent at the current points within sqrt(ε)·‖m‖ (``torch_port
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from torch_port import validation
+from torch_port.geometries import PLAIN
 from torch_port.linalg import Tensor
 from torch_port.optim.points import Point
 from torch_port.optim.transforms import sqrt_v_dtype
+from torch_port.stiefel import Stiefel
+
+
+def structure_value(group: dict[str, Any], key: str) -> Any:
+    """A structural group option as in force: the group's value, else its default ("gradient":
+    "riemannian"; "retraction", "metric": the default of the group's geometry), so that a group
+    that spells out a default matches one that leaves it out."""
+    if key in group:
+        return group[key]
+    if key == "gradient" and group.get("geometry") is not None:
+        return "riemannian"
+    name = group.get("geometry")
+    if key in ("retraction", "metric") and name is not None:
+        cls = Stiefel if name == "stiefel" else PLAIN.get(name.removeprefix("block_"))
+        parameter = inspect.signature(cls).parameters.get(key) if cls else None
+        return None if parameter is None else parameter.default
+    return None
 
 
 class StateChecks:
@@ -143,7 +162,7 @@ class StateChecks:
                 f"{len(group['params'])}"
             )
         for k in self._STRUCTURE:
-            if saved.get(k) != group.get(k):
+            if structure_value(saved, k) != structure_value(group, k):
                 raise ValueError(
                     f"{where}: {k}={saved.get(k)!r}, but this optimizer's group has "
                     f"{k}={group.get(k)!r} (a state dict of another optimizer or another "
