@@ -284,7 +284,9 @@ def test_block_variant_under_mha_equals_the_plain_geometry(name):
     plain = GEOMETRIES[name](M, N, R)
     x0 = tuple(p.detach().clone() for p in block.params())  # heads (2, 3, ...) = plain batch
     params_p = [torch.nn.Parameter(t) for t in x0]
-    opt = tp.RiemannianAdam([{"params": params_p, "geometry": name}], lr=LR, trust_radius=0.05)
+    opt = tp.RiemannianAdam(
+        [{"params": params_p, "geometry": name}], lr=LR, trust_radius=cmp.rules.RADIUS
+    )
     t = torch.from_numpy(block.targets)
     idx = torch.arange(3)
     for _ in range(20):
