@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import unit_roundoff
 
 torch = pytest.importorskip("torch")
 
@@ -159,7 +158,7 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
     for name in ("attn.w_q", "attn.w_k", "attn.w_v", "attn.w_o"):
         w = states[0][name]
         d, r = w.shape[-2:]
-        u = unit_roundoff(F64)
+        u = torch.finfo(F64).eps / 2  # the worker processes import this file: keep it light
         bound = 4 * r * (r + 1) * u + 2 * (d + r) * r * u
         assert float(tl.orthonormality_residual(w).max()) <= bound, name
 
