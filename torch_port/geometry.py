@@ -352,7 +352,7 @@ class Ambient:
         return self.geometry.retract_scaled(x, u, c)
 
     def check_point(self, x: Parts, atol: float | None = None) -> None:
-        self.geometry.check_point(x)
+        self.geometry.check_point(x, atol)
 
     def from_params(self, params: Parts) -> tuple:
         return self.geometry.from_params(params)

@@ -11,6 +11,7 @@ PointGeometry``: points are 1-tuples (W,)), with the optimizer's hot path fused.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -311,10 +312,14 @@ class StiefelFrames:
             return (full if inv_sqrt is None else LazyProduct(a, inv_sqrt),)
         return self.retract(x, self.scale_frames(u, c))
 
-    def transport(self, x, y, u) -> tuple[Tensor]:
+    def transport(
+        self, x: Sequence[Tensor], y: Sequence[Tensor], u: Sequence[Tensor]
+    ) -> tuple[Tensor]:
         return (self.st.transport(x[0], y[0], u[0]),)
 
-    def transport_owned(self, x, y, u) -> tuple[Tensor]:
+    def transport_owned(
+        self, x: Sequence[Tensor], y: Sequence[Any], u: Sequence[Tensor]
+    ) -> tuple[Tensor]:
         """P_Y(m) = m − Y sym(Yᵀm), written into m (which the caller owns; copied first if it is
         not contiguous). For a lazy Y = A H: Yᵀm = H (Aᵀm) and Y S = A (H S)."""
         m, yy = u[0], y[0]

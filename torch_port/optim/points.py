@@ -89,8 +89,8 @@ class Geometries:
                 f"{', '.join(kinds)} factors), got {len(params)} parameters"
             )
         lead = 3 if block else 2
-        for p, kind in zip(params, kinds, strict=True):
-            if p.ndim < (lead if kind != "core" or not block else 3):
+        for p in params:
+            if p.ndim < lead:
                 raise ValueError(f"{label}: a factor of shape {tuple(p.shape)} has too few dims")
         if len({p.dtype for p in params}) > 1 or len({p.device for p in params}) > 1:
             raise ValueError(f"{label}: the factors must share one dtype and one device")
