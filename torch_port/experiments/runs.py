@@ -5,8 +5,11 @@ computes at a time). ``run_cells`` computes them in order, each through ``run_ca
 
 - a cell is named by its ``config`` (the settings it depends on, ``run_config``) and its
   ``key`` (what tells it apart from the other cells: seed, arm, …); a finished cell's record is
-  saved under that name, so an interrupted sweep, or one that grows (a seed added), reads the
-  finished cells back instead of recomputing them;
+  saved under that name, so an interrupted sweep reads the finished cells back instead of
+  recomputing them; so does one that grows (a seed added) where the cells' config leaves the
+  list of seeds out (the Stiefel experiments, ``run_config``; the student sweeps of
+  ``attention_students`` key their cells by the whole configuration, so there a new seed
+  recomputes every cell);
 - a long cell saves its own progress to the checkpoint ``run_cells`` hands it
   (``save_training``, every so many steps) and resumes from it (``resume_training``), so a
   resumed cell equals the uninterrupted one, bit for bit;
