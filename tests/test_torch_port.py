@@ -478,6 +478,26 @@ def test_plain_groups_match_torch_adamw(cls, weight_decay):
     assert np.max(np.abs(a.detach().numpy() - x)) <= 1e-13
 
 
+def test_a_chain_optimizer_needs_a_rule():
+    """A bare ChainOptimizer without ``rule`` is refused at construction; a preset defines its
+    own, and a given rule is the one that runs (its step equals the preset's, bitwise)."""
+    w = torch.nn.Parameter(tp.Stiefel(5, 2).random_point(torch.Generator().manual_seed(0), (2,)))
+    group = {"params": [w], "geometry": "stiefel"}
+    with pytest.raises(TypeError, match="ChainOptimizer needs a rule"):
+        tp.optim.ChainOptimizer([group], lr=LR)
+    preset = tp.RSGD([group], lr=LR)
+    chained = tp.optim.ChainOptimizer([group], preset.rule, lr=LR)
+    assert chained.rule(chained.param_groups[0]) is not None
+    w0 = w.detach().clone()
+    w.grad = torch.ones_like(w)
+    preset.step()
+    w_preset = w.detach().clone()
+    with torch.no_grad():
+        w.copy_(w0)
+    chained.step()
+    assert torch.equal(w.detach(), w_preset) and not torch.equal(w_preset, w0)
+
+
 def test_bad_hyperparameters_and_groups_are_refused():
     frames, _ = _model()
     with pytest.raises(ValueError, match="lr"):

@@ -156,12 +156,14 @@ class FactoredGeometry:
     Subclasses set ``name``, ``moment_groups`` (the reference's: which tangent parts form one
     frame), ``point_shapes``/``tangent_shapes`` (trailing shapes of the parts) and
     ``point_kinds``/``tangent_kinds`` ("row": stacked by the block variants from row factors,
-    "col": from column factors, "core": one r×r per group), and implement the protocol of
+    "col": from column factors, "core": one r×r per group), ``draw_point(draw)`` (the parts of
+    random points from the float64 draws of ``Draw``), and implement the protocol of
     ``reference/geometry.py``. The defaults here: the Frobenius metric of all parts together
     (R1, P1, P2; R2 overrides ``inner`` and ``norm``).
     """
 
     name: str
+    draw_point: Callable[[Draw], tuple]
     moment_groups: tuple[tuple[int, ...], ...]
     point_shapes: tuple[tuple[int, ...], ...]
     tangent_shapes: tuple[tuple[int, ...], ...]
@@ -180,9 +182,6 @@ class FactoredGeometry:
         float64 as the reference, then cast to ``dtype``."""
         draw = Draw(generator, tuple(batch_shape), device)
         return tuple(t.to(dtype) for t in self.draw_point(draw))
-
-    def draw_point(self, draw: Draw) -> tuple:
-        raise NotImplementedError(f"{self.name} defines no random point")
 
     # -- metric --------------------------------------------------------------------------------
     def inner(self, x: Parts, u: Parts, v: Parts) -> Tensor:

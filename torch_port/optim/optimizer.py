@@ -52,6 +52,10 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
     own key; a factored point's under its first factor, tangent vectors as tuples).
     """
 
+    #: The chain of a geometry group, built from its hyperparameters at every step (the presets
+    #: define it as a method; else it is the ``rule`` argument).
+    rule: Callable[[dict[str, Any]], Transform]
+
     def __init__(
         self,
         params: Iterable,
@@ -65,7 +69,11 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         **options: Any,
     ):
         if rule is not None:
-            self.rule = rule  # type: ignore[method-assign]
+            self.rule = rule
+        elif not hasattr(self, "rule"):
+            raise TypeError(
+                f"{type(self).__name__} needs a rule: ChainOptimizer(params, rule, ...)"
+            )
         self._geometries = Geometries()
         self._layouts: dict[tuple, dict[str, Any]] = {}
         #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
@@ -79,10 +87,6 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             **options,
         )
         super().__init__(params, defaults)
-
-    def rule(self, group: dict[str, Any]) -> Transform:
-        """The chain of a geometry group (the presets define it; or pass ``rule``)."""
-        raise NotImplementedError(f"{type(self).__name__} defines no rule; pass rule=...")
 
     # -- groups ------------------------------------------------------------------------------
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
