@@ -75,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--json", action="store_true", help="print one JSON document")
 
+    aud = sub.add_parser(
+        "audit",
+        help="replay a recorded training run (torch_port.audit.record) through the reference",
+    )
+    aud.add_argument("trace", help="the .npz file written by torch_port.audit.record")
+    aud.add_argument("--json", action="store_true", help="print one JSON document")
+    aud.add_argument("--plot", metavar="FILE", default=None, help="draw deviation/bound (PNG)")
+
     exp = sub.add_parser("experiment", help="run an experiment (needs torch and matplotlib)")
     add_experiment_arguments(exp)
 
@@ -268,6 +276,31 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def run_audit(args: argparse.Namespace) -> int:
+    """``rattn audit TRACE``: 0 when every recorded step is within its bound, 1 when one is
+    not, 2 for a trace that cannot be read or replayed (or no torch, or no matplotlib for
+    ``--plot``)."""
+    try:
+        from proofs_checks.port_compare import audit
+    except ImportError as exc:
+        raise ValueError(f"rattn audit needs torch (pip install 'rattn[torch]'): {exc}") from None
+    if args.plot is not None:
+        from proofs_checks.rank import require_matplotlib
+
+        require_matplotlib()
+    try:
+        result = audit.audit(args.trace, progress=not args.json)
+    except audit.TraceError as exc:
+        raise ValueError(str(exc)) from None
+    if args.plot is not None:
+        audit.plot(result, args.plot)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        print(audit.format_table(result))
+    return 0 if result["passed"] else 1
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from proofs_checks.bench import (
         bench_geometries,
@@ -354,6 +387,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "certify": run_certify,
             "geometries": run_geometries,
             "compare": run_compare,
+            "audit": run_audit,
             "bench": run_bench,
             "rank": run_rank_command,
             "experiment": run_experiment,

@@ -1,7 +1,14 @@
-"""``torch_port.audit``: what a recorded step holds, checked by replaying it (with the port, and
-with the reference in float64), and that a trace is read without running code from the file."""
+"""``torch_port.audit`` and ``rattn audit``: what a recorded step holds; honest runs pass in
+float64, float32 and bfloat16 for every geometry and rule, with a schedule, clipping,
+accumulation, autocast; and each departure from the rule is flagged at the step where it
+happens. The bounds are derived in ``proofs_checks/port_compare/audit.py`` (module docstring);
+no tolerance is chosen here."""
 
 from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,10 +17,16 @@ torch = pytest.importorskip("torch")
 
 import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
+from proofs_checks.cli import main  # noqa: E402
+from proofs_checks.port_compare import audit as pa  # noqa: E402
+from proofs_checks.port_compare.problems import PROBLEMS  # noqa: E402
+from proofs_checks.port_compare.rules import RECORDS, RULES  # noqa: E402
 from reference import optim as ro  # noqa: E402
 from torch_port import audit  # noqa: E402
+from torch_port.optim import transforms  # noqa: E402
 
 LR = 1e-2
+T = 3  # the step every departure below happens at
 
 
 def _run(path, every: int, steps: int = 4):
@@ -39,11 +52,12 @@ def _run(path, every: int, steps: int = 4):
     return opt
 
 
+# -- the recorder ----------------------------------------------------------------------------------
 def test_every_kth_step_of_every_point_is_recorded(tmp_path) -> None:
     _run(tmp_path / "t.npz", every=2)
     trace = audit.load(tmp_path / "t.npz")
     steps = trace.meta["steps"]
-    assert [(s["geometry"], s["step"]) for s in steps] == [
+    assert [(s["geometry"]["name"], s["step"]) for s in steps] == [
         ("stiefel", 2),
         ("fixed_rank_quotient", 2),
         ("stiefel", 4),
@@ -55,10 +69,37 @@ def test_every_kth_step_of_every_point_is_recorded(tmp_path) -> None:
     )
     first = steps[0]
     assert first["names"] == ["w"] and first["taken"] and first["dtypes"] == ["torch.float64"]
+    assert first["geometry"] == {
+        "name": "stiefel",
+        "sizes": {"d": 7, "r": 3},
+        "options": {"retraction": "polar", "metric": "embedded"},
+    }
+    assert steps[1]["geometry"]["sizes"] == {"m": 5, "n": 4, "r": 2}
+    assert first["elements"] == [0, 1] and first["batch"] == [2]
     assert [p.shape for p in trace.parts(0, "x")] == [(2, 7, 3)]
     assert [p.shape for p in trace.parts(1, "x")] == [(3, 5, 2), (3, 4, 2)]
-    assert set(first["state_keys"]) == {"step", "exp_avg", "sqrt_v"}
+    assert first["state_keys"] == ["exp_avg", "sqrt_v"]  # the state before step 2
     assert trace.parts(0, "state/exp_avg")[0].shape == (2, 7, 3)
+    assert trace.parts(0, "state/sqrt_v")[0].shape == (2,)
+
+
+def test_frames_keeps_evenly_spaced_elements(tmp_path) -> None:
+    """frames=3 of a (3, 4) batch of frames keeps elements 0, 6 and 11 (flattened), exactly."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.nn.Parameter(tp.Stiefel(6, 2).random_point(gen, (3, 4)))
+    opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=LR)
+    before = w.detach().clone()
+    with audit.record(opt, tmp_path / "f.npz", frames=3):
+        opt.zero_grad()
+        (w**3).sum().backward()
+        opt.step()
+    trace = audit.load(tmp_path / "f.npz")
+    s = trace.meta["steps"][0]
+    assert s["elements"] == [0, 6, 11] and s["batch"] == [3, 4]
+    flat = before.reshape(12, 6, 2).numpy()
+    assert np.array_equal(trace.parts(0, "x")[0], flat[[0, 6, 11]])
+    assert np.array_equal(trace.parts(0, "y")[0], w.detach().reshape(12, 6, 2).numpy()[[0, 6, 11]])
+    assert pa.replay(trace)["passed"]
 
 
 def test_a_recorded_step_replays_bitwise_through_the_port(tmp_path) -> None:
@@ -72,7 +113,7 @@ def test_a_recorded_step_replays_bitwise_through_the_port(tmp_path) -> None:
     hyper = {n: v for n, v in s["hyperparameters"].items() if n != "initial_lr"}
     opt = tp.RiemannianAdam([{"params": [w], **hyper}])
     state = {
-        "step": torch.tensor(float(trace.parts(k, "state/step")[0])),
+        "step": torch.tensor(float(s["step"] - 1)),
         "exp_avg": torch.from_numpy(trace.parts(k, "state/exp_avg")[0]),
         "sqrt_v": torch.from_numpy(trace.parts(k, "state/sqrt_v")[0]),
     }
@@ -86,35 +127,28 @@ def test_a_recorded_step_replays_bitwise_through_the_port(tmp_path) -> None:
 
 def test_the_first_recorded_step_agrees_with_the_reference(tmp_path) -> None:
     """Step 1 (zero state) of each recorded frame through reference.optim in float64 lands on
-    the recorded point to 1e-14 (one step of the 1e-14-per-step agreement bound)."""
+    the recorded point within the audit's bound; the reference without the trust radius does
+    not (a negative control of the same check)."""
     _run(tmp_path / "t.npz", every=1, steps=1)
     trace = audit.load(tmp_path / "t.npz")
-    s = trace.meta["steps"][0]
-    assert s["geometry"] == "stiefel" and s["step"] == 1
+    rows = [r for r in pa.replay(trace)["steps"] if r["geometry"] == "stiefel"]
+    assert len(rows) == 2 and all(r["passed"] and r["step"] == 1 for r in rows)
+    hyper = trace.meta["steps"][0]["hyperparameters"]
+    loose = ro.riemannian_adam(lr=hyper["lr"], betas=tuple(hyper["betas"]), eps=hyper["eps"])
     x, g, y = (trace.parts(0, what)[0] for what in ("x", "g", "y"))
     st = ref.Stiefel(7, 3)
-    hyper = s["hyperparameters"]
-    opt = ro.riemannian_adam(
-        lr=hyper["lr"],
-        betas=tuple(hyper["betas"]),
-        eps=hyper["eps"],
-        trust_radius=hyper["trust_radius"],
-    )
-    for i in range(2):
-        yi, _ = opt.step(st, x[i], g[i], opt.init(st, x[i]))
-        assert np.max(np.abs(yi - y[i])) <= 1e-14
-    # negative control: the reference without the trust radius lands elsewhere
-    loose = ro.riemannian_adam(lr=hyper["lr"], betas=tuple(hyper["betas"]), eps=hyper["eps"])
     y0, _ = loose.step(st, x[0], g[0], loose.init(st, x[0]))
-    assert np.max(np.abs(y0 - y[0])) > 1e-6
+    assert np.linalg.norm(y0 - y[0]) > rows[0]["bound"]
 
 
-def test_refusals(tmp_path) -> None:
+def test_refusals(tmp_path, monkeypatch) -> None:
     with pytest.raises(TypeError, match=r"needs an optimizer of torch_port\.optim"):
         audit.record(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1), tmp_path / "a")
     opt = tp.RSGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     with pytest.raises(ValueError, match="every must be an integer ≥ 1, got 0"):
         audit.record(opt, tmp_path / "a", every=0)
+    with pytest.raises(ValueError, match="frames must be an integer ≥ 1, got 0"):
+        audit.record(opt, tmp_path / "a", frames=0)
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"bad\.npz: not an audit trace"):
@@ -123,3 +157,296 @@ def test_refusals(tmp_path) -> None:
     np.savez(tmp_path / "obj.npz", **{"meta.json": np.array([{"x": 1}], dtype=object)})
     with pytest.raises(ValueError, match=r"obj\.npz: not an audit trace"):
         audit.load(tmp_path / "obj.npz")
+
+
+def test_each_rank_writes_its_own_file_or_only_the_ranks_asked_for(tmp_path, monkeypatch) -> None:
+    assert audit.rank_path(tmp_path / "run.npz", 1) == tmp_path / "run.rank1.npz"
+    assert audit.rank_path(tmp_path / "run.npz", None) == tmp_path / "run.npz"
+    monkeypatch.setattr(audit, "_rank", lambda: 1)
+    w = torch.nn.Parameter(tp.Stiefel(5, 2).random_point(torch.Generator().manual_seed(0)))
+    opt = tp.RSGD([{"params": [w], "geometry": "stiefel"}], lr=LR)
+    for ranks, written in (((0,), None), (None, tmp_path / "run.rank1.npz")):
+        with audit.record(opt, tmp_path / "run.npz", ranks=ranks) as rec:
+            opt.zero_grad()
+            w.sum().backward()
+            opt.step()
+        assert rec.close() == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rank1.npz"]
+
+
+# -- honest runs pass ------------------------------------------------------------------------------
+CASES = sorted(
+    {(r.geometry, r.problem, r.rule, dt) for r in RECORDS for dt in r.dtypes},
+)
+
+
+@pytest.mark.parametrize(("geometry", "problem", "rule", "dtype"), CASES)
+def test_an_honest_run_passes(tmp_path, geometry, problem, rule, dtype) -> None:
+    """Three steps of every case of ``rattn compare`` (every geometry, rule, option, dtype),
+    recorded and replayed: every step and every state within its bound."""
+    prob = PROBLEMS[geometry][problem]
+    inst = prob.build(0)
+    dt = getattr(torch, dtype)
+    params = [torch.nn.Parameter(torch.tensor(p).to(dt)) for p in inst.points]
+    data = {k: torch.tensor(v).to(dt) for k, v in inst.data.items()}
+    opt = RULES[rule].port([prob.adapter.group(params)])
+    with audit.record(opt, tmp_path / "h.npz"):
+        for _ in range(3):
+            opt.zero_grad()
+            inst.loss(params, data).backward()
+            opt.step()
+    result = pa.audit(tmp_path / "h.npz")
+    assert result["passed"], pa.format_table(result)
+    assert {r["step"] for r in result["steps"]} == {1, 2, 3}
+    stateful = RULES[rule].port([prob.adapter.group(params)]).rule(opt.param_groups[0]).transported
+    if stateful:  # the states before steps 2 and 3 were checked against the reference's
+        assert all(r["state_ratio"] is not None for r in result["steps"] if r["step"] < 3)
+
+
+class _Model(torch.nn.Module):
+    """A linear layer, then attention-like scores through two Stiefel frames."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.inp = torch.nn.Linear(4, 8)
+        self.q = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(gen, (2,)).float())
+        self.k = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(gen, (2,)).float())
+
+    def forward(self, x):
+        h = self.inp(x)
+        s = torch.einsum("bi,hir,hjr,bj->bh", h, self.q, self.k, h)
+        return s.sum(-1)
+
+
+def test_a_training_loop_with_schedule_clipping_accumulation_and_autocast_passes(tmp_path):
+    """float32 parameters, bfloat16 autocast, gradient clipping, two micro-batches per step and
+    a LambdaLR schedule: the recorder needs nothing special, and every step passes."""
+    model = _Model()
+    groups = [
+        {"params": [model.q, model.k], "geometry": "stiefel"},
+        {"params": list(model.inp.parameters())},
+    ]
+    opt = tp.RiemannianAdam(groups, lr=1e-2, trust_radius=0.05)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 / (1 + t))
+    gen = torch.Generator().manual_seed(4)
+    x, y = torch.randn(16, 4, generator=gen), torch.randn(16, generator=gen)
+    with audit.record(opt, tmp_path / "loop.npz"):
+        for _ in range(6):
+            opt.zero_grad()
+            for half in (slice(0, 8), slice(8, 16)):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = ((model(x[half]) - y[half]) ** 2).mean() / 2
+                loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            sched.step()
+    result = pa.audit(tmp_path / "loop.npz")
+    assert result["passed"], pa.format_table(result)
+    steps = audit.load(tmp_path / "loop.npz").meta["steps"]
+    lrs = [s["hyperparameters"]["lr"] for s in steps if s["params"] == [0]]
+    assert lrs == pytest.approx([1e-2 / (1 + t) for t in range(6)], rel=1e-15)
+    assert {r["dtype"] for r in result["steps"]} == {"torch.float32"}
+
+
+# -- departures are flagged at their step --------------------------------------------------------
+def _stiefel_run(path, opt_class=tp.RiemannianAdam, dtype=torch.float64, hook=None, **kw):
+    """Six steps on a Brockett-like cost over two frames of St(7, 3); ``hook(opt, w, t, x)``
+    runs after each step, before the recorder reads the new point (x: the point before)."""
+    gen = torch.Generator().manual_seed(5)
+    w = torch.nn.Parameter(tp.Stiefel(7, 3).random_point(gen, (2,)).to(dtype))
+    a = torch.randn(7, 7, generator=gen, dtype=torch.float64).to(dtype)
+    opt = opt_class([{"params": [w], "geometry": "stiefel"}], lr=LR, **kw)
+    saved = {}
+    if hook is not None:
+        opt.register_step_pre_hook(lambda o, *_: saved.update(x=w.detach().clone()))
+        opt.register_step_post_hook(lambda o, *_: hook(o, w, int(o.state[w]["step"]), saved["x"]))
+    with audit.record(opt, path):
+        for _ in range(6):
+            opt.zero_grad()
+            torch.einsum("hdr,de,her->", w, a, w).backward()
+            opt.step()
+    return pa.audit(path)
+
+
+def _assert_flagged_at(result, step: int) -> None:
+    assert not result["passed"]
+    assert result["first_failure_step"] == step
+    assert all(r["passed"] for r in result["steps"] if r["step"] < step)
+
+
+@torch.no_grad()
+def _nudge(w, size: float, seed: int = 0) -> None:
+    """w ← polar(w + size·Z/‖Z‖) frame by frame: a move of ≈ size along the manifold."""
+    z = torch.randn(w.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    z = z / torch.linalg.norm(z, dim=(-2, -1), keepdim=True)
+    w.copy_(tp.linalg.polar(w.double() + size * z).to(w.dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_an_honest_stiefel_run_passes(tmp_path, dtype) -> None:
+    """The baseline of the departures below: the same run without one passes."""
+    result = _stiefel_run(tmp_path / "ok.npz", dtype=dtype)
+    assert result["passed"], pa.format_table(result)
+
+
+def test_a_perturbation_of_1e_6_in_float64_is_flagged_at_its_step(tmp_path) -> None:
+    def hook(opt, w, t, x):
+        if t == T:
+            _nudge(w, 1e-6)
+
+    _assert_flagged_at(_stiefel_run(tmp_path / "p.npz", hook=hook), T)
+
+
+def test_a_perturbation_of_1e_3_of_the_step_in_float32_is_flagged_at_its_step(tmp_path) -> None:
+    def hook(opt, w, t, x):
+        if t == T:
+            length = float(torch.linalg.norm((w.detach() - x).double(), dim=(-2, -1)).min())
+            _nudge(w, 1e-3 * length)
+
+    _assert_flagged_at(_stiefel_run(tmp_path / "p.npz", dtype=torch.float32, hook=hook), T)
+
+
+class _DroppedBiasCorrection(tp.RiemannianAdam):
+    """Riemannian Adam whose step T forgets the bias correction: m/(√v + ε), not m̂/(√v̂ + ε)."""
+
+    def rule(self, group):
+        chain = super().rule(group)
+        eps = group["eps"]
+
+        def update(geometry, x, step, state, t):
+            out, new = chain.update(geometry, x, step, state, t)
+            if t == T:  # (1/(1 − β1^t), √v/sqrt(1 − β2^t) + ε) -> (1, √v + ε)
+                out = replace(out, ratio=(1.0, new["sqrt_v"] + eps))
+            return out, new
+
+        return chain._replace(update=update)
+
+
+class _SkippedTransport(tp.RiemannianMomentum):
+    """The momentum template whose step T leaves M where it was (no transport to the new
+    point)."""
+
+    def rule(self, group):
+        chain = super().rule(group)
+        t = int(next(iter(self.state.values()), {}).get("step", 0)) + 1
+        return chain._replace(transported=()) if t == T else chain
+
+
+class _WrongLearningRate(tp.RSGD):
+    """Riemannian SGD whose step T uses 1.1·lr instead of the group's lr."""
+
+    def rule(self, group):
+        t = int(next(iter(self.state.values()), {}).get("step", 0)) + 1
+        return super().rule({**group, "lr": group["lr"] * (1.1 if t == T else 1.0)})
+
+
+for _cls, _name in (
+    (_DroppedBiasCorrection, "RiemannianAdam"),
+    (_SkippedTransport, "RiemannianMomentum"),
+    (_WrongLearningRate, "RSGD"),
+):
+    _cls.__name__ = _name  # the trace names the rule the optimizer claims to run
+
+
+@pytest.mark.parametrize(
+    "opt_class", [_DroppedBiasCorrection, _SkippedTransport, _WrongLearningRate], ids=str
+)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_departure_from_the_rule_is_flagged_at_its_step(tmp_path, opt_class, dtype) -> None:
+    result = _stiefel_run(tmp_path / "d.npz", opt_class, dtype)
+    _assert_flagged_at(result, T)
+    if opt_class is _SkippedTransport:  # the point is right; the state it leaves is not
+        bad = [r for r in result["steps"] if not r["passed"]]
+        assert all(r["deviation"] <= r["bound"] and r["state_ratio"] > 1 for r in bad)
+
+
+def test_the_plain_rule_classes_pass_the_same_run(tmp_path) -> None:
+    """Negative control of the three departures: their parent classes pass."""
+    for cls in (tp.RiemannianAdam, tp.RiemannianMomentum, tp.RSGD):
+        assert _stiefel_run(tmp_path / f"{cls.__name__}.npz", cls)["passed"]
+
+
+# -- the command -----------------------------------------------------------------------------------
+def test_the_command_exit_codes_json_and_plot(tmp_path, capsys) -> None:
+    _run(tmp_path / "ok.npz", every=1, steps=3)
+    assert main(["audit", str(tmp_path / "ok.npz"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] is True and doc["first_failure_step"] is None
+    assert {"step", "group", "deviation", "bound", "passed"} <= set(doc["steps"][0])
+    assert all(math.isfinite(r["bound"]) for r in doc["steps"])
+
+    def hook(opt, w, t, x):
+        if t == T:
+            _nudge(w, 1e-6)
+
+    _stiefel_run(tmp_path / "bad.npz", hook=hook)
+    pytest.importorskip("matplotlib")
+    assert main(["audit", str(tmp_path / "bad.npz"), "--plot", str(tmp_path / "a.png")]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED: 2 of 12 elements, first at step {T}" in out
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    (tmp_path / "junk.npz").write_bytes(b"junk")
+    assert main(["audit", str(tmp_path / "junk.npz")]) == 2
+    assert "junk.npz: not an audit trace" in capsys.readouterr().err
+
+
+def test_a_rule_without_a_reference_is_refused_with_exit_2(tmp_path, capsys) -> None:
+    w = torch.nn.Parameter(tp.Stiefel(5, 2).random_point(torch.Generator().manual_seed(0)))
+    opt = tp.optim.ChainOptimizer(
+        [{"params": [w], "geometry": "stiefel"}],
+        rule=lambda group: transforms.chain(transforms.scale(-group["lr"])),
+        lr=LR,
+    )
+    with audit.record(opt, tmp_path / "c.npz"):
+        opt.zero_grad()
+        w.sum().backward()
+        opt.step()
+    assert main(["audit", str(tmp_path / "c.npz")]) == 2
+    assert "no reference rule for optimizer 'ChainOptimizer'" in capsys.readouterr().err
+
+
+def test_a_step_skipped_for_a_nonfinite_gradient_is_reported_and_passes(tmp_path) -> None:
+    """skip_nonfinite=True: step 2 sees a NaN gradient and is skipped; the trace says so, the
+    audit passes it (that is why it was skipped) and checks the others, and the optimizer's own
+    count (the recorded step number) does not advance on the skipped step."""
+    w = torch.nn.Parameter(tp.Stiefel(5, 2).random_point(torch.Generator().manual_seed(0)))
+    opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=LR, skip_nonfinite=True)
+    with pytest.warns(UserWarning), audit.record(opt, tmp_path / "s.npz"):
+        for i in range(3):
+            opt.zero_grad()
+            (w**3).sum().backward()
+            if i == 1:
+                w.grad[0, 0] = float("nan")
+            opt.step()
+    result = pa.audit(tmp_path / "s.npz")
+    assert result["passed"], pa.format_table(result)
+    assert [(r["step"], r["skipped"]) for r in result["steps"]] == [
+        (1, False),
+        (2, True),
+        (2, False),
+    ]
+
+
+# -- torch.compile ---------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_a_compiled_step_is_the_eager_step(tmp_path) -> None:
+    """torch.compile(optimizer.step) over 10 steps of frames and plain parameters (AdamW with
+    decay) gives the eager trajectory bitwise."""
+    out = []
+    for compiled in (False, True):
+        gen = torch.Generator().manual_seed(0)
+        w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(gen, (2,)).float())
+        p = torch.nn.Parameter(torch.randn(5, generator=gen))
+        opt = tp.RiemannianAdam(
+            [{"params": [w], "geometry": "stiefel"}, {"params": [p], "weight_decay": 0.01}],
+            lr=3e-3,
+        )
+        step = torch.compile(opt.step) if compiled else opt.step
+        for _ in range(10):
+            opt.zero_grad()
+            ((w**3).sum() + (p**3).sum()).backward()
+            step()
+        out.append((w.detach().clone(), p.detach().clone()))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])

@@ -5,7 +5,8 @@ model built on ``RiemannianMultiheadAttention`` (QK and VO frames on St(16, 4), 
 linear layers around it), wrapped in ``DistributedDataParallel``, for 20 steps of
 ``build_optimizer(model, RiemannianAdam)`` on their half of a batch of 8 sequences. The parameters
 must equal a single-process run on the concatenated batch, in float64, and stay on their
-manifolds.
+manifolds. Each rank records every 5th step with ``torch_port.audit.record`` into its own file,
+and ``rattn audit`` passes both.
 
 Bound. With equal shards, DDP's gradient (the average of the two shard means) is the gradient of
 the full-batch mean; the two differ only in the order of summation, by a few units of roundoff u
@@ -72,16 +73,21 @@ def _data():
     return x, y
 
 
-def _train(model, x, y, params_owner):
-    from torch_port import RiemannianAdam
+def _train(model, x, y, params_owner, trace=None):
+    """20 steps; with ``trace``, every 5th recorded by ``torch_port.audit`` (one file a rank)."""
+    import contextlib
+
+    from torch_port import RiemannianAdam, audit
     from torch_port.nn import build_optimizer
 
     opt = build_optimizer(params_owner, RiemannianAdam, lr=1e-2, weight_decay=1e-2)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        loss = torch.mean((model(x) - y) ** 2)
-        loss.backward()
-        opt.step()
+    recording = audit.record(opt, trace, every=5) if trace else contextlib.nullcontext()
+    with recording:
+        for _ in range(STEPS):
+            opt.zero_grad()
+            loss = torch.mean((model(x) - y) ** 2)
+            loss.backward()
+            opt.step()
     return opt
 
 
@@ -99,7 +105,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         ddp = DistributedDataParallel(model)
         x, y = _data()
         shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        _train(ddp, x[shard], y[shard], ddp)
+        _train(ddp, x[shard], y[shard], ddp, trace=Path(out) / "run.npz")
         torch.save(model.state_dict(), Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -152,6 +158,14 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
     single = model.state_dict()
     worst = max(float((states[0][n] - single[n]).abs().max()) for n in single)
     assert worst <= DDP_BOUND, worst
+
+    # each rank recorded its own trace, and every recorded step is the reference's
+    from proofs_checks.port_compare import audit
+
+    for r in range(WORLD):
+        result = audit.audit(tmp_path / f"run.rank{r}.npz")
+        assert result["passed"], audit.format_table(result)
+        assert sorted({row["step"] for row in result["steps"]}) == [5, 10, 15, 20]
 
     from torch_port import linalg as tl
 

@@ -1,11 +1,19 @@
 """Recording a training run's optimizer steps, so that they can be checked against the reference.
 
-``record(optimizer, path, every=1)`` hooks ``optimizer.step`` (torch's step pre- and post-hooks,
-so schedulers, gradient clipping, accumulation and trainers need nothing special) and keeps, for
-every ``every``-th step of each point of each geometry group: the point before the step, its
-gradients as the step saw them, the optimizer state before, the group's hyperparameters in
-force (lr as a scheduler set it, betas, eps, trust radius, moment, …) and the point after.
-Step numbers are the optimizer's own counts (``state["step"]`` after the step, from 1).
+``record(optimizer, path, every=1, frames=None)`` hooks ``optimizer.step`` (torch's step pre- and
+post-hooks, so schedulers, gradient clipping, accumulation and trainers need nothing special) and
+keeps, for every ``every``-th step of each point of each geometry group: the point before the
+step, its gradients as the step saw them, the optimizer state before, the group's
+hyperparameters in force (lr as a scheduler set it, betas, eps, trust radius, moment, …), how
+its geometry is built (name, sizes, options) and the point after. Step numbers are the
+optimizer's own counts (``state["step"]`` after the step, from 1).
+
+A point is a batch of elements (a Stiefel parameter: its frames; a group of factors: the points
+of its batch). Every array is kept flattened over the batch, (elements, *trailing shape);
+``frames=k`` keeps only k elements of each point, evenly spaced (their indices are in the
+metadata), so that recording a large model costs little. ``rank`` names the process of a
+torch.distributed run: each rank writes its own file (``path`` with ``.rank{R}`` before the
+suffix) unless ``ranks=(0,)`` or another subset is asked for.
 
 The file is safe to open from strangers: one NumPy ``.npz`` read with ``allow_pickle=False``
 (``load``), its metadata (library and torch versions, devices, dtypes, the groups) a JSON
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -53,6 +62,25 @@ def _jsonable(v: Any) -> Any:
     raise TypeError
 
 
+def _elements(count: int, frames: int | None) -> list[int]:
+    """The indices of the elements kept: all, or ``frames`` of them evenly spaced."""
+    if frames is None or frames >= count:
+        return list(range(count))
+    return sorted({round(i * (count - 1) / max(frames - 1, 1)) for i in range(frames)})
+
+
+def _rank() -> int | None:
+    """This process's rank in an initialised torch.distributed run, else None."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else None
+
+
+def rank_path(path: str | os.PathLike, rank: int | None) -> Path:
+    """The file of one rank: ``run.npz`` -> ``run.rank1.npz`` (``path`` itself without a rank)."""
+    path = Path(path)
+    return path if rank is None else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
 @dataclass
 class Recorder:
     """The hooks of ``record`` and what they have kept so far (see the module docstring)."""
@@ -60,6 +88,8 @@ class Recorder:
     optimizer: ChainOptimizer
     path: Path
     every: int = 1
+    frames: int | None = None
+    ranks: Sequence[int] | None = None
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
 
@@ -69,14 +99,21 @@ class Recorder:
                 "record() needs an optimizer of torch_port.optim (a ChainOptimizer: "
                 f"RiemannianAdam, RSGD, …), got {type(self.optimizer).__name__}"
             )
-        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
-            raise ValueError(f"every must be an integer ≥ 1, got {self.every!r}")
-        self.path = Path(self.path)
-        self._pending: list[tuple[int, Point, int]] = []
-        self._handles = [
-            self.optimizer.register_step_pre_hook(self._before),
-            self.optimizer.register_step_post_hook(self._after),
-        ]
+        for name, v in (("every", self.every), ("frames", self.frames)):
+            if v is None and name == "frames":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
+        self.rank = _rank()
+        self.path = rank_path(self.path, self.rank)
+        self.active = self.ranks is None or (self.rank or 0) in self.ranks
+        self._pending: list[tuple[int, Point, int, list[int], int, list[str]]] = []
+        self._handles = []
+        if self.active:
+            self._handles = [
+                self.optimizer.register_step_pre_hook(self._before),
+                self.optimizer.register_step_post_hook(self._after),
+            ]
 
     def _points(self) -> list[Point]:
         opt = self.optimizer
@@ -87,8 +124,22 @@ class Recorder:
             for point in opt._geometries.points(gi, group)
         ]
 
+    def _spec(self, point: Point) -> dict[str, Any]:
+        group = self.optimizer.param_groups[point.gi]
+        geometries = self.optimizer._geometries
+        if group["geometry"] == "stiefel":
+            spec = geometries.stiefel_spec(group, point.params[0])
+        else:
+            spec = geometries.factored_spec(group)
+        return {**spec, "options": {k: _jsonable(v) for k, v in spec["options"].items()}}
+
+    def _keep(self, name: str, t: torch.Tensor, batch: int, kept: list[int]) -> None:
+        """Store t flattened over its ``batch`` leading dims, only the kept elements."""
+        t = t.reshape(-1, *t.shape[batch:])[kept] if batch else t[None]
+        self.arrays[name] = _array(t)
+
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        for k, _, _ in self._pending:  # a step that raised: drop what it had recorded
+        for k, *_ in self._pending:  # a step that raised: drop what it had recorded
             for name in [n for n in self.arrays if n.startswith(f"r{k}/")]:
                 del self.arrays[name]
         self._pending = []
@@ -97,24 +148,30 @@ class Recorder:
             t = int(state["step"]) + 1 if "step" in state else 1
             if t % self.every:
                 continue
+            x = point.value()
+            batch = x[0].ndim - len(_trailing(point))
+            count = math.prod(x[0].shape[:batch])
+            kept = _elements(count, self.frames)
             k = len(self.steps) + len(self._pending)
-            prefix = f"r{k}"
-            for i, (x, g) in enumerate(zip(point.value(), point.grad(), strict=True)):
-                self.arrays[f"{prefix}/x/{i}"] = _array(x)
-                self.arrays[f"{prefix}/g/{i}"] = _array(g)
+            for i, (xi, gi) in enumerate(zip(x, point.grad(), strict=True)):
+                self._keep(f"r{k}/x/{i}", xi, batch, kept)
+                self._keep(f"r{k}/g/{i}", gi, batch, kept)
             for key, value in state.items():
+                if key == "step":
+                    continue
                 parts = value if isinstance(value, tuple) else (value,)
                 for i, part in enumerate(parts):
-                    self.arrays[f"{prefix}/state/{key}/{i}"] = _array(part)
-            self._pending.append((k, point, t))
+                    self._keep(f"r{k}/state/{key}/{i}", part, batch, kept)
+            keys = sorted(key for key in state if key != "step")
+            self._pending.append((k, point, t, kept, batch, keys))
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        for k, point, t in self._pending:
+        for k, point, t, kept, batch, keys in self._pending:
             state = self.optimizer.state.get(point.key) or {}
             done = int(state.get("step", 0)) == t  # False when the step was skipped
             if done:
                 for i, y in enumerate(point.value()):
-                    self.arrays[f"r{k}/y/{i}"] = _array(y)
+                    self._keep(f"r{k}/y/{i}", y, batch, kept)
             group = self.optimizer.param_groups[point.gi]
             hyper = {}
             for name, v in group.items():
@@ -133,25 +190,32 @@ class Recorder:
                     "group": point.gi,
                     "params": point.pis,
                     "names": [names[i] for i in point.pis] if names else None,
-                    "geometry": point.geometry.name,
+                    "geometry": self._spec(point),
                     "gradient": group.get("gradient", "riemannian"),
+                    "elements": kept,
+                    "batch": list(point.value()[0].shape[:batch]),
                     "hyperparameters": hyper,
                     "dtypes": [str(p.dtype) for p in point.params],
                     "device": str(point.params[0].device),
-                    "state_keys": sorted(state),
+                    "state_keys": keys,
                 }
             )
         self._pending = []
 
-    def close(self) -> Path:
-        """Remove the hooks and write the file (``path``); returns its path."""
+    def close(self) -> Path | None:
+        """Remove the hooks and write the file (``path``); returns its path (None on a rank
+        that does not record)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if not self.active:
+            return None
         meta = {
             "format": FORMAT,
             "optimizer": type(self.optimizer).__name__,
             "every": self.every,
+            "frames": self.frames,
+            "rank": self.rank,
             "versions": {"rattn": _version("rattn"), "torch": torch.__version__},
             "steps": self.steps,
         }
@@ -171,6 +235,13 @@ class Recorder:
         self.close()
 
 
+def _trailing(point: Point) -> tuple[int, ...]:
+    """The trailing shape of a point's first part (what is not batch)."""
+    geometry = getattr(point.geometry, "geometry", point.geometry)  # through an Ambient view
+    shapes = getattr(geometry, "point_shapes", None)
+    return tuple(shapes[0]) if shapes else tuple(point.params[0].shape[-2:])
+
+
 def _version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -178,10 +249,17 @@ def _version(name: str) -> str | None:
         return None
 
 
-def record(optimizer: ChainOptimizer, path: str | os.PathLike, every: int = 1) -> Recorder:
-    """Start recording every ``every``-th step of ``optimizer`` into ``path`` (module
-    docstring); use as a context manager, or call ``.close()``."""
-    return Recorder(optimizer, Path(path), every)
+def record(
+    optimizer: ChainOptimizer,
+    path: str | os.PathLike,
+    every: int = 1,
+    frames: int | None = None,
+    ranks: Sequence[int] | None = None,
+) -> Recorder:
+    """Start recording every ``every``-th step of ``optimizer`` into ``path``, ``frames``
+    elements of each point (all by default), on every rank of a distributed run or on
+    ``ranks`` only (module docstring); use as a context manager, or call ``.close()``."""
+    return Recorder(optimizer, Path(path), every, frames, ranks)
 
 
 @dataclass(frozen=True)
@@ -215,4 +293,4 @@ def load(path: str | os.PathLike) -> Trace:
     return Trace(meta, arrays)
 
 
-__all__ = ["Recorder", "Trace", "load", "record"]
+__all__ = ["Recorder", "Trace", "load", "rank_path", "record"]

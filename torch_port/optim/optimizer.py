@@ -240,9 +240,13 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                 self._check_plain_state(gi, pi, p, self.state[p], deep=False)
         return True
 
+    # torch.compile(optimizer.step) runs the step eagerly: traced, its data-dependent checks
+    # and Python-number state recompile at every step and the AdamW path drifted from eager.
+    @torch.compiler.disable
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One update of every parameter that has a gradient (see the module docstring)."""
+        """One update of every parameter that has a gradient (see the module docstring).
+        Under ``torch.compile`` it runs eagerly, so a compiled step is the eager step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -61,27 +61,33 @@ class Geometries:
     def __init__(self) -> None:
         self._cache: dict[tuple, Any] = {}
 
+    def stiefel_spec(self, group: dict[str, Any], p: Tensor) -> dict[str, Any]:
+        """How the Stiefel geometry of a parameter of a group is built: its name, sizes and
+        options (``spec``)."""
+        return {
+            "name": "stiefel",
+            "sizes": {"d": int(p.shape[-2]), "r": int(p.shape[-1])},
+            "options": {
+                "retraction": group.get("retraction", "polar"),
+                "metric": group.get("metric", "embedded"),
+            },
+        }
+
     def stiefel(self, group: dict[str, Any], p: Tensor) -> StiefelFrames:
-        key = (
-            "stiefel",
-            int(p.shape[-2]),
-            int(p.shape[-1]),
-            group.get("retraction", "polar"),
-            group.get("metric", "embedded"),
-        )
+        spec = self.stiefel_spec(group, p)
+        key = ("stiefel", *spec["sizes"].values(), *spec["options"].values())
         if key not in self._cache:
-            _, d, r, retraction, metric = key
-            self._cache[key] = StiefelFrames(Stiefel(d, r, retraction=retraction, metric=metric))
+            self._cache[key] = StiefelFrames(Stiefel(*spec["sizes"].values(), **spec["options"]))
         return self._cache[key]
 
-    def factored(self, group: dict[str, Any]) -> PointGeometry:
-        """The geometry of a group of factors, built from the parameters' shapes and the group's
-        options (and cached); raises ValueError on a group that does not fit it."""
+    def factored_spec(self, group: dict[str, Any]) -> dict[str, Any]:
+        """How the geometry of a group of factors is built, from the parameters' shapes and the
+        group's options: its name, sizes (m, n, r) and options; ValueError on a group whose
+        parameters do not fit one."""
         name = group["geometry"]
         params = group["params"]
         block = name.startswith("block_")
-        cls = PLAIN[name.removeprefix("block_")]
-        kinds = cls.point_kinds
+        kinds = PLAIN[name.removeprefix("block_")].point_kinds
         label = f"a {name!r} group"
         if len(params) != len(kinds):
             raise ValueError(
@@ -110,6 +116,16 @@ class Geometries:
             if group.get("pattern") is not None:
                 options["pattern"] = tuple(tuple(int(i) for i in e) for e in group["pattern"])
             options["groups"] = group.get("groups", "components")
+        return {"name": name, "sizes": sizes, "options": options}
+
+    def factored(self, group: dict[str, Any]) -> PointGeometry:
+        """The geometry of a group of factors (``factored_spec``), cached; raises ValueError on a
+        group that does not fit it."""
+        spec = self.factored_spec(group)
+        name, sizes, options = spec["name"], spec["sizes"], spec["options"]
+        params = group["params"]
+        block = name.startswith("block_")
+        label = f"a {name!r} group"
         key = (name, tuple(tuple(p.shape) for p in params), tuple(sorted(options.items())))
         if key in self._cache:
             return self._cache[key]

@@ -1,0 +1,576 @@
+"""``rattn audit``: replay every recorded step of a training run through ``reference.optim`` in
+float64 and compare the point the port reached with the exact one.
+
+A record (``torch_port.audit``) holds, for one point of one geometry group at one step t, the
+elements kept (frames of a Stiefel parameter, points of a factored group's batch), each with
+its point x before the step, its Euclidean gradient, the optimizer state before and the point y
+after, in the port's internal layout and dtype, plus the hyperparameters in force and how the
+geometry is built. For every element the replay
+
+1. builds the reference geometry and the reference optimizer of the recorded rule
+   (``REFERENCE_RULES``: the four presets with every option, on the Riemannian or the Euclidean
+   gradient) with the recorded hyperparameters;
+2. projects x to its manifold in float64 (the polar factor of each orthonormal factor) and
+   reports the distance δ = ‖C(x) − C(x̄)‖, C what is compared (the point, or W = A Bᵀ where the
+   factors are defined up to a group action: ``geometries``);
+3. converts the port's state to the reference's (``reference_state``: the count t − 1, the
+   moments' arrays and √v filled into the layout the reference's ``init`` makes at x̄);
+4. takes the reference step ȳ = step(x̄, g, state) and measures e = ‖C(y) − C(ȳ)‖.
+
+The bound e ≤ B of a step in dtype w (unit roundoff u) is, with Δ = ‖C(ȳ) − C(x̄)‖ the length
+of the exact step, s = ‖C(ȳ)‖ the size of the point after it and κ the conditioning of the
+point (``step_bound``, ``Elements.conditioning``):
+
+    B = L·δ + K·u·(κ·(n + r + 2·log2(n·r))·Δ + (r + 4)·s)
+
+- L·δ: the port stepped from x, the reference from x̄. The step map of every rule here is
+  Lipschitz in the point with a constant 1 + O(‖ξ‖) near the manifold (the projection, the
+  moments' normalisation and the retraction each change by O(‖ξ‖)·δ; the retractions that end
+  in a polar factor remove a normal offset to first order, the others carry it with factor
+  ≤ 1 + O(‖ξ‖)); L = 2 covers every step with ‖ξ‖ ≤ 1/2 (a longer step is marked as such).
+- The direction ξ is formed with inner products of length ≤ n (the largest matrix dimension:
+  the projection's Wᵀ G) and r, and with norms of n·r entries summed pairwise by torch
+  (error ≤ log2(n·r)·u, twice: the frame's RMS and the trust-region norm): relative error
+  (n + r + 2·log2(n·r))·u of the step. Where the rule solves with the Gram matrix of a factor
+  that is not a frame (R2's preconditioned metric, R1's core S), the error of the solve is κ
+  times its backward error, κ = max cond(F)² over those factors (1 for frames).
+- The retraction rounds the sum x + ξ (u·s), forms a product of inner length r with a factor
+  cast to w (r·u·s + u·s), and stores the result in w (u·s); a safety factor K = 4 covers the
+  second-order terms (γ_k = k·u/(1 − k·u)) and the float64 parts (Gram, eigendecomposition)
+  that are ≥ 2^29 times smaller in float32.
+
+The state is checked too: when the step before was recorded, the state the port recorded
+before this step (its moments after the last step, transported) is compared with the
+reference's state after that step, entry by entry (``state_bound``); the failure is reported at
+the step that made the state. So a step whose point is right but whose state is not (a skipped
+transport, a wrong moment) is flagged where it happened.
+
+A step that the port skipped (``skip_nonfinite``) passes when its gradient has a non-finite
+entry, which is why it was skipped, and fails otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+import reference as ref
+from proofs_checks.port_compare.geometries import FrameAdapter, PointAdapter
+from reference import optim as ro
+from reference.geometry import like, parts
+from torch_port import audit as recorder
+from torch_port.geometries import GEOMETRIES
+from torch_port.optim.checks import FRAME_GEOMETRIES
+
+Array = np.ndarray
+
+#: The Lipschitz constant of one step in its starting point, and the safety factor of the
+#: rounding terms (module docstring).
+LIPSCHITZ = 2.0
+SAFETY = 4.0
+#: The largest step (Frobenius norm of C(ȳ) − C(x̄)) the Lipschitz constant L covers.
+LARGEST_STEP = 0.5
+
+UNIT_ROUNDOFF = {
+    "torch.float64": 2.0**-53,
+    "torch.float32": 2.0**-24,
+    "torch.bfloat16": 2.0**-8,
+    "torch.float16": 2.0**-11,
+}
+
+
+# -- the reference rule of a recorded optimizer -------------------------------------------------
+def _adam(h: dict[str, Any]) -> ro.Transform:
+    b1, b2 = h["betas"]
+    steps = [ro.scale_by_adam(b1, b2, h["eps"], h["moment"], h["reduction"]), ro.scale(-h["lr"])]
+    if h["trust_radius"] is not None:
+        steps.append(ro.trust_region(h["trust_radius"]))
+    return ro.chain(*steps)
+
+
+def _momentum(h: dict[str, Any]) -> ro.Transform:
+    return ro.chain(ro.trace(h["beta"]), ro.normalize_by_max(h["c"]), ro.scale(-h["lr"]))
+
+
+def _rsgd(h: dict[str, Any]) -> ro.Transform:
+    steps = [ro.scale(-h["lr"])]
+    if h["trust_radius"] is not None:
+        steps.append(ro.trust_region(h["trust_radius"]))
+    return ro.chain(*steps)
+
+
+def _normalized(h: dict[str, Any]) -> ro.Transform:
+    return ro.chain(ro.normalize_by_rms(), ro.scale(-h["lr"]))
+
+
+#: Optimizer class name (``torch_port.optim``) -> the reference chain of a group's
+#: hyperparameters, the same chain as the preset's ``rule``.
+REFERENCE_RULES: dict[str, Callable[[dict[str, Any]], ro.Transform]] = {
+    "RiemannianAdam": _adam,
+    "RiemannianMomentum": _momentum,
+    "RSGD": _rsgd,
+    "NormalizedRSGD": _normalized,
+}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed (named, with what is wrong)."""
+
+
+def reference_optimizer(optimizer: str, step: dict[str, Any]) -> ro.Optimizer:
+    """The reference optimizer of one recorded step: the rule's chain with the hyperparameters in
+    force, the group's weight decay (coupled; none on frames, where the port applies none: RA-5)
+    and its gradient ("riemannian" or "euclidean")."""
+    if optimizer not in REFERENCE_RULES:
+        raise TraceError(
+            f"no reference rule for optimizer {optimizer!r}; rattn audit replays "
+            f"{', '.join(REFERENCE_RULES)}"
+        )
+    h = step["hyperparameters"]
+    frames = step["geometry"]["name"] in FRAME_GEOMETRIES
+    decay = 0.0 if frames else float(h.get("weight_decay", 0.0))
+    try:
+        return ro.Optimizer(
+            REFERENCE_RULES[optimizer](h), h["lr"], decay, "coupled", step["gradient"]
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
+        raise TraceError(message) from None
+
+
+# -- geometries, elements and states -------------------------------------------------------------
+@dataclass(frozen=True)
+class Elements:
+    """How the elements of one record are read: the adapter (what is compared), the reference
+    geometry, the number of block groups (0 for a plain point) and the orthonormal factors."""
+
+    adapter: Any
+    geometry: Any
+    n_groups: int
+    orthonormal: tuple[int, ...]
+
+    def point(self, arrays: Sequence[Array], e: int) -> Any:
+        """Element e of parts kept as (elements, *trailing): a frame, a tuple of factors, or a
+        tuple over the block groups of tuples of factors."""
+        if isinstance(self.adapter, FrameAdapter):
+            return arrays[0][e]
+        if self.n_groups:
+            return tuple(tuple(a[e][c] for a in arrays) for c in range(self.n_groups))
+        return tuple(a[e] for a in arrays)
+
+    def project(self, x: Any) -> Any:
+        """x with each orthonormal factor replaced by its polar factor (float64)."""
+        if isinstance(self.adapter, FrameAdapter):
+            return ref.linalg.polar(x)
+
+        def one(factors: tuple) -> tuple:
+            return tuple(
+                ref.linalg.polar(f) if i in self.orthonormal else f for i, f in enumerate(factors)
+            )
+
+        return tuple(one(s) for s in x) if self.n_groups else one(x)
+
+    def compared(self, x: Any) -> Array:
+        return np.concatenate([np.ravel(p) for p in self.adapter.compared(x)])
+
+    def conditioning(self, x: Any) -> float:
+        """κ = max over the factors that are not frames (S of R1, A and B of R2) of cond(F)²,
+        the condition number of their Gram matrices FᵀF, which the Riemannian gradient, the
+        projections and the transports solve with (1 for points made of frames only)."""
+        if isinstance(self.adapter, FrameAdapter):
+            return 1.0
+        sets = x if self.n_groups else (x,)
+        kappa = 1.0
+        for factors in sets:
+            for i, f in enumerate(factors):
+                if i not in self.orthonormal:
+                    sv = np.linalg.svd(f, compute_uv=False)
+                    kappa = max(kappa, float(sv[0] / sv[-1]) ** 2 if sv[-1] > 0 else math.inf)
+        return kappa
+
+
+def elements(spec: dict[str, Any]) -> Elements:
+    """The ``Elements`` of a recorded geometry (name, sizes, options)."""
+    name, sizes, options = spec["name"], spec["sizes"], dict(spec["options"])
+    if name == "stiefel":
+        adapter = FrameAdapter(**options)
+        geometry = ref.Stiefel(sizes["d"], sizes["r"], **options)
+        return Elements(adapter, geometry, 0, (0,))
+    if name not in GEOMETRIES:
+        raise TraceError(f"unknown geometry {name!r} in the trace")
+    if "pattern" in options and options["pattern"] is not None:
+        options["pattern"] = tuple(tuple(e) for e in options["pattern"])
+    adapter = PointAdapter(name, sizes["m"], sizes["n"], sizes["r"], tuple(sorted(options.items())))
+    rg, tg = adapter.geometries()
+    return Elements(adapter, rg, getattr(tg, "n_groups", 0), tuple(tg.orthonormal_factors))
+
+
+def reference_state(template: Any, entries: dict[str, list[Any]], count: int) -> Any:
+    """The port's state entries of one element (``entries``: key -> its arrays, group-major for
+    a block point) in the layout of ``template``, the state the reference's ``init`` makes: an
+    ``AdamState`` takes the count, "exp_avg" and "sqrt_v", a ``TraceState`` "momentum_buffer";
+    each is checked to fill its field exactly (shapes and number of leaves)."""
+
+    def fill(field: Any, key: str) -> Any:
+        values = entries.get(key)
+        if values is None:
+            raise TraceError(f"the recorded state has no {key!r}")
+        if isinstance(field, tuple) and all(isinstance(v, float) for v in field):  # √v per frame
+            flat = np.concatenate([np.ravel(v) for v in values])
+            if len(flat) != len(field):
+                raise TraceError(f"state {key!r}: {len(flat)} values for {len(field)} frames")
+            return tuple(float(v) for v in flat)
+        leaves = parts(field)
+        if len(leaves) != len(values) or any(
+            np.shape(a) != np.shape(b) for a, b in zip(leaves, values, strict=True)
+        ):
+            raise TraceError(
+                f"state {key!r}: shapes {[np.shape(v) for v in values]} do not fit the "
+                f"reference's {[np.shape(a) for a in leaves]}"
+            )
+        return like(field, list(values)) if isinstance(field, tuple) else values[0]
+
+    def build(t: Any) -> Any:
+        if isinstance(t, ro.AdamState):
+            return ro.AdamState(count, fill(t.m, "exp_avg"), fill(t.sqrt_v, "sqrt_v"))
+        if isinstance(t, ro.TraceState):
+            return ro.TraceState(fill(t.m, "momentum_buffer"))
+        if isinstance(t, tuple):
+            return tuple(build(s) for s in t)
+        return t
+
+    return template if count == 0 else build(template)
+
+
+def step_bound(
+    dtype: str, delta: float, step: float, size: float, n: int, r: int, kappa: float = 1.0
+) -> float:
+    """B = L·δ + K·u·(κ·(n + r + 2·log2(n·r))·Δ + (r + 4)·s) (module docstring)."""
+    u = UNIT_ROUNDOFF[dtype]
+    inner = n + r + 2.0 * math.log2(n * r)
+    return LIPSCHITZ * delta + SAFETY * u * (kappa * inner * step + (r + 4) * size)
+
+
+def _dims(spec: dict[str, Any]) -> tuple[int, int]:
+    """(n, r): the largest matrix dimension and the rank of one element."""
+    s = spec["sizes"]
+    r = s["r"]
+    o = spec["options"]
+    if spec["name"] == "stiefel":
+        return s["d"], r
+    heads = max(o.get("n_heads", 1), o.get("n_kv_heads", 1)) if "n_heads" in o else 1
+    return max(s["m"], s["n"]) * heads, r
+
+
+# -- the replay -----------------------------------------------------------------------------------
+def state_leaves(state: Any) -> list[tuple[str, Any]]:
+    """(field, value) of every number and array of a reference state, in order: the count, then
+    each moment's arrays and √v's values."""
+    out: list[tuple[str, Any]] = []
+    if isinstance(state, ro.AdamState):
+        out.append(("count", state.count))
+        out += [("exp_avg", a) for a in parts(state.m)]
+        out += [("sqrt_v", v) for v in parts(state.sqrt_v)]
+    elif isinstance(state, ro.TraceState):
+        out += [("momentum_buffer", a) for a in parts(state.m)]
+    elif isinstance(state, tuple):
+        for s in state:
+            out += state_leaves(s)
+    return out
+
+
+def state_bound(
+    dtype: str, delta: float, deviation: float, size: float, n: int, r: int, kappa: float = 1.0
+) -> float:
+    """B_s = (2·(e + L·δ) + K·u·κ·(n + r + 2·log2(n·r)))·‖s̄‖ for a state entry s̄ of the
+    reference after the step (the moment transported to ȳ, or √v): the port's entry was formed
+    at x and transported to y, the reference's at x̄ and to ȳ; the projection P_y differs from
+    P_ȳ by ≤ 2‖y − ȳ‖ (e, measured) and the new moment by ≤ 2·L·δ relative (its gradient was
+    projected at x, not x̄); the rounding is that of the direction (``step_bound``)."""
+    u = UNIT_ROUNDOFF[dtype]
+    inner = n + r + 2.0 * math.log2(n * r)
+    return (2.0 * (deviation + LIPSCHITZ * delta) + SAFETY * u * kappa * inner) * size
+
+
+def state_deviation(
+    recorded: Any,
+    expected: Any,
+    dtype: str,
+    delta: float,
+    deviation: float,
+    n: int,
+    r: int,
+    kappa: float = 1.0,
+) -> tuple[float, float, str | None]:
+    """(the largest ratio deviation/bound over the entries, that entry's deviation, its name)
+    between the state recorded before a step and the reference's after the step before; each
+    entry (all parts of a moment) is taken whole; the counts must agree exactly (a bound of
+    1/2)."""
+    got: dict[str, list[Array]] = {}
+    want: dict[str, list[Array]] = {}
+    for (name, a), (_, b) in zip(state_leaves(recorded), state_leaves(expected), strict=True):
+        if name == "count":
+            if a != b:  # counts agree exactly: a bound of 1/2 on |Δcount|
+                return 2.0 * abs(a - b), float(abs(a - b)), "count"
+            continue
+        got.setdefault(name, []).append(np.ravel(a))
+        want.setdefault(name, []).append(np.ravel(b))
+    worst: tuple[float, float, str | None] = (0.0, 0.0, None)
+    for name in want:
+        a, b = np.concatenate(got[name]), np.concatenate(want[name])
+        dev = float(np.linalg.norm(a - b))
+        bound = state_bound(dtype, delta, deviation, float(np.linalg.norm(b)), n, r, kappa)
+        ratio = dev / bound if bound > 0 else (0.0 if dev == 0 else math.inf)
+        if ratio > worst[0] or worst[2] is None:
+            worst = (ratio, dev, name)
+    return worst
+
+
+@dataclass
+class _After:
+    """The reference's state after a replayed step of one element, to check the state the port
+    recorded before the next step against."""
+
+    step: int
+    state: Any
+    deviation: float
+    projection: float
+    conditioning: float
+    row: dict[str, Any]
+
+
+def replay_record(
+    trace: recorder.Trace, k: int, after: dict[tuple, _After] | None = None
+) -> list[dict[str, Any]]:
+    """Every kept element of record k: deviation, bound, pass/fail (module docstring). With
+    ``after`` (the reference's states after the steps replayed so far, by point and element),
+    the state the port recorded before this step is checked against the reference's after the
+    previous step when that step was recorded too, and the previous step's row says so."""
+    meta = trace.meta
+    step = meta["steps"][k]
+    spec = step["geometry"]
+    where = f"step {step['step']}, group {step['group']}"
+    try:
+        el = elements(spec)
+        x_parts, g_parts = _float64(trace.parts(k, "x")), _float64(trace.parts(k, "g"))
+        y_parts = _float64(trace.parts(k, "y")) if step["taken"] else None
+        state = {key: _float64(trace.parts(k, f"state/{key}")) for key in step["state_keys"]}
+    except (KeyError, TypeError) as err:
+        message = f"{where}: the record is incomplete ({type(err).__name__}: {err})"
+        raise TraceError(message) from None
+    opt = reference_optimizer(meta["optimizer"], step)
+    dtype = step["dtypes"][0]
+    if dtype not in UNIT_ROUNDOFF:
+        raise TraceError(f"{where}: unknown dtype {dtype!r}")
+    n, r = _dims(spec)
+    rows = []
+    for j, e in enumerate(step["elements"]):
+        x = el.point(x_parts, j)
+        g = el.point(g_parts, j)
+        row: dict[str, Any] = {
+            "step": step["step"],
+            "group": step["group"],
+            "names": step["names"],
+            "element": e,
+            "geometry": spec["name"],
+            "dtype": dtype,
+            "skipped": y_parts is None,
+            "deviation": None,
+            "bound": None,
+            "state_deviation": None,
+            "state_ratio": None,
+        }
+        xp = el.project(x)
+        delta = float(np.linalg.norm(el.compared(x) - el.compared(xp)))
+        template = opt.init(el.geometry, xp)
+        entries = {key: _element_entries(el, v, j) for key, v in state.items()}
+        try:
+            st = reference_state(template, entries, step["step"] - 1)
+        except (TypeError, ValueError) as err:
+            raise TraceError(f"{where}, element {e}: {err}") from None
+        key = (step["group"], tuple(step["params"]), e)
+        before = None if after is None else after.get(key)
+        if before is not None and before.step == step["step"] - 1:
+            ratio, dev, name = state_deviation(
+                st,
+                before.state,
+                dtype,
+                before.projection,
+                before.deviation,
+                n,
+                r,
+                max(before.conditioning, el.conditioning(xp)),
+            )
+            before.row.update(
+                state_deviation=dev,
+                state_ratio=ratio,
+                state_entry=name,
+                passed=before.row["passed"] and ratio <= 1.0,
+            )
+        if y_parts is None:  # skipped by the port: right only for a non-finite gradient
+            row["passed"] = not all(bool(np.isfinite(a[j]).all()) for a in g_parts)
+            rows.append(row)
+            continue
+        try:
+            y_ref, new_state = opt.step(el.geometry, xp, g, st)
+        except (TypeError, ValueError) as err:
+            message = f"{where}, element {e}: the reference cannot take this step: {err}"
+            raise TraceError(message) from None
+        y = el.point(y_parts, j)
+        c_ref, c_x = el.compared(y_ref), el.compared(xp)
+        deviation = float(np.linalg.norm(el.compared(y) - c_ref))
+        length = float(np.linalg.norm(c_ref - c_x))
+        kappa = max(el.conditioning(xp), el.conditioning(y_ref))
+        bound = step_bound(dtype, delta, length, float(np.linalg.norm(c_ref)), n, r, kappa)
+        row.update(
+            projection=delta,
+            conditioning=kappa,
+            step_length=length,
+            deviation=deviation,
+            bound=bound,
+            bounded=length <= LARGEST_STEP,
+            passed=deviation <= bound,
+        )
+        rows.append(row)
+        if after is not None:
+            after[key] = _After(step["step"], new_state, deviation, delta, kappa, row)
+    return rows
+
+
+def _float64(arrays: Sequence[Array]) -> list[Array]:
+    """float64 copies (exact: the recorded dtypes are float64, float32 or wider-stored ones)."""
+    return [np.asarray(a, dtype=np.float64) for a in arrays]
+
+
+def _element_entries(el: Elements, arrays: Sequence[Array], j: int) -> list[Any]:
+    """The arrays of one state entry for element j, as leaves in the reference's order
+    (group-major for a block point)."""
+    if el.n_groups and arrays[0].ndim > 2:  # tensors (elements, G, ...): split the groups
+        return [a[j][c] for c in range(el.n_groups) for a in arrays]
+    return [a[j] for a in arrays]
+
+
+def replay(trace: recorder.Trace, *, progress: bool = False) -> dict[str, Any]:
+    """Every record of a trace: one JSON-ready document with ``passed``,
+    ``first_failure_step`` and ``steps`` (one row per element of each record)."""
+    rows: list[dict[str, Any]] = []
+    after: dict[tuple, _After] = {}
+    records = range(len(trace.meta["steps"]))
+    for k in tqdm(
+        records, desc="rattn audit", unit="record", file=sys.stderr, disable=not progress
+    ):
+        rows.extend(replay_record(trace, k, after))
+    failed = [r for r in rows if not r["passed"]]
+    return {
+        "passed": not failed,
+        "first_failure_step": min(r["step"] for r in failed) if failed else None,
+        "optimizer": trace.meta["optimizer"],
+        "versions": trace.meta["versions"],
+        "steps": rows,
+    }
+
+
+def audit(path: str | Path, *, progress: bool = False) -> dict[str, Any]:
+    """Load a trace (``torch_port.audit.load``) and replay it; TraceError for a bad one."""
+    try:
+        trace = recorder.load(path)
+    except ValueError as err:
+        raise TraceError(str(err)) from None
+    if not isinstance(trace.meta.get("steps"), list) or not trace.meta["steps"]:
+        raise TraceError(f"{path}: the trace records no step")
+    return {"trace": str(path), **replay(trace, progress=progress)}
+
+
+def _ratio(row: dict[str, Any]) -> float:
+    """The largest of deviation/bound and the state's ratio (0 for a skipped step)."""
+    point = 0.0 if row["deviation"] is None else row["deviation"] / row["bound"]
+    return max(point, row["state_ratio"] or 0.0)
+
+
+def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (step, group): its worst element (a failing one first)."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in result["steps"]:
+        key = (row["step"], row["group"])
+        old = best.get(key)
+        rank = (not row["passed"], _ratio(row))
+        if old is None or rank > (not old["passed"], _ratio(old)):
+            best[key] = row
+    return [best[k] for k in sorted(best)]
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1e}"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Markdown table of an audit: per step and group the worst element, then the verdict."""
+    lines = [
+        f"Audit of {result['trace']} ({result['optimizer']}), every step replayed through the "
+        "float64 reference:",
+        "",
+        "| step | group | geometry | dtype | element | ‖x − x̄‖ (projected) | ‖y − ȳ‖ | bound "
+        "| state/bound | result |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in worst_rows(result):
+        verdict = "pass" if r["passed"] else "FAIL"
+        if r["skipped"]:
+            verdict += " (skipped by the port)"
+        elif not r["bounded"]:
+            verdict += f" (step longer than {LARGEST_STEP:g}: bound not guaranteed)"
+        state = "—" if r["state_ratio"] is None else f"{r['state_ratio']:.2f}"
+        lines.append(
+            f"| {r['step']} | {r['group']} | {r['geometry']} | {r['dtype'].removeprefix('torch.')} "
+            f"| {r['element']} | {_num(r.get('projection'))} | {_num(r['deviation'])} "
+            f"| {_num(r['bound'])} | {state} | {verdict} |"
+        )
+    n_failed = sum(not r["passed"] for r in result["steps"])
+    lines += [""]
+    lines.append(
+        "PASSED"
+        if result["passed"]
+        else f"FAILED: {n_failed} of {len(result['steps'])} elements, first at step "
+        f"{result['first_failure_step']}"
+    )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """deviation/bound (and the state's ratio) over steps, per group, on a log scale (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rows = worst_rows(result)
+    for gi in sorted({r["group"] for r in rows}):
+        mine = [r for r in rows if r["group"] == gi and r["deviation"] is not None]
+        steps = [r["step"] for r in mine]
+        ratio = [max(r["deviation"] / r["bound"], 1e-20) for r in mine]
+        ax.plot(steps, ratio, marker=".", label=f"group {gi} ({mine[0]['geometry']}): point")
+        state = [(r["step"], r["state_ratio"]) for r in mine if r["state_ratio"] is not None]
+        if state:
+            ax.plot(*zip(*state, strict=True), ls="--", marker="x", label=f"group {gi}: state")
+    ax.axhline(1.0, color="red", lw=1, label="bound")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("deviation / bound")
+    verdict = "passed" if result["passed"] else f"failed at step {result['first_failure_step']}"
+    ax.set_title(f"rattn audit: {Path(result['trace']).name}, {verdict}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
