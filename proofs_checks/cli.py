@@ -12,7 +12,7 @@ from proofs_checks.certificate import certify, check_destination, resolve_ids, s
 from proofs_checks.rank import add_rank_arguments, run_rank_command
 from proofs_checks.registry import REGISTRY
 
-BENCHMARKS = ("stiefel", "geometries", "port")
+BENCHMARKS = ("stiefel", "geometries", "port", "audit")
 
 #: ``--seeds`` must lie in 0 ≤ s < SEED_LIMIT = 2**32, the seed range of NumPy's legacy
 #: ``np.random.seed`` / ``RandomState``; larger values overflow where a run uses them.
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port)",
+        help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port and audit)",
     )
     bench.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -301,6 +301,14 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def _require_torch(command: str) -> None:
+    """ValueError (exit 2) naming the command when torch is not installed."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        raise ValueError(f"{command} needs torch (pip install 'rattn[torch]'): {exc}") from None
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from proofs_checks.bench import (
         bench_geometries,
@@ -313,14 +321,19 @@ def run_bench(args: argparse.Namespace) -> int:
         from proofs_checks.bench import bench_port, check_port_sizes, format_port
 
         check_port_sizes(args.d, args.r)  # sizes and memory, before torch is imported
-        try:
-            import torch  # noqa: F401
-        except ImportError as exc:
-            message = f"rattn bench port needs torch (pip install 'rattn[torch]'): {exc}"
-            raise ValueError(message) from None
+        _require_torch("rattn bench port")
         repeats = 5 if args.repeats is None else args.repeats
         result = bench_port(d=args.d, r=args.r, repeats=repeats, progress=not args.json)
         print(json.dumps(result, indent=2) if args.json else format_port(result))
+        return 0
+
+    if args.name == "audit":
+        from proofs_checks.bench.audit import bench_audit, format_audit
+
+        _require_torch("rattn bench audit")
+        repeats = 5 if args.repeats is None else args.repeats
+        result = bench_audit(repeats=repeats, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_audit(result))
         return 0
 
     if args.name == "geometries":

@@ -166,11 +166,12 @@ def test_each_rank_writes_its_own_file_or_only_the_ranks_asked_for(tmp_path, mon
     w = torch.nn.Parameter(tp.Stiefel(5, 2).random_point(torch.Generator().manual_seed(0)))
     opt = tp.RSGD([{"params": [w], "geometry": "stiefel"}], lr=LR)
     for ranks, written in (((0,), None), (None, tmp_path / "run.rank1.npz")):
-        with audit.record(opt, tmp_path / "run.npz", ranks=ranks) as rec:
-            opt.zero_grad()
-            w.sum().backward()
-            opt.step()
+        rec = audit.record(opt, tmp_path / "run.npz", ranks=ranks)
+        opt.zero_grad()
+        w.sum().backward()
+        opt.step()
         assert rec.close() == written
+        assert rec.close() is None  # closed once
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.rank1.npz"]
 
 
@@ -247,6 +248,37 @@ def test_a_training_loop_with_schedule_clipping_accumulation_and_autocast_passes
     lrs = [s["hyperparameters"]["lr"] for s in steps if s["params"] == [0]]
     assert lrs == pytest.approx([1e-2 / (1 + t) for t in range(6)], rel=1e-15)
     assert {r["dtype"] for r in result["steps"]} == {"torch.float32"}
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+        ),
+    ],
+)
+def test_the_device_example_of_the_docs_passes(tmp_path, device) -> None:
+    """docs/audit_example.py (float32 and bfloat16, every step of 20 recorded) on the CPU and,
+    where there is one, on a CUDA device: both traces pass ``rattn audit``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "docs" / "audit_example.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--device", device, "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    for dtype in ("float32", "bfloat16"):
+        result = pa.audit(tmp_path / f"audit-{device}-{dtype}.npz")
+        assert result["passed"], pa.format_table(result)
+        assert max(r["step"] for r in result["steps"]) == 20
 
 
 # -- departures are flagged at their step --------------------------------------------------------

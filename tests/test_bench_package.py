@@ -50,3 +50,19 @@ def test_refused_before_any_timing(name, argv, monkeypatch, capsys) -> None:
 def test_a_result_records_the_common_environment() -> None:
     env = bench.bench_stiefel(8, 2, repeats=1, progress=False)["environment"]
     assert set(COMMON_KEYS) <= set(env) and {"cpu_model", "blas", "env"} <= set(env)
+
+
+def test_the_audit_benchmark_runs_at_a_small_size_and_says_what_it_measured() -> None:
+    """Two layers of two 16×4 frames: every row timed, the overhead formed from the rows as its
+    docstring says, the recorded step written (5 arrays of one 16×4 frame, 8 parameters)."""
+    pytest.importorskip("torch")
+    from proofs_checks.bench.audit import HOOKS_ROW, RECORDED_ROW, STEP_ROW, bench_audit
+
+    result = bench_audit(layers=2, heads=2, d=16, r=4, every=10, frames=1, repeats=3)
+    med = {row["name"]: row["median_s"] for row in result["rows"]}
+    assert all(v > 0 for v in med.values())
+    expected = (9 * med[HOOKS_ROW] + med[RECORDED_ROW] - med[STEP_ROW]) / 10 / med[STEP_ROW]
+    assert result["overhead"] == pytest.approx(expected, rel=1e-12)
+    assert result["sizes"]["frames"] == 16 and result["fraction_of_frames"] == 0.5
+    # x, g, exp_avg, y: 4 frames of 16·4 float32 values; √v: 1 float32 (a zip adds headers)
+    assert result["bytes_per_recorded_step"] >= 8 * (4 * 64 * 4 + 4)

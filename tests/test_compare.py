@@ -134,3 +134,13 @@ def test_bench_port_small_runs():
     text = format_port(res)
     assert "port / AdamW" in text and "Where one port step goes" in text
     assert res["profile"]["float32"]["sites"][0]["site"].startswith("torch_port/")
+
+
+@pytest.mark.parametrize("name", sorted(cmp.GEOMETRY_ADAPTERS))
+def test_compare_runs_for_every_geometry_name(name, capsys):
+    """`rattn compare --geometry NAME` for each of the eleven names: its cases run and pass."""
+    assert len(cmp.GEOMETRY_ADAPTERS) == 11
+    argv = ["compare", "--dtype", "float64", "--steps", "2", "--geometry", name, "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["cases"] and {c["geometry"] for c in doc["cases"]} == {name}

@@ -18,13 +18,13 @@ suffix) unless ``ranks=(0,)`` or another subset is asked for.
 The file is safe to open from strangers: one NumPy ``.npz`` read with ``allow_pickle=False``
 (``load``), its metadata (library and torch versions, devices, dtypes, the groups) a JSON
 document stored as bytes. Low-precision tensors (bfloat16, float16) are stored as float32,
-which holds them exactly; the metadata keeps their dtype. The file is written when the recorder
-is closed (``close()`` or the end of its ``with`` block), to a temporary file then renamed.
+which holds them exactly; the metadata keeps their dtype. Each recorded step is written as it
+completes, into a temporary file beside ``path`` that the recorder's ``close()`` (or the end of
+its ``with`` block) completes and renames to ``path``.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -83,14 +83,17 @@ def rank_path(path: str | os.PathLike, rank: int | None) -> Path:
 
 @dataclass
 class Recorder:
-    """The hooks of ``record`` and what they have kept so far (see the module docstring)."""
+    """The hooks of ``record`` and what they have kept so far (see the module docstring).
+
+    Each recorded step's arrays are written to the file (a temporary one beside ``path``) when
+    the step has completed, so memory holds one step's record at most; a step that raised
+    leaves nothing. ``close`` adds the metadata and moves the file to ``path``."""
 
     optimizer: ChainOptimizer
     path: Path
     every: int = 1
     frames: int | None = None
     ranks: Sequence[int] | None = None
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
     steps: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -108,12 +111,32 @@ class Recorder:
         self.path = rank_path(self.path, self.rank)
         self.active = self.ranks is None or (self.rank or 0) in self.ranks
         self._pending: list[tuple[int, Point, int, list[int], int, list[str]]] = []
+        self._buffer: dict[str, np.ndarray] = {}
         self._handles = []
+        self._zip: zipfile.ZipFile | None = None
         if self.active:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".audit-", suffix=".npz")
+            os.close(fd)
+            self._zip = zipfile.ZipFile(self._tmp, "w", allowZip64=True)
             self._handles = [
                 self.optimizer.register_step_pre_hook(self._before),
                 self.optimizer.register_step_post_hook(self._after),
             ]
+
+    def _due(self) -> bool:
+        """Whether any point may take a recorded step now: a cheap look at the step counts
+        (no point is built on the steps that are not recorded)."""
+        state = self.optimizer.state
+        for group in self.optimizer.param_groups:
+            if group.get("geometry") is None:
+                continue
+            keys = group["params"] if group["geometry"] == "stiefel" else group["params"][:1]
+            for p in keys:
+                step = state[p]["step"] if p in state and "step" in state[p] else None
+                if (1 if step is None else int(step) + 1) % self.every == 0:
+                    return True
+        return False
 
     def _points(self) -> list[Point]:
         opt = self.optimizer
@@ -134,15 +157,19 @@ class Recorder:
         return {**spec, "options": {k: _jsonable(v) for k, v in spec["options"].items()}}
 
     def _keep(self, name: str, t: torch.Tensor, batch: int, kept: list[int]) -> None:
-        """Store t flattened over its ``batch`` leading dims, only the kept elements."""
+        """Buffer t flattened over its ``batch`` leading dims, only the kept elements."""
         t = t.reshape(-1, *t.shape[batch:])[kept] if batch else t[None]
-        self.arrays[name] = _array(t)
+        self._buffer[name] = _array(t)
+
+    def _write(self, name: str, array: np.ndarray) -> None:
+        assert self._zip is not None
+        with self._zip.open(name + ".npy", "w", force_zip64=True) as f:
+            np.lib.format.write_array(f, array, allow_pickle=False)
 
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        for k, *_ in self._pending:  # a step that raised: drop what it had recorded
-            for name in [n for n in self.arrays if n.startswith(f"r{k}/")]:
-                del self.arrays[name]
-        self._pending = []
+        self._pending, self._buffer = [], {}  # a step that raised leaves nothing
+        if not self._due():
+            return
         for point in self._points():
             state = self.optimizer.state.get(point.key) or {}
             t = int(state["step"]) + 1 if "step" in state else 1
@@ -169,8 +196,9 @@ class Recorder:
         for k, point, t, kept, batch, keys in self._pending:
             state = self.optimizer.state.get(point.key) or {}
             done = int(state.get("step", 0)) == t  # False when the step was skipped
+            x = point.value()
             if done:
-                for i, y in enumerate(point.value()):
+                for i, y in enumerate(x):
                     self._keep(f"r{k}/y/{i}", y, batch, kept)
             group = self.optimizer.param_groups[point.gi]
             hyper = {}
@@ -193,22 +221,24 @@ class Recorder:
                     "geometry": self._spec(point),
                     "gradient": group.get("gradient", "riemannian"),
                     "elements": kept,
-                    "batch": list(point.value()[0].shape[:batch]),
+                    "batch": list(x[0].shape[:batch]),
                     "hyperparameters": hyper,
                     "dtypes": [str(p.dtype) for p in point.params],
                     "device": str(point.params[0].device),
                     "state_keys": keys,
                 }
             )
-        self._pending = []
+        for name, array in self._buffer.items():
+            self._write(name, array)
+        self._pending, self._buffer = [], {}
 
     def close(self) -> Path | None:
-        """Remove the hooks and write the file (``path``); returns its path (None on a rank
-        that does not record)."""
+        """Remove the hooks, add the metadata and move the file to ``path``; returns its path
+        (None on a rank that does not record, or when already closed)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if not self.active:
+        if self._zip is None:
             return None
         meta = {
             "format": FORMAT,
@@ -219,13 +249,10 @@ class Recorder:
             "versions": {"rattn": _version("rattn"), "torch": torch.__version__},
             "steps": self.steps,
         }
-        buf = io.BytesIO()
-        np.savez(buf, **self.arrays, **{META: np.frombuffer(json.dumps(meta).encode(), np.uint8)})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".audit-", suffix=".npz")
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, self.path)
+        self._write(META, np.frombuffer(json.dumps(meta).encode(), np.uint8))
+        self._zip.close()
+        self._zip = None
+        os.replace(self._tmp, self.path)
         return self.path
 
     def __enter__(self) -> Recorder:

@@ -378,6 +378,7 @@ def replay_record(
             "step": step["step"],
             "group": step["group"],
             "names": step["names"],
+            "params": step["params"],
             "element": e,
             "geometry": spec["name"],
             "dtype": dtype,
@@ -510,15 +511,20 @@ def _num(v: float | None) -> str:
     return "—" if v is None else f"{v:.1e}"
 
 
+def _parameter(row: dict[str, Any]) -> str:
+    """The parameter(s) holding a point: their names, else their indices in the group."""
+    return ", ".join(row["names"]) if row["names"] else ", ".join(map(str, row["params"]))
+
+
 def format_table(result: dict[str, Any]) -> str:
     """Markdown table of an audit: per step and group the worst element, then the verdict."""
     lines = [
         f"Audit of {result['trace']} ({result['optimizer']}), every step replayed through the "
         "float64 reference:",
         "",
-        "| step | group | geometry | dtype | element | ‖x − x̄‖ (projected) | ‖y − ȳ‖ | bound "
-        "| state/bound | result |",
-        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| step | group | geometry | dtype | parameter | element | ‖x − x̄‖ (projected) "
+        "| ‖y − ȳ‖ | bound | state/bound | result |",
+        "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in worst_rows(result):
         verdict = "pass" if r["passed"] else "FAIL"
@@ -529,8 +535,8 @@ def format_table(result: dict[str, Any]) -> str:
         state = "—" if r["state_ratio"] is None else f"{r['state_ratio']:.2f}"
         lines.append(
             f"| {r['step']} | {r['group']} | {r['geometry']} | {r['dtype'].removeprefix('torch.')} "
-            f"| {r['element']} | {_num(r.get('projection'))} | {_num(r['deviation'])} "
-            f"| {_num(r['bound'])} | {state} | {verdict} |"
+            f"| {_parameter(r)} | {r['element']} | {_num(r.get('projection'))} "
+            f"| {_num(r['deviation'])} | {_num(r['bound'])} | {state} | {verdict} |"
         )
     n_failed = sum(not r["passed"] for r in result["steps"])
     lines += [""]
