@@ -19,12 +19,13 @@ from typing import Any
 
 from tqdm import tqdm
 
+from proofs_checks import latex
 from proofs_checks.registry import REGISTRY, CheckResult, Context, PropositionResult, run_check
 from reference.environment import LIBRARIES as LIBRARIES  # re-exported
 from reference.environment import environment
 
 #: The files ``Certificate.write`` produces, in this order.
-CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex")
+CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex", "certificate.bib")
 
 
 def _number(x: float | None) -> float | None:
@@ -55,6 +56,9 @@ class Certificate:
     seed: int
     quick: bool
     environment: dict[str, Any] = field(default_factory=environment)
+    #: Propositions chosen but not run here, each {"id", "title", "reason"} (a required module
+    #: missing); they neither pass nor fail the certificate, and it says so.
+    not_run: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -66,6 +70,7 @@ class Certificate:
             "seed": self.seed,
             "quick": self.quick,
             "propositions": [_proposition_dict(r) for r in self.results],
+            "not_run": self.not_run,
             "environment": self.environment,
         }
 
@@ -83,6 +88,8 @@ class Certificate:
             "",
             summary_table(self.results),
             "",
+            *(f"Not run: {n['id']} ({n['title']}): {n['reason']}." for n in self.not_run),
+            *([""] if self.not_run else []),
         ]
         for r in self.results:
             p = r.proposition
@@ -93,7 +100,7 @@ class Certificate:
                 "",
                 "Hypotheses: " + "; ".join(p.hypotheses) + ".",
                 "",
-                f"Content hash: `{p.hash}`",
+                f"Content hash: `{p.hash}`; implementation hash: `{p.implementation_hash}`",
                 "",
                 "| kind | check | residual | tolerance | passed | control | control rejected |",
                 "|---|---|---|---|---|---|---|",
@@ -121,52 +128,111 @@ class Certificate:
         return "\n".join(lines)
 
     def to_latex(self) -> str:
+        """The certificate as ASCII LaTeX for pdflatex (``proofs_checks.latex``: symbols as
+        commands, Greek in math mode). One file for both uses: ``\\input{certificate}`` in a
+        paper (whose preamble loads amsmath and amssymb) sets the body only; compiled on its
+        own (``pdflatex certificate.tex``) it is a complete article. The tables use fixed
+        column widths, so long check names wrap inside the page."""
         env = self.environment
         out = [
-            r"% Compile with lualatex or xelatex: check details contain Unicode.",
-            r"\documentclass{article}",
-            r"\usepackage{amsmath,amssymb,amsthm,booktabs,longtable,fontspec,unicode-math}",
-            r"\newtheorem*{proposition}{Proposition}",
-            r"\begin{document}",
+            r"% rattn certificate. In a paper: \input{certificate} (needs amsmath, amssymb).",
+            r"% On its own: pdflatex certificate.tex. ASCII only; no other package needed.",
+            r"\makeatletter",
+            r"\ifx\documentclass\@twoclasseserror",
+            r"  \gdef\rattnend{}",
+            r"\else",
+            r"  \gdef\rattnend{\end{document}}",
+            r"  \documentclass[10pt]{article}",
+            r"  \usepackage[T1]{fontenc}",
+            r"  \usepackage{amsmath,amssymb}",
+            r"  \usepackage[margin=2.2cm]{geometry}",
+            r"  \begin{document}",
+            r"\fi",
+            r"\makeatother",
             r"\section*{Certificate}",
-            rf"Result: \textbf{{{'passed' if self.passed else 'FAILED'}}}; seed {self.seed}; "
-            rf"commit \texttt{{{_tex(env.get('git_commit') or 'unknown')}}}; "
-            rf"{_tex(env['created'])}.",
+            rf"Result: \textbf{{{'passed' if self.passed else 'FAILED'}}}; seed {self.seed}"
+            rf"{'; quick run' if self.quick else ''}; "
+            rf"{_provenance_tex(env)}; {latex.text(env['created'])}.",
         ]
         for r in self.results:
             p = r.proposition
             out += [
-                rf"\subsection*{{{_tex(p.id)}: {_tex(p.title)}}}",
-                rf"\begin{{proposition}}[{_tex(p.id)}]{p.statement}\end{{proposition}}",
-                rf"Hash: \texttt{{{p.hash}}}.",
-                r"\begin{longtable}{lllll}\toprule",
-                r"kind & check & residual & tolerance & passed / control rejected \\ \midrule",
+                "",
+                rf"\subsection*{{{latex.text(p.id)}: {latex.text(p.title)}}}",
+                rf"\noindent\textbf{{Proposition ({latex.text(p.id)}).}} {latex.math(p.statement)}",
+                "",
+                r"\noindent Hypotheses: " + "; ".join(latex.text(h) for h in p.hypotheses) + ".",
+                "",
+                rf"\noindent{{\footnotesize Hash \texttt{{{p.hash}}}\\ "
+                rf"implementation hash \texttt{{{p.implementation_hash}}}}}",
+                "",
+                r"{\small\noindent\begin{tabular}{@{}p{0.09\linewidth}p{0.44\linewidth}"
+                r"p{0.1\linewidth}p{0.1\linewidth}p{0.15\linewidth}@{}}",
+                r"\hline kind & check & residual & tolerance & passed / control rejected \\ \hline",
             ]
             for c in r.checks:
                 out.append(
-                    rf"{c.kind} & {_tex(c.name)} & {_fmt(c.outcome.residual)} & "
-                    rf"{_fmt(c.outcome.tolerance)} & {_yes(c.outcome.passed)} / "
+                    rf"{c.kind} & {latex.text(c.name)} & {_fmt_tex(c.outcome.residual)} & "
+                    rf"{_fmt_tex(c.outcome.tolerance)} & {_yes(c.outcome.passed)} / "
                     rf"{_yes(c.control_rejected)} \\"
                 )
-            out.append(r"\bottomrule\end{longtable}")
+            out.append(r"\hline\end{tabular}}")
         versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
         out += [
-            rf"\noindent Python {_tex(env['python'])} on {_tex(env['platform'])}; "
-            rf"{_tex(versions)}.",
-            r"\end{document}",
+            "",
+            *(
+                rf"\noindent Not run: {latex.text(n['id'])} ({latex.text(n['title'])}): "
+                rf"{latex.text(n['reason'])}.\par"
+                for n in self.not_run
+            ),
+            rf"\noindent Python {latex.text(env['python'])} on {latex.text(env['platform'])}; "
+            rf"{latex.text(versions)}.",
+            r"\rattnend",
             "",
         ]
         return "\n".join(out)
 
+    def to_bib(self) -> str:
+        """A BibTeX entry for the certificate: key ``rattn-<first 8 of the source hash>-s<seed>``,
+        with the package version, seed, result, commit and hashes in ``note``."""
+        env = self.environment
+        version = env["versions"].get("rattn") or "unknown"
+        source = env.get("source_hash") or "unknown"
+        ids = ", ".join(r.proposition.id for r in self.results)
+        note = (
+            f"rattn {version}, seed {self.seed}{', quick run' if self.quick else ''}: "
+            f"{'passed' if self.passed else 'FAILED'}; source hash {source}; "
+            f"commit {env.get('git_commit') or 'unknown'}"
+            + (" (with uncommitted changes)" if env.get("git_dirty") else "")
+        )
+        return "\n".join(
+            [
+                f"@misc{{rattn-{source[:8]}-s{self.seed},",
+                "  author = {{rattn}},",
+                f"  title = {{Certificate of {len(self.results)} propositions: "
+                f"{latex.text(ids)}}},",
+                f"  year = {{{env['created'][:4]}}},",
+                "  howpublished = {\\texttt{rattn certify}},",
+                f"  note = {{{latex.text(note)}}},",
+                "}",
+                "",
+            ]
+        )
+
     def write(self, out_dir: str | Path) -> list[Path]:
-        """Write certificate.json, certificate.md and certificate.tex into ``out_dir`` (created
-        if needed; refused first by ``check_destination``), all three or none: each is written
+        """Write CERTIFICATE_FILES (JSON, Markdown, LaTeX, BibTeX) into ``out_dir`` (created
+        if needed; refused first by ``check_destination``), all or none: each is written
         in full to a temporary file in ``out_dir``, and they are renamed into place
-        (``os.replace``) only when all three are written. An error or an interrupt while
+        (``os.replace``) only when all are written. An error or an interrupt while
         writing leaves the previous certificates as they were and no temporary file behind."""
         check_destination(out_dir)
         out = Path(out_dir)
-        texts = {"json": self.to_json() + "\n", "md": self.to_markdown(), "tex": self.to_latex()}
+        texts = {
+            "json": self.to_json() + "\n",
+            "md": self.to_markdown(),
+            "tex": self.to_latex(),
+            "bib": self.to_bib(),
+        }
         temps: list[Path] = []
         try:
             out.mkdir(parents=True, exist_ok=True)
@@ -224,6 +290,7 @@ def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
         "seeds": p.seeds,
         "passed": r.passed,
         "hash": p.hash,
+        "implementation_hash": p.implementation_hash,
         "checks": [
             {
                 "kind": c.kind,
@@ -263,19 +330,24 @@ def _fmt(x: float | None) -> str:
     return "–" if x is None else f"{x:.2e}"
 
 
+def _fmt_tex(x: float | None) -> str:
+    return "--" if x is None else f"{x:.2e}"
+
+
+def _provenance_tex(env: dict[str, Any]) -> str:
+    """The code certified: commit (and whether it was edited) and the source hash."""
+    commit = env.get("git_commit")
+    where = (
+        rf"commit \texttt{{{commit}}}"
+        + (" with uncommitted changes" if env.get("git_dirty") else "")
+        if commit
+        else "no git commit"
+    )
+    return rf"{where}; source hash \texttt{{{env.get('source_hash') or 'unknown'}}}"
+
+
 def _yes(flag: bool) -> str:
     return "yes" if flag else "NO"
-
-
-_TEX = {c: "\\" + c for c in "&%$#_{}"} | {
-    "~": r"\textasciitilde{}",
-    "^": r"\^{}",
-    "\\": r"\textbackslash{}",
-}
-
-
-def _tex(text: str) -> str:
-    return "".join(_TEX.get(ch, ch) for ch in str(text))
 
 
 def resolve_ids(ids: Iterable[str] | None) -> list[str]:
@@ -297,12 +369,13 @@ def certify(
 ) -> Certificate:
     """Run every check of the chosen propositions (all by default) and its negative control."""
     chosen = [REGISTRY[i] for i in resolve_ids(ids)]
+    not_run = [{"id": p.id, "title": p.title, "reason": p.missing} for p in chosen if p.missing]
     ctx = Context(seed=seed, quick=quick)
-    results = [PropositionResult(p) for p in chosen]
+    results = [PropositionResult(p) for p in chosen if not p.missing]
     jobs = [(r, c) for r in results for c in r.proposition.checks]
     # the context manager closes the bar at once when a check raises or is interrupted
     with tqdm(jobs, desc="certify", unit="check", disable=not progress, file=sys.stderr) as bar:
         for result, check in bar:
             bar.set_postfix_str(f"{result.proposition.id} {check.kind}")
             result.checks.append(run_check(check, ctx))
-    return Certificate(results, seed, quick)
+    return Certificate(results, seed, quick, not_run=not_run)

@@ -75,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--json", action="store_true", help="print one JSON document")
 
+    ver = sub.add_parser(
+        "verify", help="re-run a certificate on the installed code: results and hashes match?"
+    )
+    ver.add_argument("certificate", help="a certificate.json written by rattn certify")
+    ver.add_argument("--json", action="store_true", help="print one JSON document")
+
     aud = sub.add_parser(
         "audit",
         help="replay a recorded training run (torch_port.audit.record) through the reference",
@@ -229,6 +235,8 @@ def run_certify(args: argparse.Namespace) -> int:
         print(cert.to_json())
     else:
         print(summary_table(cert.results))
+        for n in cert.not_run:
+            print(f"not run: {n['id']} ({n['title']}): {n['reason']}")
         print(f"\n{'PASSED' if cert.passed else 'FAILED'}; wrote {', '.join(map(str, paths))}")
     return 0 if cert.passed else 1
 
@@ -276,6 +284,16 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def run_verify(args: argparse.Namespace) -> int:
+    """``rattn verify CERT.json``: 0 when every proposition matches, 1 otherwise, 2 for a file
+    that is not a certificate."""
+    from proofs_checks.verify import format_verify, verify
+
+    result = verify(args.certificate, progress=not args.json)
+    print(json.dumps(result, indent=2) if args.json else format_verify(result))
+    return 0 if result["matches"] else 1
+
+
 def run_audit(args: argparse.Namespace) -> int:
     """``rattn audit TRACE``: 0 when every recorded step is within its bound, 1 when one is
     not, 2 for a trace that cannot be read or replayed (or no torch, or no matplotlib for
@@ -288,12 +306,15 @@ def run_audit(args: argparse.Namespace) -> int:
         from proofs_checks.rank import require_matplotlib
 
         require_matplotlib()
+        folder = Path(args.plot).resolve().parent
+        if not folder.is_dir():
+            raise ValueError(f"--plot {args.plot}: the folder {folder} does not exist")
     try:
         result = audit.audit(args.trace, progress=not args.json)
+        if args.plot is not None:
+            audit.plot(result, args.plot)
     except audit.TraceError as exc:
         raise ValueError(str(exc)) from None
-    if args.plot is not None:
-        audit.plot(result, args.plot)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
@@ -401,6 +422,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "geometries": run_geometries,
             "compare": run_compare,
             "audit": run_audit,
+            "verify": run_verify,
             "bench": run_bench,
             "rank": run_rank_command,
             "experiment": run_experiment,

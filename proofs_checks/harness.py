@@ -8,7 +8,7 @@ from typing import Any
 
 import mpmath
 import numpy as np
-from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
@@ -109,11 +109,14 @@ def property_check(
     measure: Callable[[Any], tuple[float, float]],
     what: str,
     examples: int = 40,
+    explicit: Sequence[Any] = (),
 ) -> Outcome:
     """Hypothesis searches ``strategy`` for an example with residual > tolerance.
 
     ``measure(example) -> (residual, tolerance)``. Deterministic under ``ctx.seed``; no shrinking
-    (the first counterexample is reported as found).
+    (the first counterexample is reported as found). ``explicit`` examples are always tried
+    first, whatever the seed: the corners of the claimed domain that a check (or its control)
+    must see on every run.
     """
     worst: dict[str, Any] = {"ratio": -1.0, "residual": 0.0, "tolerance": 0.0, "example": None}
     n = max(5, examples // 4) if ctx.quick else examples
@@ -137,6 +140,8 @@ def property_check(
             worst.update(ratio=ratio, residual=res, tolerance=tol, example=example)
         assert res <= tol
 
+    for e in reversed(explicit):
+        prop = example(e)(prop)
     try:
         prop()
         passed = True

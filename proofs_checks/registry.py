@@ -67,6 +67,17 @@ class Proposition:
     hypotheses: tuple[str, ...]
     checks: tuple[Check, ...]
     seeds: str = "the certificate's seed (default 0)"
+    #: Modules the checks need beyond the package's own requirements (e.g. "torch" for the port
+    #: propositions): a proposition whose modules are not installed is listed as not run.
+    requires: tuple[str, ...] = ()
+
+    @property
+    def missing(self) -> str | None:
+        """Why the proposition cannot run here (a required module is not installed), or None."""
+        import importlib.util
+
+        absent = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        return f"needs {', '.join(absent)}, which is not installed" if absent else None
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -96,6 +107,25 @@ class Proposition:
         for name in imported_closure(modules, sources):
             h.update(name.encode())
             h.update(sources[name].encode())
+        return h.hexdigest()
+
+    @property
+    def implementation_hash(self) -> str:
+        """SHA-256 of the implementation the checks exercise: ``implementation_content_hash``
+        over the project's sources on disk (``project_sources``)."""
+        return self.implementation_content_hash(project_sources())
+
+    def implementation_content_hash(self, sources: Mapping[str, str]) -> str:
+        """The hash over the name and source of every module of ``IMPLEMENTATION_PACKAGES``
+        (``reference``, ``torch_port``) that the check modules import, directly or through
+        other modules (``imported_closure`` over ``sources``, the three packages together): a
+        comment or a bug in the code under test changes it, the checks' own code does not."""
+        modules = {c.run.__module__ for c in self.checks}
+        h = hashlib.sha256()
+        for name in imported_closure(modules, sources):
+            if name.partition(".")[0] in IMPLEMENTATION_PACKAGES:
+                h.update(name.encode())
+                h.update(sources[name].encode())
         return h.hexdigest()
 
 
@@ -134,6 +164,21 @@ class _SourceFiles(Mapping[str, str]):
 def package_sources() -> Mapping[str, str]:
     """Module name -> source text of every module of the package as it is on disk now."""
     return _SourceFiles(PACKAGE_DIR, PACKAGE)
+
+
+#: The packages of the code under test, beside this one (in the same directory).
+IMPLEMENTATION_PACKAGES = ("reference", "torch_port")
+
+
+def project_sources() -> Mapping[str, str]:
+    """Module name -> source text of every module of this package and of
+    ``IMPLEMENTATION_PACKAGES`` (those installed beside it), as they are on disk now."""
+    maps = [package_sources()] + [
+        _SourceFiles(PACKAGE_DIR.parent / name, name)
+        for name in IMPLEMENTATION_PACKAGES
+        if (PACKAGE_DIR.parent / name).is_dir()
+    ]
+    return ChainMap(*maps)
 
 
 def imported_modules(name: str, source: str, sources: Mapping[str, str]) -> set[str]:

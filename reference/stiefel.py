@@ -65,8 +65,10 @@ class Stiefel:
         return linalg.qr_signfixed(rng.standard_normal(self.shape))[0]
 
     def random_tangent(self, x: Array, rng: np.random.Generator) -> Array:
-        """A unit-norm tangent vector: P_W(Z)/‖P_W(Z)‖ for a Gaussian Z."""
-        u = self.proj(x, rng.standard_normal(self.shape))
+        """A unit-norm tangent vector: P_W(P_W(Z))/‖·‖ for a Gaussian Z. Projected twice: the
+        first projection's tangency error is u·‖Z‖, far above u·‖P_W(Z)‖ when Z is nearly normal
+        (d close to r); the second brings it to the rounding of the tangent vector itself."""
+        u = self.proj(x, self.proj(x, rng.standard_normal(self.shape)))
         return u / self.norm(x, u)
 
     def zero_tangent(self, x: Array) -> Array:

@@ -482,3 +482,29 @@ def test_a_compiled_step_is_the_eager_step(tmp_path) -> None:
             step()
         out.append((w.detach().clone(), p.detach().clone()))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_a_compiled_step_is_recorded_and_passes_the_audit(tmp_path) -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(gen, (2,)).float())
+    opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=3e-3)
+    step = torch.compile(opt.step)
+    with audit.record(opt, tmp_path / "c.npz"):
+        for _ in range(5):
+            opt.zero_grad()
+            (w**3).sum().backward()
+            step()
+    result = pa.audit(tmp_path / "c.npz")
+    assert result["passed"] and [r["step"] for r in result["steps"]] == [
+        1,
+        1,
+        2,
+        2,
+        3,
+        3,
+        4,
+        4,
+        5,
+        5,
+    ]

@@ -113,6 +113,20 @@ def test_gap_rank_floor_removes_a_spurious_noise_gap():
     assert cap.largest_gap_rank([5.0]) == 1
 
 
+def test_values_below_the_floor_cannot_make_a_gap():
+    """(1, 0.2, 0.1, 0.001) with floor 0.05: the ratios are 1/0.2 = 5, 0.2/0.1 = 2 and
+    0.1/max(0.001, 0.05) = 2, so k̂ = 1. A denominator that ignored the floor would see
+    0.1/0.001 = 100 and answer 3 (the negative control, computed here by hand)."""
+    s = [1.0, 0.2, 0.1, 0.001]
+    assert cap.largest_gap_rank(s, floor=0.05) == 1
+    unfloored = [s[k] / s[k + 1] for k in range(3)]
+    assert int(np.argmax(unfloored)) + 1 == 3  # what the wrong rule gives
+    # a value at the floor is no candidate: σ₂ = 0.05 = floor cannot start a gap
+    assert cap.largest_gap_rank([1.0, 0.05, 1e-9], floor=0.05) == 1
+    # the floor scales with σ: the same answer for 10·s and 10·floor
+    assert cap.largest_gap_rank([10 * v for v in s], floor=0.5) == 1
+
+
 def test_numerical_rank_threshold():
     s = [1.0, 0.5, 2e-3, 5e-4]
     assert cap.numerical_rank(s, 1e-3) == 3

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proofs_checks import REGISTRY, certify
+from proofs_checks import REGISTRY, certify, latex
 from proofs_checks.cli import main
 from proofs_checks.registry import Check, Outcome, Proposition
 
@@ -37,19 +37,60 @@ def test_markdown_and_latex_carry_every_check(cert) -> None:
     md, tex = cert.to_markdown(), cert.to_latex()
     for p in cert.results:
         assert f"## {p.proposition.id}" in md and p.proposition.hash in md
-        assert p.proposition.hash in tex
+        assert p.proposition.hash in tex and p.proposition.implementation_hash in tex
+        assert p.proposition.implementation_hash in md
         assert all(c.name in md for c in p.checks)
-    assert tex.count(r"\begin{proposition}") == 2 and tex.rstrip().endswith(r"\end{document}")
+        assert all(latex.text(c.name) in tex for c in p.checks)
+    assert tex.count(r"\textbf{Proposition (") == 2 and tex.rstrip().endswith(r"\rattnend")
 
 
-def test_write_produces_three_files(cert, tmp_path) -> None:
+def test_the_latex_is_ascii_for_pdflatex_and_works_both_ways(cert) -> None:
+    """ASCII only (pdflatex without inputenc tricks); every symbol a command in math mode
+    (``\\ensuremath``); one file that a paper can ``\\input`` (the preamble is skipped once a
+    \\documentclass has run, as LaTeX then sets it to \\@twoclasseserror) and that compiles on
+    its own (\\documentclass ... \\begin{document} ... \\end{document} through \\rattnend)."""
+    tex = cert.to_latex()
+    assert tex.isascii()
+    guard = tex.index(r"\ifx\documentclass\@twoclasseserror")
+    assert guard < tex.index(r"\documentclass[10pt]{article}") < tex.index(r"\begin{document}")
+    assert tex.index(r"\gdef\rattnend{\end{document}}") < tex.index(r"\fi")
+    assert tex.count("{") == tex.count("}")  # balanced (no unescaped brace from a name)
+    assert r"\usepackage{fontspec}" not in tex and "unicode-math" not in tex
+
+
+def test_every_text_of_the_registry_has_latex_for_its_symbols() -> None:
+    from proofs_checks import REGISTRY
+
+    for p in REGISTRY.values():
+        texts = [p.title, p.statement, *p.hypotheses]
+        texts += [t for c in p.checks for t in (c.name, c.control)]
+        missing = set().union(*(latex.unknown(t) for t in texts))
+        assert not missing, (p.id, missing)
+        assert all(latex.text(t).isascii() for t in texts)
+
+
+def test_latex_text_escapes_and_writes_symbols() -> None:
+    assert latex.text("‖ξ‖ ≤ Δ_1 & 50%") == (
+        r"\ensuremath{\|}\ensuremath{\xi}\ensuremath{\|} \ensuremath{\le} "
+        r"\ensuremath{\Delta}\_1 \& 50\%"
+    )
+    assert latex.text("x\u0302 — WᵀW") == r"\ensuremath{\hat{x}} --- W\ensuremath{^{\top}}W"
+    assert latex.text("ש") == r"\textbf{?}" and latex.unknown("aשb") == {"ש"}
+
+
+def test_write_produces_the_four_files(cert, tmp_path) -> None:
     paths = cert.write(tmp_path / "out")
     assert sorted(p.name for p in paths) == [
+        "certificate.bib",
         "certificate.json",
         "certificate.md",
         "certificate.tex",
     ]
     assert json.loads(paths[0].read_text())["passed"] is True
+    bib = (tmp_path / "out" / "certificate.bib").read_text()
+    source = cert.environment["source_hash"]
+    assert bib.startswith(f"@misc{{rattn-{source[:8]}-s{cert.seed},") and source in bib
+    assert bib.isascii() and bib.count("{") == bib.count("}")
 
 
 def test_certify_rejects_unknown_ids() -> None:
@@ -73,3 +114,31 @@ def test_a_failed_check_exits_1(failing, tmp_path, capsys) -> None:
     assert main(["certify", "X-1", "--out", str(tmp_path)]) == 1
     assert "FAILED" in capsys.readouterr().out
     assert json.loads((tmp_path / "certificate.json").read_text())["passed"] is False
+
+
+def test_a_proposition_whose_modules_are_missing_is_listed_as_not_run(tmp_path, monkeypatch):
+    """A proposition that requires a module which is not installed is not run: the certificate
+    lists it with the reason and passes on the others (the port propositions without torch)."""
+    from proofs_checks import registry
+
+    fake = registry.Proposition(
+        id="ZZ-1",
+        title="needs a module that is not installed",
+        statement="$1=1$",
+        hypotheses=("none",),
+        checks=REGISTRY["RA-7"].checks,
+        requires=("surely_not_an_installed_module",),
+    )
+    monkeypatch.setitem(REGISTRY, "ZZ-1", fake)
+    cert = certify(["RA-7", "ZZ-1"], quick=True)
+    assert [r.proposition.id for r in cert.results] == ["RA-7"] and cert.passed
+    assert cert.not_run == [
+        {
+            "id": "ZZ-1",
+            "title": "needs a module that is not installed",
+            "reason": "needs surely_not_an_installed_module, which is not installed",
+        }
+    ]
+    assert json.loads(cert.to_json())["not_run"][0]["id"] == "ZZ-1"
+    assert "Not run: ZZ-1" in cert.to_markdown() and "Not run: ZZ-1" in cert.to_latex()
+    assert REGISTRY["PORT-1"].requires == ("torch",) and REGISTRY["PORT-1"].missing is None

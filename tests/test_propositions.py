@@ -19,6 +19,8 @@ CASES = [
 
 @pytest.mark.parametrize(("proposition", "check"), CASES)
 def test_check_passes_and_rejects_its_control(proposition: Proposition, check: Check) -> None:
+    if proposition.missing:  # the port propositions without torch
+        pytest.skip(proposition.missing)
     result = run_check(check, Context(seed=0, quick=True))
     assert result.outcome.passed, result.outcome.detail
     assert result.control_rejected, f"control not rejected: {result.control_outcome.detail}"

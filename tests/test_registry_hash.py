@@ -109,3 +109,27 @@ def test_registry_imports_nothing_of_the_package() -> None:
             assert node.level == 0 and not (node.module or "").startswith("proofs_checks")
         elif isinstance(node, ast.Import):
             assert not any(a.name.startswith("proofs_checks") for a in node.names)
+
+
+def test_the_implementation_hash_covers_the_code_under_test_and_only_it() -> None:
+    """A comment (or a bug) in reference/optim.py changes RA-2's implementation hash and not its
+    statement-and-checks hash; an edit of the checks' shared code does the reverse."""
+    from proofs_checks.registry import project_sources
+
+    sources = dict(project_sources())
+    ra2 = REGISTRY["RA-2"]
+    assert ra2.implementation_content_hash(sources) == ra2.implementation_hash
+    optim = edited(
+        sources, "reference.optim", "def scale_by_adam(", "# a comment\ndef scale_by_adam("
+    )
+    assert ra2.implementation_content_hash(optim) != ra2.implementation_hash
+    checks_only = {k: v for k, v in optim.items() if k.startswith("proofs_checks")}
+    assert ra2.content_hash(checks_only) == ra2.hash
+    common = edited(sources, COMMON, "RADIUS = 0.05", "RADIUS = 0.07")
+    assert ra2.implementation_content_hash(common) == ra2.implementation_hash
+    assert (
+        REGISTRY["RA-1"].content_hash(
+            {k: v for k, v in common.items() if k.startswith("proofs_checks")}
+        )
+        != REGISTRY["RA-1"].hash
+    )

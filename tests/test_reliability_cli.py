@@ -19,7 +19,7 @@ from proofs_checks import bench, certificate, cli, memory, rank
 from proofs_checks.certificate import Certificate
 from proofs_checks.cli import main
 
-CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex")
+CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex", "certificate.bib")
 
 
 def one_error_line(capsys) -> str:

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import tempfile
+import tokenize
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -107,6 +108,16 @@ class Recorder:
                 continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
+        if self.ranks is not None and (
+            isinstance(self.ranks, str | bytes)
+            or not isinstance(self.ranks, Sequence)
+            or not all(_is_int(r) and r >= 0 for r in self.ranks)
+        ):
+            raise ValueError(
+                f"ranks must be a sequence of ranks (integers ≥ 0), got {self.ranks!r}"
+            )
+        if Path(self.path).is_dir():
+            raise ValueError(f"{self.path}: a directory; record() needs a file path (e.g. run.npz)")
         self.rank = _rank()
         self.path = rank_path(self.path, self.rank)
         self.active = self.ranks is None or (self.rank or 0) in self.ranks
@@ -119,9 +130,10 @@ class Recorder:
             fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".audit-", suffix=".npz")
             os.close(fd)
             self._zip = zipfile.ZipFile(self._tmp, "w", allowZip64=True)
+            # under torch.compile(optimizer.step) the hooks run eagerly, as the step does
             self._handles = [
-                self.optimizer.register_step_pre_hook(self._before),
-                self.optimizer.register_step_post_hook(self._after),
+                self.optimizer.register_step_pre_hook(torch.compiler.disable(self._before)),
+                self.optimizer.register_step_post_hook(torch.compiler.disable(self._after)),
             ]
 
     def _due(self) -> bool:
@@ -192,11 +204,23 @@ class Recorder:
             keys = sorted(key for key in state if key != "step")
             self._pending.append((k, point, t, kept, batch, keys))
 
+    def _nonfinite(self) -> bool:
+        """Whether any gradient the optimizer holds has a non-finite entry (why a step with
+        ``skip_nonfinite`` was skipped)."""
+        return any(
+            p.grad is not None and not bool(torch.isfinite(p.grad).all())
+            for group in self.optimizer.param_groups
+            for p in group["params"]
+        )
+
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        nonfinite: bool | None = None
         for k, point, t, kept, batch, keys in self._pending:
             state = self.optimizer.state.get(point.key) or {}
             done = int(state.get("step", 0)) == t  # False when the step was skipped
             x = point.value()
+            if not done and nonfinite is None:
+                nonfinite = self._nonfinite()
             if done:
                 for i, y in enumerate(x):
                     self._keep(f"r{k}/y/{i}", y, batch, kept)
@@ -226,6 +250,7 @@ class Recorder:
                     "dtypes": [str(p.dtype) for p in point.params],
                     "device": str(point.params[0].device),
                     "state_keys": keys,
+                    "nonfinite_gradient": bool(nonfinite) if not done else False,
                 }
             )
         for name, array in self._buffer.items():
@@ -305,19 +330,196 @@ class Trace:
         return out
 
 
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every member of the ``.npz`` at ``path`` as an array, each header checked before its data
+    is read: a ``.npy`` member with a well-formed header, no object dtype (nothing is
+    unpickled), and a declared size that the member's bytes hold (so no header can make the
+    loader allocate more than the file has); member names unique. ValueError otherwise."""
+    arrays: dict[str, np.ndarray] = {}
+    with zipfile.ZipFile(path) as zf:
+        infos = zf.infolist()
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            raise ValueError("a member name appears twice")
+        for info in infos:
+            if not info.filename.endswith(".npy"):
+                raise ValueError(f"member {info.filename!r} is not a .npy array")
+            with zf.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                headers = {
+                    (1, 0): np.lib.format.read_array_header_1_0,
+                    (2, 0): np.lib.format.read_array_header_2_0,
+                }
+                if version not in headers:
+                    raise ValueError(f"member {info.filename!r}: .npy version {version}")
+                read_header = headers[version]
+                shape, fortran, dtype = read_header(f)
+                if dtype.hasobject:
+                    raise ValueError(f"member {info.filename!r} holds Python objects")
+                start = f.tell()
+                size = math.prod(shape) * dtype.itemsize
+                if size != info.file_size - start:
+                    raise ValueError(
+                        f"member {info.filename!r} declares {size} bytes of data but holds "
+                        f"{info.file_size - start}"
+                    )
+                data = f.read(size)
+            array = np.frombuffer(data, dtype=dtype)
+            order = "F" if fortran else "C"
+            arrays[info.filename.removesuffix(".npy")] = array.reshape(shape, order=order).copy()
+    return arrays
+
+
 def load(path: str | os.PathLike) -> Trace:
-    """A recorded run, read without running any code from the file (``allow_pickle=False``);
-    ValueError naming the file for anything that is not one."""
+    """A recorded run, read without running any code from the file (``_read_npz``: no pickle,
+    every header checked before its data) and checked (``check_trace``); ValueError naming the
+    file for anything that is not one."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
+        arrays = _read_npz(path)
         meta = json.loads(bytes(arrays.pop(META)).decode())
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as err:
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        EOFError,
+        OverflowError,
+        RecursionError,
+        SyntaxError,
+        tokenize.TokenError,
+        zipfile.BadZipFile,
+        UnicodeDecodeError,
+    ) as err:
         raise ValueError(f"{path}: not an audit trace ({type(err).__name__}: {err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not an audit trace of format {FORMAT!r}")
-    return Trace(meta, arrays)
+    trace = Trace(meta, arrays)
+    try:
+        check_trace(trace)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return trace
 
 
-__all__ = ["Recorder", "Trace", "load", "rank_path", "record"]
+#: The fields of a recorded step and their types (``Recorder._after``).
+STEP_FIELDS: dict[str, Any] = {
+    "record": int,
+    "step": int,
+    "taken": bool,
+    "group": int,
+    "params": list,
+    "names": (list, type(None)),
+    "geometry": dict,
+    "gradient": str,
+    "elements": list,
+    "batch": list,
+    "hyperparameters": dict,
+    "dtypes": list,
+    "device": str,
+    "state_keys": list,
+    "nonfinite_gradient": bool,
+}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+#: Declared dtype -> (the stored NumPy dtype, the torch dtype its values must be exact in).
+STORED = {
+    "torch.float64": (np.float64, torch.float64),
+    "torch.float32": (np.float32, torch.float32),
+    "torch.bfloat16": (np.float32, torch.bfloat16),
+    "torch.float16": (np.float32, torch.float16),
+}
+
+
+def _holds(a: np.ndarray, declared: str) -> bool:
+    """Whether ``a`` is what the recorder stores for a tensor of dtype ``declared``: float64 or
+    float32 (``STORED``), with values exactly representable in it (bfloat16, float16)."""
+    if declared not in STORED or a.dtype != STORED[declared][0]:
+        return False
+    low = STORED[declared][1]
+    if low in (torch.float64, torch.float32):
+        return True
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return bool(torch.equal(t.to(low).to(t.dtype), t))
+
+
+def check_trace(trace: Trace) -> None:
+    """ValueError naming the record and the field unless the metadata has the recorder's
+    layout (``STEP_FIELDS``, a geometry with a name, integer sizes and options, step numbers
+    ≥ 1) and every record has its arrays: x and g (and y when the step was taken) with one
+    entry per kept element, y of x's shapes, every state entry named, all of them real floating
+    arrays, x finite, x and y of the declared dtype (bfloat16 and float16 values exact)."""
+    meta = trace.meta
+    if (
+        not isinstance(meta.get("optimizer"), str)
+        or not isinstance(meta.get("steps"), list)
+        or not isinstance(meta.get("versions"), dict)
+    ):
+        raise ValueError("the metadata has no optimizer name, no list of steps or no versions")
+    for k, step in enumerate(meta["steps"]):
+        where = f"record {k}"
+        if not isinstance(step, dict):
+            raise ValueError(f"{where}: not a JSON object")
+        for name, kind in STEP_FIELDS.items():
+            value = step.get(name)
+            ok = _is_int(value) if kind is int else isinstance(value, kind)
+            if not ok:
+                raise ValueError(f"{where}: field {name!r} is {value!r}")
+        if step["record"] != k or step["step"] < 1:
+            raise ValueError(f"{where}: record {step['record']!r}, step {step['step']!r}")
+        geometry = step["geometry"]
+        sizes = geometry.get("sizes")
+        if (
+            not isinstance(geometry.get("name"), str)
+            or not isinstance(sizes, dict)
+            or not all(_is_int(v) and v > 0 for v in sizes.values())
+            or not isinstance(geometry.get("options"), dict)
+        ):
+            raise ValueError(f"{where}: geometry {geometry!r} has no name, sizes or options")
+        count = len(step["elements"])
+        elements = step["elements"]
+        if (
+            not count
+            or not all(_is_int(e) and e >= 0 for e in elements)
+            or (len(set(elements)) != count)
+        ):
+            raise ValueError(f"{where}: elements {elements!r} (distinct integers ≥ 0 expected)")
+        if step["names"] is not None and not all(isinstance(n, str) for n in step["names"]):
+            raise ValueError(f"{where}: names {step['names']!r}")
+        if not step["dtypes"] or not all(isinstance(d, str) for d in step["dtypes"]):
+            raise ValueError(f"{where}: dtypes {step['dtypes']!r}")
+        parts = {what: trace.parts(k, what) for what in ("x", "g", "y")}
+        for key in step["state_keys"]:
+            if not isinstance(key, str) or not trace.parts(k, f"state/{key}"):
+                raise ValueError(f"{where}: the state entry {key!r} has no arrays")
+            parts[f"state/{key}"] = trace.parts(k, f"state/{key}")
+        if not parts["x"] or len(parts["g"]) != len(parts["x"]):
+            raise ValueError(f"{where}: {len(parts['x'])} point arrays, {len(parts['g'])} gradient")
+        if step["taken"] != bool(parts["y"]):
+            raise ValueError(
+                f"{where}: taken is {step['taken']} but it has {len(parts['y'])} new points"
+            )
+        if parts["y"] and [a.shape for a in parts["y"]] != [a.shape for a in parts["x"]]:
+            raise ValueError(f"{where}: the new point's shapes differ from the point's")
+        for what, arrays in parts.items():
+            for i, a in enumerate(arrays):
+                if a.dtype.kind != "f" or a.ndim < 1 or a.shape[0] != count:
+                    raise ValueError(
+                        f"{where}: {what}/{i} has dtype {a.dtype} and shape {a.shape}, expected "
+                        f"a real floating array of {count} elements"
+                    )
+        if not all(np.isfinite(a).all() for a in parts["x"]):
+            raise ValueError(f"{where}: the point has non-finite entries")
+        declared = step["dtypes"][0]
+        for what in ("x", "y"):
+            for i, a in enumerate(parts[what]):
+                if not _holds(a, declared):
+                    raise ValueError(
+                        f"{where}: {what}/{i} ({a.dtype}) is not what a {declared} point stores"
+                    )
+
+
+__all__ = ["STEP_FIELDS", "Recorder", "Trace", "check_trace", "load", "rank_path", "record"]

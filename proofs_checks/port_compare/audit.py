@@ -78,6 +78,16 @@ SAFETY = 4.0
 #: The largest step (Frobenius norm of C(ȳ) − C(x̄)) the Lipschitz constant L covers.
 LARGEST_STEP = 0.5
 
+#: The orthonormality residual ‖FᵀF − I‖ up to which the port accepts a point as on its
+#: manifold (``torch_port.geometry.default_atol``: sqrt(ε) of the dtype). A recorded point
+#: beyond it is one the port would have refused: that step fails.
+ACCEPTED = {
+    "torch.float64": 2.0**-26,
+    "torch.float32": 2.0**-11.5,
+    "torch.bfloat16": 2.0**-3.5,
+    "torch.float16": 2.0**-5,
+}
+
 UNIT_ROUNDOFF = {
     "torch.float64": 2.0**-53,
     "torch.float32": 2.0**-24,
@@ -140,7 +150,7 @@ def reference_optimizer(optimizer: str, step: dict[str, Any]) -> ro.Optimizer:
         return ro.Optimizer(
             REFERENCE_RULES[optimizer](h), h["lr"], decay, "coupled", step["gradient"]
         )
-    except (KeyError, TypeError, ValueError) as err:
+    except (KeyError, TypeError, ValueError, OverflowError) as err:
         message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
         raise TraceError(message) from None
 
@@ -155,6 +165,23 @@ class Elements:
     geometry: Any
     n_groups: int
     orthonormal: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]  # trailing shapes of the point's parts
+
+    def residual(self, x: Any) -> float:
+        """max ‖FᵀF − I‖_F over the orthonormal factors F of x (0 when it has none)."""
+        frames = (
+            [x]
+            if isinstance(self.adapter, FrameAdapter)
+            else [
+                f
+                for s in (x if self.n_groups else (x,))
+                for i, f in enumerate(s)
+                if i in self.orthonormal
+            ]
+        )
+        return max(
+            (float(np.linalg.norm(f.T @ f - np.eye(f.shape[1]))) for f in frames), default=0.0
+        )
 
     def point(self, arrays: Sequence[Array], e: int) -> Any:
         """Element e of parts kept as (elements, *trailing): a frame, a tuple of factors, or a
@@ -202,14 +229,15 @@ def elements(spec: dict[str, Any]) -> Elements:
     if name == "stiefel":
         adapter = FrameAdapter(**options)
         geometry = ref.Stiefel(sizes["d"], sizes["r"], **options)
-        return Elements(adapter, geometry, 0, (0,))
+        return Elements(adapter, geometry, 0, (0,), ((sizes["d"], sizes["r"]),))
     if name not in GEOMETRIES:
         raise TraceError(f"unknown geometry {name!r} in the trace")
     if "pattern" in options and options["pattern"] is not None:
         options["pattern"] = tuple(tuple(e) for e in options["pattern"])
     adapter = PointAdapter(name, sizes["m"], sizes["n"], sizes["r"], tuple(sorted(options.items())))
     rg, tg = adapter.geometries()
-    return Elements(adapter, rg, getattr(tg, "n_groups", 0), tuple(tg.orthonormal_factors))
+    shapes = tuple(tuple(t) for t in tg.point_shapes)
+    return Elements(adapter, rg, getattr(tg, "n_groups", 0), tuple(tg.orthonormal_factors), shapes)
 
 
 def reference_state(template: Any, entries: dict[str, list[Any]], count: int) -> Any:
@@ -353,10 +381,29 @@ def replay_record(
     ``after`` (the reference's states after the steps replayed so far, by point and element),
     the state the port recorded before this step is checked against the reference's after the
     previous step when that step was recorded too, and the previous step's row says so."""
+    step = trace.meta["steps"][k]
+    where = f"step {step['step']}, group {step['group']}"
+    try:
+        return _replay_record(trace, k, where, after)
+    except TraceError:
+        raise
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        IndexError,
+        OverflowError,
+        np.linalg.LinAlgError,
+    ) as err:
+        raise TraceError(f"{where}: cannot be replayed ({type(err).__name__}: {err})") from None
+
+
+def _replay_record(
+    trace: recorder.Trace, k: int, where: str, after: dict[tuple, _After] | None
+) -> list[dict[str, Any]]:
     meta = trace.meta
     step = meta["steps"][k]
     spec = step["geometry"]
-    where = f"step {step['step']}, group {step['group']}"
     try:
         el = elements(spec)
         x_parts, g_parts = _float64(trace.parts(k, "x")), _float64(trace.parts(k, "g"))
@@ -365,6 +412,13 @@ def replay_record(
     except (KeyError, TypeError) as err:
         message = f"{where}: the record is incomplete ({type(err).__name__}: {err})"
         raise TraceError(message) from None
+    for what, arrays in (("x", x_parts), ("g", g_parts), ("y", y_parts or x_parts)):
+        got = tuple(a.shape[1:] for a in arrays)
+        if got != el.shapes:
+            raise TraceError(
+                f"{where}: {what} has parts of shapes {list(got)}; a {spec['name']} point of "
+                f"these sizes has {list(el.shapes)}"
+            )
     opt = reference_optimizer(meta["optimizer"], step)
     dtype = step["dtypes"][0]
     if dtype not in UNIT_ROUNDOFF:
@@ -388,6 +442,9 @@ def replay_record(
             "state_deviation": None,
             "state_ratio": None,
         }
+        residual = el.residual(x)
+        accepted = residual <= ACCEPTED[dtype]
+        row.update(residual=residual, accepted=accepted)
         xp = el.project(x)
         delta = float(np.linalg.norm(el.compared(x) - el.compared(xp)))
         template = opt.init(el.geometry, xp)
@@ -416,7 +473,8 @@ def replay_record(
                 passed=before.row["passed"] and ratio <= 1.0,
             )
         if y_parts is None:  # skipped by the port: right only for a non-finite gradient
-            row["passed"] = not all(bool(np.isfinite(a[j]).all()) for a in g_parts)
+            own = not all(bool(np.isfinite(a[j]).all()) for a in g_parts)
+            row["passed"] = own or step["nonfinite_gradient"]
             rows.append(row)
             continue
         try:
@@ -437,7 +495,7 @@ def replay_record(
             deviation=deviation,
             bound=bound,
             bounded=length <= LARGEST_STEP,
-            passed=deviation <= bound,
+            passed=accepted and deviation <= bound,
         )
         rows.append(row)
         if after is not None:
@@ -468,30 +526,43 @@ def replay(trace: recorder.Trace, *, progress: bool = False) -> dict[str, Any]:
         records, desc="rattn audit", unit="record", file=sys.stderr, disable=not progress
     ):
         rows.extend(replay_record(trace, k, after))
+    for row in rows:  # JSON has no NaN or inf: a non-finite deviation is null (and failed)
+        for name, v in row.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                row[name] = None
+                row["passed"] = False
     failed = [r for r in rows if not r["passed"]]
     return {
         "passed": not failed,
         "first_failure_step": min(r["step"] for r in failed) if failed else None,
         "optimizer": trace.meta["optimizer"],
-        "versions": trace.meta["versions"],
+        "versions": trace.meta.get("versions"),
         "steps": rows,
     }
 
 
 def audit(path: str | Path, *, progress: bool = False) -> dict[str, Any]:
-    """Load a trace (``torch_port.audit.load``) and replay it; TraceError for a bad one."""
+    """Load a trace (``torch_port.audit.load``, which checks its layout) and replay it;
+    TraceError naming the file for one that cannot be read or replayed."""
     try:
         trace = recorder.load(path)
     except ValueError as err:
         raise TraceError(str(err)) from None
-    if not isinstance(trace.meta.get("steps"), list) or not trace.meta["steps"]:
+    if not trace.meta["steps"]:
         raise TraceError(f"{path}: the trace records no step")
-    return {"trace": str(path), **replay(trace, progress=progress)}
+    try:
+        result = replay(trace, progress=progress)
+    except TraceError as err:
+        raise TraceError(f"{path}: {err}") from None
+    return {"trace": str(path), **result}
 
 
-def _ratio(row: dict[str, Any]) -> float:
-    """The largest of deviation/bound and the state's ratio (0 for a skipped step)."""
-    point = 0.0 if row["deviation"] is None else row["deviation"] / row["bound"]
+def row_ratio(row: dict[str, Any]) -> float:
+    """The largest of deviation/bound and the state's ratio (0 for a skipped step, inf for a
+    step whose deviation was not finite)."""
+    if row["deviation"] is None or not row["bound"]:
+        return 0.0 if row["skipped"] else math.inf
+    point = row["deviation"] / row["bound"]
     return max(point, row["state_ratio"] or 0.0)
 
 
@@ -501,8 +572,8 @@ def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     for row in result["steps"]:
         key = (row["step"], row["group"])
         old = best.get(key)
-        rank = (not row["passed"], _ratio(row))
-        if old is None or rank > (not old["passed"], _ratio(old)):
+        rank = (not row["passed"], row_ratio(row))
+        if old is None or rank > (not old["passed"], row_ratio(old)):
             best[key] = row
     return [best[k] for k in sorted(best)]
 
@@ -560,7 +631,9 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
     rows = worst_rows(result)
     for gi in sorted({r["group"] for r in rows}):
-        mine = [r for r in rows if r["group"] == gi and r["deviation"] is not None]
+        mine = [r for r in rows if r["group"] == gi and r["deviation"] is not None and r["bound"]]
+        if not mine:  # only skipped steps
+            continue
         steps = [r["step"] for r in mine]
         ratio = [max(r["deviation"] / r["bound"], 1e-20) for r in mine]
         ax.plot(steps, ratio, marker=".", label=f"group {gi} ({mine[0]['geometry']}): point")
@@ -577,6 +650,10 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as err:
+        raise TraceError(f"cannot write the plot to {path}: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
     return path

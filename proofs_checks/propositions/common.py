@@ -4,6 +4,7 @@ cited by every check), and the exact symbolic-gradient harness of the EB trainer
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import sympy as sp
@@ -45,6 +46,25 @@ def symbol_matrix(prefix: str, rows: int, cols: int) -> np.ndarray:
     return np.array(sp.symbols(f"{prefix}0:{rows * cols}", real=True), dtype=object).reshape(
         rows, cols
     )
+
+
+def asymmetric_draw(
+    seed: int,
+    tag: int,
+    draw: Callable[[np.random.Generator], Any],
+    gradient: Callable[[Any], np.ndarray],
+) -> Any:
+    """The first data draw (from the generator of [seed, tag], then of [seed, tag, attempt])
+    whose closed-form gradient ``gradient(data)`` (a matrix in symbolic factors) is not
+    symmetric: where G = Gᵀ for every factor, the control of ``factorised_gradient_check`` (the
+    transpose dropped) changes nothing and could not be rejected."""
+    for attempt in range(100):
+        rng = np.random.default_rng([seed, tag] if attempt == 0 else [seed, tag, attempt])
+        data = draw(rng)
+        g = sp.Matrix(gradient(data))
+        if (g - g.T).expand() != sp.zeros(*g.shape):
+            return data
+    raise RuntimeError(f"no draw with an asymmetric gradient in 100 attempts (seed {seed})")
 
 
 def factorised_gradient_check(

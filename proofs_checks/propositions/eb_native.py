@@ -22,7 +22,12 @@ import numpy as np
 import sympy as sp
 
 from proofs_checks.bounds import FLOAT64_U
-from proofs_checks.propositions.common import exact, factorised_gradient_check, symbol_matrix
+from proofs_checks.propositions.common import (
+    asymmetric_draw,
+    exact,
+    factorised_gradient_check,
+    symbol_matrix,
+)
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 
@@ -184,18 +189,25 @@ def achievability(ctx: Context, wrong: bool) -> Outcome:
 def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
     """Exact check of the trainer's closed-form gradient: S = 2 sequences, n = d = d_v = 2,
     QK rank r = 2, small integer X_s, Y_s, W_V (seed [ctx.seed, 603]; n = 2 and S·n = 4 make
-    ``linear_qk_statistics`` exact in float64). With symbolic W_Q, W_K, SymPy differentiates the
-    raw risk Σ_s ‖(X_sKX_sᵀ/n)X_sW_V − Y_s‖_F²/(2Sn), K = W_QW_Kᵀ; it must equal
-    ``factor_gradients(linear_qk_gradient(K, 𝓗, B), W_Q, W_K)`` entry by entry, and the risk must
-    equal ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c (``common.factorised_gradient_check``). Residual: number
-    of nonzero differences (0)."""
-    rng = np.random.default_rng([ctx.seed, TAG_SYM])
+    ``linear_qk_statistics`` exact in float64; a draw whose closed-form gradient is symmetric,
+    where the control could not show, is redrawn: ``common.asymmetric_draw``). With symbolic
+    W_Q, W_K, SymPy differentiates the raw risk Σ_s ‖(X_sKX_sᵀ/n)X_sW_V − Y_s‖_F²/(2Sn),
+    K = W_QW_Kᵀ; it must equal ``factor_gradients(linear_qk_gradient(K, 𝓗, B), W_Q, W_K)``
+    entry by entry, and the risk must equal ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c
+    (``common.factorised_gradient_check``). Residual: number of nonzero differences (0)."""
     s, n, d, r = 2, 2, 2, 2
-    x = rng.integers(-2, 3, (s, n, d)).astype(float)
-    y = rng.integers(-2, 3, (s, n, d)).astype(float)
-    w = rng.integers(-2, 3, (d, d)).astype(float)
-    stats = capacity.linear_qk_statistics(x, y, w)
-    hess, b = exact(stats.hess), exact(stats.b)
+    q, k = symbol_matrix("q", d, r), symbol_matrix("k", d, r)
+
+    def draw(rng: np.random.Generator):
+        x = rng.integers(-2, 3, (s, n, d)).astype(float)
+        y = rng.integers(-2, 3, (s, n, d)).astype(float)
+        w = rng.integers(-2, 3, (d, d)).astype(float)
+        stats = capacity.linear_qk_statistics(x, y, w)
+        return x, y, w, stats, exact(stats.hess), exact(stats.b)
+
+    x, y, w, stats, hess, b = asymmetric_draw(
+        ctx.seed, TAG_SYM, draw, lambda data: capacity.linear_qk_gradient(q @ k.T, *data[4:])
+    )
 
     def raw_risk(k: np.ndarray) -> sp.Expr:
         risk = 0
@@ -210,8 +222,8 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
         return capacity.quadratic_form(k, hess) / 2 - linear + sp.Rational(stats.c) / 2
 
     return factorised_gradient_check(
-        symbol_matrix("q", d, r),
-        symbol_matrix("k", d, r),
+        q,
+        k,
         raw_risk,
         closed_risk,
         lambda k: capacity.linear_qk_gradient(k, hess, b),

@@ -16,7 +16,12 @@ from __future__ import annotations
 import numpy as np
 import sympy as sp
 
-from proofs_checks.propositions.common import exact, factorised_gradient_check, symbol_matrix
+from proofs_checks.propositions.common import (
+    asymmetric_draw,
+    exact,
+    factorised_gradient_check,
+    symbol_matrix,
+)
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 
@@ -105,19 +110,26 @@ def gd_recovery(ctx: Context, wrong: bool) -> Outcome:
 
 def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
     """Exact check of the trainer's closed-form gradient: S = 2 sequences, n = d = d_v = 2,
-    width m = 2, small integer X_s, Y_s (seed [ctx.seed, 303]) and W = [[1, 1], [1, −1]] (so
+    width m = 2, small integer X_s, Y_s (seed [ctx.seed, 303]; a draw whose closed-form gradient is
+    symmetric is redrawn: ``common.asymmetric_draw``) and W = [[1, 1], [1, −1]] (so
     S‖W‖_F² = 8 and ``static_statistics`` is exact in float64). With symbolic U, V, SymPy
     differentiates the raw risk Σ_s ‖UVᵀX_sW − Y_s‖_F²/(2S‖W‖_F²); it must equal
     ``factor_gradients(static_gradient(UVᵀ, H, B), U, V)`` = (G V, Gᵀ U) entry by entry, and the
     risk must equal ½tr(AHAᵀ) − tr(BᵀA) + ½c (``common.factorised_gradient_check``). Residual:
     number of nonzero differences (0)."""
-    rng = np.random.default_rng([ctx.seed, TAG_SYM])
     s, n, m = 2, 2, 2
-    x = rng.integers(-3, 4, (s, n, n)).astype(float)
-    y = rng.integers(-3, 4, (s, n, n)).astype(float)
     w = np.array([[1.0, 1.0], [1.0, -1.0]])
-    stats = capacity.static_statistics(x, y, w)
-    h, b = exact(stats.h), exact(stats.b)
+    u, v = symbol_matrix("u", n, m), symbol_matrix("v", n, m)
+
+    def draw(rng: np.random.Generator):
+        x = rng.integers(-3, 4, (s, n, n)).astype(float)
+        y = rng.integers(-3, 4, (s, n, n)).astype(float)
+        stats = capacity.static_statistics(x, y, w)
+        return x, y, stats, exact(stats.h), exact(stats.b)
+
+    x, y, stats, h, b = asymmetric_draw(
+        ctx.seed, TAG_SYM, draw, lambda data: capacity.static_gradient(u @ v.T, *data[3:])
+    )
     scale = s * int(np.sum(w * w))
 
     def raw_risk(a: np.ndarray) -> sp.Expr:
@@ -131,8 +143,8 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
         return sum(quad) / 2 - sum(linear) + sp.Rational(stats.c) / 2
 
     return factorised_gradient_check(
-        symbol_matrix("u", n, m),
-        symbol_matrix("v", n, m),
+        u,
+        v,
         raw_risk,
         closed_risk,
         lambda a: capacity.static_gradient(a, h, b),

@@ -1,0 +1,213 @@
+"""PORT-1, PORT-2: the torch port that training runs, against the reference and its own bound.
+
+Both need torch (``requires``): ``rattn certify`` lists them as not run where it is missing. torch
+and the port are imported inside the checks, so the registry loads without them. Each negative
+control substitutes a wrong variant into the port's own code (its module attribute, for the
+duration of the control) rather than branching inside the check, so the control goes through
+the path training takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+
+#: Steps of every PORT-1 case (enough for the state carried between steps to be checked twice).
+AGREEMENT_STEPS = 3
+#: PORT-2: frames, steps and step size (large steps: a truncated inverse square root shows).
+DRIFT_D, DRIFT_R, DRIFT_FRAMES = 64, 16, 8
+DRIFT_STEPS, DRIFT_STEPS_QUICK = 1000, 50
+DRIFT_LR, DRIFT_RADIUS = 0.05, 0.4
+
+
+@contextlib.contextmanager
+def substituted(module: object, name: str, value: object) -> Iterator[None]:
+    """``module.name`` replaced by ``value`` inside the block (the port's code path then runs the
+    wrong variant), restored after it whatever happens."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def _bias_correction_one_step_ahead(original):
+    """``transforms.scale_by_adam`` whose bias corrections use t + 1 for t (a near miss: by step
+    3 the corrections differ by 1 − β1^3 against 1 − β1^4, 27% against 34% of the first)."""
+
+    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+        inner = original(b1, b2, eps, moment, reduction)
+
+        def update(geometry, x, step, state, t):
+            out, new = inner.update(geometry, x, step, state, t)
+            c1, c2 = 1.0 - b1 ** (t + 1), math.sqrt(1.0 - b2 ** (t + 1))
+            if out.ratio is not None:  # the frame moment: m·(1/c1)/(√v/c2 + ε)
+                return replace(out, ratio=(1.0 / c1, new["sqrt_v"] / c2 + eps)), new
+            return replace(out, u=tuple((1.0 - b1**t) / c1 * p for p in out.u)), new
+
+        return inner._replace(update=update)
+
+    return variant
+
+
+def _cases(quick: bool) -> list[tuple[str, str, str, str]]:
+    """(geometry, problem, rule, dtype) of ``rattn compare``'s table (all 195); quick: every
+    geometry's base problem with the Adam preset, in each of its dtypes (23 cases)."""
+    from proofs_checks.port_compare.rules import RECORDS
+
+    rows = sorted({(r.geometry, r.problem, r.rule, dt) for r in RECORDS for dt in r.dtypes})
+    if not quick:
+        return rows
+    base = ("brockett", "matrix_fit")
+    return [row for row in rows if row[2] == "riemannian_adam" and row[1] in base]
+
+
+def agreement(ctx: Context, wrong: bool) -> Outcome:
+    """Every case (``_cases``): the port's trajectory of ``AGREEMENT_STEPS`` steps, recorded by
+    ``torch_port.audit`` and replayed by ``rattn audit`` through ``reference.optim`` in float64;
+    residual the largest deviation/bound of a step or of the state it carried into the next
+    (bounds of ``proofs_checks.port_compare.audit``), tolerance 1. Control: the port's Adam with
+    its bias corrections one step ahead, substituted into ``torch_port.optim.transforms``."""
+    import torch
+
+    from proofs_checks.port_compare import audit as replay
+    from proofs_checks.port_compare.problems import PROBLEMS
+    from proofs_checks.port_compare.rules import RULES
+    from torch_port import audit
+    from torch_port.optim import transforms
+
+    cases = _cases(ctx.quick)
+    worst, where = 0.0, ""
+    variant = _bias_correction_one_step_ahead(transforms.scale_by_adam)
+    patch = substituted(transforms, "scale_by_adam", variant) if wrong else contextlib.nullcontext()
+    with patch, tempfile.TemporaryDirectory() as tmp:
+        for geometry, problem, rule, dtype in cases:
+            prob = PROBLEMS[geometry][problem]
+            inst = prob.build(ctx.seed)
+            dt = getattr(torch, dtype)
+            params = [torch.nn.Parameter(torch.tensor(p).to(dt)) for p in inst.points]
+            data = {k: torch.tensor(v).to(dt) for k, v in inst.data.items()}
+            opt = RULES[rule].port([prob.adapter.group(params)])
+            path = Path(tmp) / "trace.npz"
+            with audit.record(opt, path):
+                for _ in range(AGREEMENT_STEPS):
+                    opt.zero_grad()
+                    inst.loss(params, data).backward()
+                    opt.step()
+            rows = replay.audit(path)["steps"]
+            for row in rows:
+                ratio = replay.row_ratio(row)
+                if not row["passed"]:  # e.g. a point the port would not accept
+                    ratio = max(ratio, math.nextafter(1.0, 2.0))
+                if ratio > worst:
+                    worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {row['step']}"
+    return Outcome.bound(
+        worst, 1.0, f"max deviation/bound over {len(cases)} cases; worst at {where}"
+    )
+
+
+def drift(ctx: Context, wrong: bool) -> Outcome:
+    """RiemannianAdam (trust radius 0.4, lr 0.05) in float32 on ``DRIFT_FRAMES`` frames of
+    St(64, 16) under a Brockett cost, ``DRIFT_STEPS`` steps (100 quick): after every step
+    ‖WᵀW − I‖ (measured in float64 from the stored entries) ≤ 4r(r + 1)·u₃₂ + 2(d + r)r·u₆₄
+    (``port_compare.geometries.polar_drift_bound``); the largest ratio is the residual,
+    tolerance 1. The bound does not grow with the steps: the polar factor re-forms the Gram
+    every step. Control: the inverse square root of the Gram truncated at first order
+    (I − E/2), substituted into ``torch_port.linalg``."""
+    import torch
+
+    import torch_port as tp
+    from proofs_checks.port_compare.geometries import polar_drift_bound
+    from torch_port import linalg
+
+    steps = DRIFT_STEPS_QUICK if ctx.quick else DRIFT_STEPS
+    bound = polar_drift_bound(DRIFT_D, DRIFT_R, torch.float32)
+
+    def first_order(e, delta):
+        return linalg._inv_sqrt_taylor(e, 1)
+
+    patch = (
+        substituted(linalg, "_inv_sqrt_near_identity", first_order)
+        if wrong
+        else contextlib.nullcontext()
+    )
+    gen = torch.Generator().manual_seed(ctx.seed)
+    w = torch.nn.Parameter(tp.Stiefel(DRIFT_D, DRIFT_R).random_point(gen, (DRIFT_FRAMES,)).float())
+    a = torch.randn(DRIFT_D, DRIFT_D, generator=gen) / math.sqrt(DRIFT_D)
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}], lr=DRIFT_LR, trust_radius=DRIFT_RADIUS
+    )
+    worst = 0.0
+    with patch:
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.einsum("hdr,de,her->", w, a, w).backward()
+            opt.step()
+            worst = max(worst, float(linalg.orthonormality_residual(w.detach()).max()))
+    return Outcome.bound(
+        worst / bound,
+        1.0,
+        f"max_t ‖WᵀW − I‖ = {worst:.2e} over {steps} steps, bound {bound:.2e}",
+    )
+
+
+register(
+    Proposition(
+        id="PORT-1",
+        title="The port's steps are the reference's, within their rounding bounds",
+        statement=(
+            r"For every geometry, rule and option of \texttt{rattn compare} and every dtype "
+            r"(float64, float32, bfloat16), each step $x\mapsto y$ the torch port takes, from "
+            r"the point, gradient, state and hyperparameters it had, lands within "
+            r"$B=L\delta+Ku(\kappa(n+r+2\log_2 nr)\Delta+(r+4)s)$ of the float64 reference "
+            r"step from the projected point, and the state it carries into the next step "
+            r"within its bound of the reference's."
+        ),
+        hypotheses=(
+            "points the port accepts (orthonormality residual ≤ sqrt(ε) of the dtype)",
+            "L = 2, K = 4; u the dtype's unit roundoff",
+            "steps shorter than 1/2 in Frobenius norm",
+        ),
+        checks=(
+            Check(
+                "float64",
+                "every geometry × rule × dtype, replayed by rattn audit",
+                agreement,
+                "Adam's bias corrections one step ahead (t + 1), substituted into the port",
+            ),
+        ),
+        requires=("torch",),
+    )
+)
+
+register(
+    Proposition(
+        id="PORT-2",
+        title="The port's polar retraction keeps float32 frames on St(d, r) without drift",
+        statement=(
+            r"RiemannianAdam with the polar retraction on float32 frames $W\in\mathbb{R}^{d"
+            r"\times r}$, the Gram formed in float64, leaves $\|W^\top W-I\|_F\le4r(r+1)u_{32}"
+            r"+2(d+r)r\,u_{64}$ after every step, however many steps are taken."
+        ),
+        hypotheses=(
+            "float32 frames, float64 Gram and inverse square root (torch_port.linalg.polar_plan)",
+            "the residual measured in float64 from the stored entries",
+        ),
+        checks=(
+            Check(
+                "float64",
+                "‖WᵀW − I‖ after every step of a long float32 run",
+                drift,
+                "the Gram's inverse square root truncated at first order, substituted",
+            ),
+        ),
+        requires=("torch",),
+    )
+)
