@@ -76,16 +76,21 @@ def adam_trajectory(
     eps: float = 0.0,
     trust_radius: float | None = None,
     moment: str = "frame",
+    reduction: str = "mean",
 ) -> Trajectory:
     """The Riemannian Adam trajectory of ``reference.optim.riemannian_adam`` on St(d, r).
 
-    An independent transcription of DESIGN §5 at the working precision (mean reduction):
-    g = P_W(G); m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2)·s(g); ξ = −lr·m̂/(√v̂ + ε);
+    An independent transcription of DESIGN §5 at the working precision: g = P_W(G);
+    m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2)·s(g) with s(g) = ‖g‖²/(entries) ("mean") or
+    ‖g‖² ("sum"); ξ = −lr·m̂/(√v̂ + ε), m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t);
     ξ ← ξ·min(1, Δ/‖ξ‖); W ← polar(W + ξ); m ← P_W(m). ``moment="elementwise"`` keeps one v per
-    entry and projects the direction (the ablation arm).
+    entry and projects the direction (the ablation arm). v itself is kept, not √v, and with no
+    rescaling: the reference's overflow-safe route is not transcribed.
     """
     if moment not in ("frame", "elementwise"):
         raise ValueError(f"unknown moment {moment!r}; choose 'frame' or 'elementwise'")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"unknown reduction {reduction!r}; choose 'mean' or 'sum'")
     b1, b2 = mpmath.mpf(betas[0]), mpmath.mpf(betas[1])
     lr, eps = mpmath.mpf(lr), mpmath.mpf(eps)
     w = to_mp(w0)
@@ -101,7 +106,8 @@ def adam_trajectory(
             root = np.vectorize(mpmath.sqrt, otypes=[object])(v / (1 - b2**t))
             xi = proj(w, -lr * m_hat / (root + eps))
         else:
-            v = b2 * v + (1 - b2) * frobenius(g) ** 2 / g.size
+            s = frobenius(g) ** 2
+            v = b2 * v + (1 - b2) * (s / g.size if reduction == "mean" else s)
             xi = -lr * m_hat / (mpmath.sqrt(v / (1 - b2**t)) + eps)
         if trust_radius is not None:
             n = frobenius(xi)

@@ -281,6 +281,32 @@ def test_the_device_example_of_the_docs_passes(tmp_path, device) -> None:
         assert max(r["step"] for r in result["steps"]) == 20
 
 
+def test_a_run_under_a_grad_scaler_passes(tmp_path) -> None:
+    """AMP's GradScaler (scale 2^10, CPU): the recorder sees the unscaled gradients the step
+    used (RSGD's step is linear in the gradient, so a scaled one would replay 1024 times too
+    long), and every recorded step passes."""
+    model = _Model()
+    opt = tp.RSGD(
+        [
+            {"params": [model.q, model.k], "geometry": "stiefel"},
+            {"params": [*model.inp.parameters()]},
+        ],
+        lr=1e-2,
+    )
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    gen = torch.Generator().manual_seed(6)
+    x, y = torch.randn(8, 4, generator=gen), torch.randn(8, generator=gen)
+    with audit.record(opt, tmp_path / "amp.npz"):
+        for _ in range(4):
+            opt.zero_grad()
+            scaler.scale(((model(x) - y) ** 2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+    result = pa.audit(tmp_path / "amp.npz")
+    assert result["passed"], pa.format_table(result)
+    assert sorted({r["step"] for r in result["steps"]}) == [1, 2, 3, 4]
+
+
 # -- departures are flagged at their step --------------------------------------------------------
 def _stiefel_run(path, opt_class=tp.RiemannianAdam, dtype=torch.float64, hook=None, **kw):
     """Six steps on a Brockett-like cost over two frames of St(7, 3); ``hook(opt, w, t, x)``

@@ -41,9 +41,10 @@ point (``step_bound``, ``Elements.conditioning``):
 
 The state is checked too: when the step before was recorded, the state the port recorded
 before this step (its moments after the last step, transported) is compared with the
-reference's state after that step, entry by entry (``state_bound``); the failure is reported at
-the step that made the state. So a step whose point is right but whose state is not (a skipped
-transport, a wrong moment) is flagged where it happened.
+reference's state after that step, entry by entry (``state_bound``; for the geometries
+compared by W, each moment as the tangent matrix it represents: ``in_matrix_form``); the
+failure is reported at the step that made the state. So a step whose point is right but
+whose state is not (a skipped transport, a wrong moment) is flagged where it happened.
 
 A step that the port skipped (``skip_nonfinite``) passes when its gradient has a non-finite
 entry, which is why it was skipped, and fails otherwise.
@@ -314,6 +315,25 @@ def state_leaves(state: Any) -> list[tuple[str, Any]]:
     return out
 
 
+def in_matrix_form(state: Any, geometry: Any, point: Any) -> Any:
+    """The state with each moment as the ambient matrix it represents at ``point``
+    (``tangent_to_matrix``) and per-entry √v left out: for the geometries compared by W, whose
+    factors after a step are fixed only up to the group (R1's SVD chooses them), so that a
+    moment's factor coordinates differ between two representations of one point while the
+    tangent matrix does not; the per-frame √v (a metric norm) needs no change."""
+    if isinstance(state, ro.AdamState):
+        scalar = all(isinstance(v, float) for v in state.sqrt_v)
+        return state._replace(
+            m=geometry.tangent_to_matrix(point, state.m),
+            sqrt_v=state.sqrt_v if scalar else (),
+        )
+    if isinstance(state, ro.TraceState):
+        return ro.TraceState(geometry.tangent_to_matrix(point, state.m))
+    if isinstance(state, tuple):
+        return tuple(in_matrix_form(s, geometry, point) for s in state)
+    return state
+
+
 def state_bound(
     dtype: str, delta: float, deviation: float, size: float, n: int, r: int, kappa: float = 1.0
 ) -> float:
@@ -368,6 +388,7 @@ class _After:
 
     step: int
     state: Any
+    point: Any
     deviation: float
     projection: float
     conditioning: float
@@ -456,9 +477,13 @@ def _replay_record(
         key = (step["group"], tuple(step["params"]), e)
         before = None if after is None else after.get(key)
         if before is not None and before.step == step["step"] - 1:
+            recorded, expected = st, before.state
+            if el.adapter.compares_matrix:
+                recorded = in_matrix_form(st, el.geometry, xp)
+                expected = in_matrix_form(before.state, el.geometry, before.point)
             ratio, dev, name = state_deviation(
-                st,
-                before.state,
+                recorded,
+                expected,
                 dtype,
                 before.projection,
                 before.deviation,
@@ -499,7 +524,7 @@ def _replay_record(
         )
         rows.append(row)
         if after is not None:
-            after[key] = _After(step["step"], new_state, deviation, delta, kappa, row)
+            after[key] = _After(step["step"], new_state, y_ref, deviation, delta, kappa, row)
     return rows
 
 

@@ -188,10 +188,13 @@ def check_gradient(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """Taylor test of the Riemannian gradient of f = F∘to_matrix (F smooth and nonlinear):
         |f(R(tξ)) − f − t·g(grad f, ξ)| on t = 1e-8…1, slope of the best 10-point window above
-        the rounding floor at least 1.9: the remainder is (t²/2)·∂²f(ξ, ξ) + O(t³) when the
-        gradient is right, so the slope is 2, or 3 along a ξ where the second-order term
-        vanishes (seed 50 draws one for P2); a wrong gradient leaves a first-order term (slope
-        1). Residual max(0, 2 − slope), tolerance 0.1. Control: a wrong Riemannian gradient."""
+        the rounding floor at least 1.9, along each of three unit tangents (two random, and the
+        gradient's own direction: ``law.gradient_slope``): the remainder is (t²/2)·∂²f(ξ, ξ) +
+        O(t³) when the gradient is right, so the slope is 2, or 3 along a ξ where the
+        second-order term vanishes (seed 50 draws one for P2); a wrong gradient leaves a
+        first-order term (slope 1) along any ξ not orthogonal to its error (a random ξ nearly
+        was, at seed 121). Residual max(0, 2 − smallest slope), tolerance 0.1. Control: a wrong
+        Riemannian gradient."""
         geo, x = _point(case, ctx)
         if wrong:
             geo = _broken(case, "egrad_to_rgrad")

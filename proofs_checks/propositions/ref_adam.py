@@ -1,0 +1,181 @@
+"""REF-1: the reference's Riemannian Adam is the rule of DESIGN §5, to float64 rounding.
+
+RA-1 … RA-7 are invariances, which a wrong schedule can keep (scale independence holds without
+bias correction). This proposition pins the schedule itself: ``reference.optim.riemannian_adam``
+in float64 against the independent mpmath transcription ``reference.mp.adam_trajectory`` at 50
+digits, for every option the transcription has. Each control substitutes a wrong variant of
+``reference.optim.scale_by_adam`` into the library for the duration of the run (so the preset
+builds its chain from it), each a near miss of one of the schedule's parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+
+import mpmath
+
+from proofs_checks.bounds import trajectory_tolerance
+from proofs_checks.harness import frame_problem
+from proofs_checks.propositions.common import BETAS, LR
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference import mp
+from reference import optim as ro
+
+#: Sizes and steps: St(6, 3), 4 steps (the mpmath polar is the cost).
+SIZE_D, SIZE_R, STEPS = 6, 3, 4
+#: Working precision of the transcription: its own rounding is far below float64's.
+DIGITS = 50
+#: (trust radius, moment, reduction, eps) of the runs; lr·√(d·r) ≤ 1/2 as the tolerance assumes.
+OPTIONS = (
+    (None, "frame", "mean", 0.0),
+    (None, "frame", "mean", 1e-8),
+    (0.01, "frame", "mean", 1e-8),
+    (None, "frame", "sum", 1e-3),
+    (None, "elementwise", "mean", 1e-8),
+)
+
+
+@contextlib.contextmanager
+def _scale_by_adam(variant: Callable | None) -> Iterator[None]:
+    """``reference.optim.scale_by_adam`` replaced by ``variant(original)`` inside the block."""
+    if variant is None:
+        yield
+        return
+    original = ro.scale_by_adam
+    ro.scale_by_adam = variant(original)
+    try:
+        yield
+    finally:
+        ro.scale_by_adam = original
+
+
+def _shifted_count(shift: int) -> Callable:
+    """Bias corrections at t + shift: the count the update sees is moved by ``shift`` (1: t off
+    by one; 10^6: no bias correction at all, 1 − β^t = 1)."""
+
+    def make(original):
+        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+            inner = original(b1, b2, eps, moment, reduction)
+
+            def update(geometry, x, g, state):
+                d, new = inner.update(geometry, x, g, state._replace(count=state.count + shift))
+                return d, new._replace(count=new.count - shift)
+
+            return inner._replace(update=update)
+
+        return variant
+
+    return make
+
+
+def _beta2_for_its_root(original):
+    """β2 where √β2 belongs in √v ← hypot(√β2·√v, √(1 − β2)·√s): √v is scaled by √β2 once more
+    before each update."""
+
+    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+        inner = original(b1, b2, eps, moment, reduction)
+        rb2 = math.sqrt(b2)
+
+        def update(geometry, x, g, state):
+            sv = tuple(rb2 * v for v in state.sqrt_v)
+            return inner.update(geometry, x, g, state._replace(sqrt_v=sv))
+
+        return inner._replace(update=update)
+
+    return variant
+
+
+def _sum_for_mean(original):
+    """s(g) = ‖g‖² where the mean ‖g‖²/(entries) is asked (and the reverse)."""
+
+    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+        swapped = {"mean": "sum", "sum": "mean"}[reduction]
+        return original(b1, b2, eps, moment, swapped)
+
+    return variant
+
+
+def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """For each of ``OPTIONS``: ``STEPS`` steps of ``riemannian_adam`` (float64) and of
+        ``mp.adam_trajectory`` (50 digits) from one point along one sequence of gradients
+        (seed ``ctx.seed``); residual the largest ‖W_t − W_t^mp‖ over options and steps, against
+        ``trajectory_tolerance(6, 3, 4)`` (float64 rounding of one trajectory, doubled: the
+        mpmath one rounds 10^-34 times less). The control substitutes the variant named below
+        into ``reference.optim``."""
+        prob = frame_problem(SIZE_D, SIZE_R, STEPS, ctx.seed)
+        worst, where = 0.0, ""
+        with _scale_by_adam(variant if wrong else None):
+            for radius, moment, reduction, eps in OPTIONS:
+                opt = ro.riemannian_adam(
+                    LR, BETAS, eps, trust_radius=radius, moment=moment, reduction=reduction
+                )
+                state, w, points = opt.init(prob.geometry, prob.w0), prob.w0, []
+                for g in prob.grads:
+                    w, state = opt.step(prob.geometry, w, g, state)
+                    points.append(w)
+                with mpmath.workdps(DIGITS):
+                    exact = mp.adam_trajectory(
+                        prob.w0, prob.grads, LR, BETAS, eps, radius, moment, reduction
+                    ).points[1:]
+                    for t, (a, b) in enumerate(zip(points, exact, strict=True), start=1):
+                        dev = float(mp.frobenius(mp.to_mp(a) - b))
+                        if dev > worst:
+                            worst, where = dev, f"Δ={radius}, {moment}, {reduction}, ε={eps}, t={t}"
+        return Outcome.bound(
+            worst,
+            trajectory_tolerance(SIZE_D, SIZE_R, STEPS),
+            f"max_t ‖W_t − W_t^mp‖ over {len(OPTIONS)} option sets; worst at {where}",
+        )
+
+    return run
+
+
+register(
+    Proposition(
+        id="REF-1",
+        title="The reference's Riemannian Adam is its rule, to float64 rounding",
+        statement=(
+            r"For every option set (trust radius $\Delta$, frame or elementwise moment, mean or "
+            r"sum reduction, $\varepsilon$), $T$ steps of \texttt{reference.optim.riemannian\_adam}"
+            r" from $W_0$ along gradients $G_1,\dots,G_T$ stay within the float64 trajectory "
+            r"bound of the exact rule: $m_t=\beta_1m_{t-1}+(1-\beta_1)g_t$, "
+            r"$v_t=\beta_2v_{t-1}+(1-\beta_2)s(g_t)$, "
+            r"$\xi_t=-\eta\,\hat m_t/(\sqrt{\hat v_t}+\varepsilon)$ with "
+            r"$\hat m_t=m_t/(1-\beta_1^t)$, $\hat v_t=v_t/(1-\beta_2^t)$, capped at $\Delta$, "
+            r"$W_t=\mathrm{polar}(W_{t-1}+\xi_t)$, $m_t\leftarrow P_{W_t}(m_t)$."
+        ),
+        hypotheses=(
+            "the exact rule transcribed independently in mpmath (reference.mp), 50 digits",
+            "St(6, 3), 4 steps, lr·sqrt(d·r) ≤ 1/2",
+        ),
+        checks=(
+            Check(
+                "mpmath",
+                "the bias corrections",
+                schedule_check(_shifted_count(1)),
+                "bias corrections at t + 1 (t off by one)",
+            ),
+            Check(
+                "mpmath",
+                "the bias corrections are there",
+                schedule_check(_shifted_count(10**6)),
+                "no bias correction (1 − β^t taken as 1)",
+            ),
+            Check(
+                "mpmath",
+                "the second moment's decay",
+                schedule_check(_beta2_for_its_root),
+                "β2 where √β2 belongs in the √v update",
+            ),
+            Check(
+                "mpmath",
+                "the reduction of s(g)",
+                schedule_check(_sum_for_mean),
+                "the sum ‖g‖² where the mean is asked (and the reverse)",
+            ),
+        ),
+    )
+)
