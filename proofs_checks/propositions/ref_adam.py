@@ -153,25 +153,25 @@ register(
         ),
         checks=(
             Check(
-                "mpmath",
+                "float64",
                 "the bias corrections",
                 schedule_check(_shifted_count(1)),
                 "bias corrections at t + 1 (t off by one)",
             ),
             Check(
-                "mpmath",
+                "float64",
                 "the bias corrections are there",
                 schedule_check(_shifted_count(10**6)),
                 "no bias correction (1 − β^t taken as 1)",
             ),
             Check(
-                "mpmath",
+                "float64",
                 "the second moment's decay",
                 schedule_check(_beta2_for_its_root),
                 "β2 where √β2 belongs in the √v update",
             ),
             Check(
-                "mpmath",
+                "float64",
                 "the reduction of s(g)",
                 schedule_check(_sum_for_mean),
                 "the sum ‖g‖² where the mean is asked (and the reverse)",

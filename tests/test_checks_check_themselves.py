@@ -1,0 +1,294 @@
+"""The checks of ``rattn certify`` check themselves: each way a check can be weakened while still
+passing is rejected here, and each rejection is shown on a deliberately weakened copy.
+
+- **The residual comes from the implementation.** With the code under test poisoned (its entry
+  points replaced by a function that raises), every non-symbolic check's honest branch must
+  crash: a check that measured something else would still pass.
+- **Tolerances stay rounding bounds.** A float64 tolerance that is not a normalised ratio (1),
+  a documented slope or statistical criterion, is at most sqrt(ε) = 1.5e-8 (a bound that lets
+  half of the digits go wrong is not a rounding bound), an mpmath one at most 1e-25.
+- **Property checks range over their domain**: at least three distinct (d, r) among the
+  examples of a check over shapes.
+- **mpmath checks fall with the working precision**: two precisions or more, each residual
+  under its own precision's bound (``harness.ladder``), the highest one at mpmath rounding.
+- **Long runs keep their lengths**: the constraint runs take the steps their names state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import reference as ref
+import reference.capacity as cap
+from proofs_checks import REGISTRY, harness
+from proofs_checks.propositions import geo
+from proofs_checks.registry import Check, Context, Outcome, Proposition, _guarded
+from reference import mp
+from reference import optim as ro
+
+CTX = Context(seed=0, quick=True)
+
+
+def _raises(*args, **kwargs):
+    raise RuntimeError("poisoned: the check called the code under test")
+
+
+def _geometry_classes() -> set[type]:
+    made = {type(ref.GEOMETRIES[n](6, 5, 2)) for n in ref.GEOMETRIES} | {ref.Stiefel}
+    return {c for k in made for c in inspect.getmro(k) if c.__module__.startswith("reference")}
+
+
+#: What each GEO law exercises (a word of its check's name -> the method it must call).
+GEO_LAWS = {
+    "transport": "transport",
+    "gradient": "egrad_to_rgrad",
+    "retraction": "retract",
+    "projection": "proj_tangent",
+    "constraints": "retract",
+    "quotient": "inner",
+}
+
+#: Checks whose claim is about mathematics evaluated in the check itself, not about the
+#: library: RA-6's identity skew(W_QᵀG_Q + W_KᵀG_K) = 0 holds for the gradient of any loss
+#: f(W_Q W_Kᵀ), which the check computes from its own formula.
+IMPLEMENTATION_FREE = {
+    ("RA-6", "skew(W_QᵀG_Q + W_KᵀG_K) = 0"),
+    ("RA-6", "gauge residual over shapes and seeds"),
+}
+
+
+def _targets(proposition: Proposition, check: Check) -> list[tuple[object, str]]:
+    """The entry points of the code under test that ``check`` must call."""
+    pid = proposition.id
+    if pid.startswith(("RA-", "REF-")):
+        out = [(ro.Optimizer, "step"), (ro.Optimizer, "update"), (mp, "adam_trajectory")]
+        out += [(mp, "polar"), (mp, "proj")]
+        if pid == "RA-3":
+            out.append((ref.linalg, "polar"))
+        return out
+    if pid.startswith("GEO-"):
+        key = next(k for k in GEO_LAWS if k in check.name)
+        methods = [GEO_LAWS[key]] + (["proj"] if key == "projection" else [])
+        return [(cls, m) for cls in _geometry_classes() for m in methods if hasattr(cls, m)]
+    if pid.startswith("EB-"):
+        return [
+            (cap, n)
+            for n in dir(cap)
+            if not n.startswith("_")
+            and getattr(getattr(cap, n), "__module__", "").startswith("reference.capacity")
+        ]
+    return []
+
+
+@contextlib.contextmanager
+def poisoned(targets: list[tuple[object, str]]) -> Iterator[None]:
+    saved = [
+        (owner, name, owner.__dict__.get(name), name in owner.__dict__) for owner, name in targets
+    ]
+    for owner, name in targets:
+        setattr(owner, name, _raises)
+    try:
+        yield
+    finally:
+        for owner, name, old, had in reversed(saved):
+            if had:
+                setattr(owner, name, old)
+            else:
+                delattr(owner, name)
+
+
+def calls_the_implementation(proposition: Proposition, check: Check) -> bool:
+    with poisoned(_targets(proposition, check)):
+        return _guarded(check, CTX, False).crashed
+
+
+NUMERIC = [
+    pytest.param(p, c, id=f"{p.id}-{c.kind}-{i}")
+    for p in REGISTRY.values()
+    if not p.id.startswith("PORT-")  # PORT's substitutions are tested in test_propositions
+    for i, c in enumerate(p.checks)
+    if c.kind != "symbolic" and (p.id, c.name) not in IMPLEMENTATION_FREE
+]
+
+
+@pytest.mark.parametrize(("proposition", "check"), NUMERIC)
+def test_every_numeric_check_measures_the_code_under_test(proposition, check) -> None:
+    assert _targets(proposition, check), "no entry points named for this proposition"
+    assert calls_the_implementation(proposition, check), (
+        f"{proposition.id} '{check.name}' passes with the code under test poisoned"
+    )
+
+
+def _constant_unless_wrong(check: Check) -> Check:
+    """The weakened copy: only the control branch calls the code."""
+
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        return check.run(ctx, True) if wrong else Outcome(True, 0.0, 1.0, "constant")
+
+    return dataclasses.replace(check, run=run)
+
+
+def test_a_check_that_does_not_call_the_code_is_caught() -> None:
+    ra2 = REGISTRY["RA-2"]
+    weakened = _constant_unless_wrong(ra2.checks[1])
+    assert not calls_the_implementation(ra2, weakened)
+
+
+def test_a_transport_law_that_never_calls_transport_is_caught() -> None:
+    """The GEO transport check rewritten to reuse u at y (the control's variant) as its honest
+    branch: the poisoned transport is never reached."""
+    p = REGISTRY["GEO-stiefel"]
+    check = next(c for c in p.checks if "transport" in c.name)
+    case = geo._case("stiefel")
+
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        g, x = geo._point(case, ctx)
+        res, detail = geo.law.transport_law(g, x, ctx.seed, identity=True)
+        return Outcome.bound(res, geo.law.law_tolerance(g, x), detail)
+
+    assert calls_the_implementation(p, check)
+    assert not calls_the_implementation(p, dataclasses.replace(check, run=run))
+
+
+# -- tolerances ------------------------------------------------------------------------------------
+#: Tolerances that are not rounding bounds, by what they are: a normalised ratio, the Taylor
+#: slope's 0.1, a χ² criterion (5.48 = the 1 − 10⁻⁶ quantile scale used by EB-5 and EB-7) and
+#: EB-6's ratio bound.
+NOT_ROUNDING = {("GEO-", "Taylor slope"), ("EB-5", "χ²"), ("EB-7", "χ²"), ("EB-6", "EY/κ")}
+FLOAT64_CEILING = math.sqrt(2.0**-52)
+MPMATH_CEILING = 1e-25
+
+
+def _tolerance_ok(proposition: Proposition, check: Check, outcome: Outcome) -> bool:
+    tol = outcome.tolerance
+    if tol is None or tol in (0.0, 1.0):
+        return True
+    if any(proposition.id.startswith(p) and w in check.name for p, w in NOT_ROUNDING):
+        return True
+    ceiling = MPMATH_CEILING if check.kind == "mpmath" else FLOAT64_CEILING
+    return tol <= ceiling
+
+
+@pytest.mark.parametrize(("proposition", "check"), NUMERIC)
+def test_tolerances_are_rounding_bounds(proposition, check) -> None:
+    outcome = check.run(CTX, False)
+    assert _tolerance_ok(proposition, check, outcome), (proposition.id, check.name, outcome)
+
+
+def test_a_tolerance_multiplied_by_a_million_is_caught() -> None:
+    ra2 = REGISTRY["RA-2"]
+    check = ra2.checks[1]  # float64 trajectories, tolerance trajectory_tolerance(64, 16, 6)
+
+    def loose(ctx: Context, wrong: bool) -> Outcome:
+        out = check.run(ctx, wrong)
+        return dataclasses.replace(out, tolerance=1e6 * out.tolerance)
+
+    assert _tolerance_ok(ra2, check, check.run(CTX, False))
+    weakened = dataclasses.replace(check, run=loose)
+    assert not _tolerance_ok(ra2, weakened, weakened.run(CTX, False))
+
+
+# -- property coverage -----------------------------------------------------------------------------
+def _shapes_drawn(check: Check, monkeypatch, replace_strategy: Callable | None = None) -> set:
+    """The (d, r) of the examples a property check measures (its module's ``property_check``
+    wrapped to record them)."""
+    module = inspect.getmodule(check.run)
+    seen: set = set()
+    real = harness.property_check
+
+    def recording(ctx, strategy, measure, what, examples=40, explicit=()):
+        def measured(example):
+            if isinstance(example, tuple) and example and _is_shape(example[0]):
+                seen.add(tuple(example[0]))
+            return measure(example)
+
+        if replace_strategy is not None:
+            strategy = replace_strategy(strategy)
+        return real(ctx, strategy, measured, what, examples, explicit)
+
+    monkeypatch.setattr(module, "property_check", recording)
+    check.run(CTX, False)
+    return seen
+
+
+def _is_shape(v) -> bool:
+    """(d, r) of a frame, or (n, r*, r) of the EB checks: a tuple of small integers."""
+    return isinstance(v, tuple) and len(v) in (2, 3) and all(isinstance(i, int) for i in v)
+
+
+SHAPE_PROPERTIES = [
+    pytest.param(p, c, id=f"{p.id}-{i}")
+    for p in REGISTRY.values()
+    for i, c in enumerate(p.checks)
+    if c.kind == "property" and "shapes" in c.name
+]
+
+
+@pytest.mark.parametrize(("proposition", "check"), SHAPE_PROPERTIES)
+def test_property_checks_over_shapes_see_several_shapes(proposition, check, monkeypatch) -> None:
+    assert len(_shapes_drawn(check, monkeypatch)) >= 3
+
+
+def test_a_property_check_shrunk_to_one_shape_is_caught(monkeypatch) -> None:
+    from hypothesis import strategies as st
+
+    check = next(c for c in REGISTRY["RA-4"].checks if c.kind == "property")
+
+    def one_shape(strategy):
+        return st.tuples(st.just((8, 3)), harness.seeds())
+
+    assert len(_shapes_drawn(check, monkeypatch, one_shape)) == 1
+
+
+# -- mpmath ladders --------------------------------------------------------------------------------
+def _ladder_rows(detail: str) -> list[tuple[int, float]]:
+    return [(int(d), float(v)) for d, v in re.findall(r"(\d+) digits: ([0-9.e+-]+)", detail)]
+
+
+def _falls_with_precision(detail: str) -> bool:
+    """Two precisions or more (``harness.ladder`` has held each residual under its own
+    precision's bound, so a mathematical error, which stays put, fails at the higher one), and
+    the residual at the highest precision is mpmath rounding, not a float64 one (≤ 1e-25)."""
+    rows = _ladder_rows(detail)
+    return len({d for d, _ in rows}) >= 2 and max(rows)[1] <= MPMATH_CEILING
+
+
+LADDERS = [
+    pytest.param(p, c, id=f"{p.id}-{i}")
+    for p in REGISTRY.values()
+    for i, c in enumerate(p.checks)
+    if c.kind == "mpmath" and "precision" in c.name
+]
+
+
+@pytest.mark.parametrize(("proposition", "check"), LADDERS)
+def test_mpmath_checks_fall_with_the_working_precision(proposition, check) -> None:
+    detail = check.run(CTX, False).detail
+    assert _falls_with_precision(detail), detail
+
+
+def test_an_mpmath_check_at_one_precision_is_caught(monkeypatch) -> None:
+    check = next(c for c in REGISTRY["RA-2"].checks if c.kind == "mpmath")
+    module = inspect.getmodule(check.run)
+    real = harness.ladder
+    monkeypatch.setattr(module, "ladder", lambda *a, **k: real(*a, digits=(60,)))
+    assert not _falls_with_precision(check.run(CTX, False).detail)
+
+
+# -- long runs -------------------------------------------------------------------------------------
+def test_the_constraint_runs_take_the_steps_they_state(monkeypatch) -> None:
+    """GEO's "constraints preserved over 1000 steps" runs 1000 steps (200 quick), as its detail
+    reports; a run cut to 2 steps is caught by the same reading."""
+    assert (geo.LONG_STEPS, geo.QUICK_STEPS) == (1000, 200)
+    check = next(c for c in REGISTRY["GEO-stiefel"].checks if "constraints" in c.name)
+    assert f"{geo.LONG_STEPS} steps" in check.name
+    assert "after 200 steps" in check.run(CTX, False).detail
+    monkeypatch.setattr(geo, "QUICK_STEPS", 2)
+    assert "after 200 steps" not in check.run(CTX, False).detail
