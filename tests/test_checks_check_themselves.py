@@ -109,13 +109,23 @@ def calls_the_implementation(proposition: Proposition, check: Check) -> bool:
         return _guarded(check, CTX, False).crashed
 
 
-NUMERIC = [
-    pytest.param(p, c, id=f"{p.id}-{c.kind}-{i}")
-    for p in REGISTRY.values()
-    if not p.id.startswith("PORT-")  # PORT's substitutions are tested in test_propositions
-    for i, c in enumerate(p.checks)
-    if c.kind != "symbolic" and (p.id, c.name) not in IMPLEMENTATION_FREE
-]
+def _checks(keep: Callable[[Proposition, Check], bool]) -> list:
+    """(proposition, check) of every registered check that ``keep`` selects, as test params."""
+    return [
+        pytest.param(p, c, id=f"{p.id}-{c.kind}-{i}")
+        for p in REGISTRY.values()
+        for i, c in enumerate(p.checks)
+        if keep(p, c)
+    ]
+
+
+NUMERIC = _checks(
+    lambda p, c: (
+        not p.id.startswith("PORT-")  # PORT's substitutions: test_propositions
+        and c.kind != "symbolic"
+        and (p.id, c.name) not in IMPLEMENTATION_FREE
+    )
+)
 
 
 @pytest.mark.parametrize(("proposition", "check"), NUMERIC)
@@ -223,12 +233,7 @@ def _is_shape(v) -> bool:
     return isinstance(v, tuple) and len(v) in (2, 3) and all(isinstance(i, int) for i in v)
 
 
-SHAPE_PROPERTIES = [
-    pytest.param(p, c, id=f"{p.id}-{i}")
-    for p in REGISTRY.values()
-    for i, c in enumerate(p.checks)
-    if c.kind == "property" and "shapes" in c.name
-]
+SHAPE_PROPERTIES = _checks(lambda p, c: c.kind == "property" and "shapes" in c.name)
 
 
 @pytest.mark.parametrize(("proposition", "check"), SHAPE_PROPERTIES)
@@ -260,12 +265,7 @@ def _falls_with_precision(detail: str) -> bool:
     return len({d for d, _ in rows}) >= 2 and max(rows)[1] <= MPMATH_CEILING
 
 
-LADDERS = [
-    pytest.param(p, c, id=f"{p.id}-{i}")
-    for p in REGISTRY.values()
-    for i, c in enumerate(p.checks)
-    if c.kind == "mpmath" and "precision" in c.name
-]
+LADDERS = _checks(lambda p, c: c.kind == "mpmath" and "precision" in c.name)
 
 
 @pytest.mark.parametrize(("proposition", "check"), LADDERS)

@@ -1,0 +1,193 @@
+"""Mutation testing of the code under test: small deliberate bugs, one at a time, judged first by
+``rattn certify --quick`` and then, for the mutants it lets through, by the test suite.
+
+    python -m proofs_checks.mutation [--limit N] [--out FILE.json] [FILE ...]
+
+A mutant changes one node of one function of a source file (``MUTATIONS``): an arithmetic
+operator swapped (+ ↔ −, * ↔ /), a comparison made strict or loose (< ↔ ≤, > ↔ ≥), a numeric
+constant doubled (an integer incremented), a unary minus dropped. Each runs in a copy of the
+project (the packages, the tests and ``pyproject.toml``, first on ``PYTHONPATH``), so the working
+tree is never touched. A mutant is *killed by certify* when ``rattn certify --quick`` exits
+non-zero, *killed by the tests* when the tests named for its file (``JUDGES``) fail, and
+*survives* otherwise (an equivalent mutant, or a gap in the checks). Long: minutes per mutant;
+not part of the default test command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Source file -> the tests that judge its mutants after certify.
+JUDGES: dict[str, list[str]] = {
+    "reference/optim.py": ["tests/test_optim.py", "tests/test_mp.py", "tests/test_cross_checks.py"],
+    "reference/stiefel.py": ["tests/test_stiefel.py", "tests/test_optim.py"],
+    "reference/linalg.py": ["tests/test_linalg.py", "tests/test_stiefel.py"],
+    "torch_port/optim/transforms.py": ["tests/test_torch_port.py", "tests/test_port_agreement.py"],
+}
+
+_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
+_COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    file: str
+    line: int
+    function: str
+    change: str
+
+
+def _sites(tree: ast.AST) -> Iterator[tuple[ast.AST, str, str]]:
+    """(node, enclosing function, description) of every mutable node inside a function."""
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, ast.BinOp) and type(node.op) in _SWAP:
+                new = _SWAP[type(node.op)].__name__
+                yield node, func.name, f"{type(node.op).__name__} -> {new}"
+            elif isinstance(node, ast.Compare) and type(node.ops[0]) in _COMPARE:
+                new = _COMPARE[type(node.ops[0])].__name__
+                yield node, func.name, f"{type(node.ops[0]).__name__} -> {new}"
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, int | float)
+                and not isinstance(node.value, bool)
+                and node.value not in (0, 1)
+            ):
+                yield node, func.name, f"constant {node.value!r} -> {_bumped(node.value)!r}"
+            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+                yield node, func.name, "unary minus dropped"
+
+
+def _bumped(v: int | float) -> int | float:
+    return v + 1 if isinstance(v, int) else 2.0 * v
+
+
+def _mutate(node: ast.AST) -> ast.AST:
+    if isinstance(node, ast.BinOp):
+        return ast.BinOp(node.left, _SWAP[type(node.op)](), node.right)
+    if isinstance(node, ast.Compare):
+        return ast.Compare(
+            node.left, [_COMPARE[type(node.ops[0])](), *node.ops[1:]], node.comparators
+        )
+    if isinstance(node, ast.Constant):
+        return ast.Constant(_bumped(node.value))
+    assert isinstance(node, ast.UnaryOp)
+    return node.operand
+
+
+class _Replace(ast.NodeTransformer):
+    """Replaces one node (by identity) with its mutation."""
+
+    def __init__(self, target: ast.AST) -> None:
+        self.target = target
+
+    def generic_visit(self, n: ast.AST) -> ast.AST:
+        return _mutate(n) if n is self.target else super().generic_visit(n)
+
+
+def mutants(file: str) -> list[tuple[Mutant, str]]:
+    """Every mutant of ``file`` (relative to the project) with the mutated source text."""
+    source = (ROOT / file).read_text(encoding="utf-8")
+    count = sum(1 for _ in _sites(ast.parse(source)))
+    out = []
+    for k in range(count):
+        tree = ast.parse(source)
+        node, function, change = list(_sites(tree))[k]
+
+        mutated = ast.unparse(ast.fix_missing_locations(_Replace(node).visit(tree)))
+        out.append((Mutant(file, node.lineno, function, change), mutated))
+    return out
+
+
+def _copy_project(dest: Path) -> None:
+    for name in ("reference", "proofs_checks", "torch_port", "tests"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+
+
+def _run(args: list[str], cwd: Path, timeout: float) -> int:
+    env = {"PYTHONPATH": str(cwd), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    try:
+        return subprocess.run(
+            args, cwd=cwd, env=env, capture_output=True, timeout=timeout, check=False
+        ).returncode
+    except subprocess.TimeoutExpired:
+        return -1  # a mutant that hangs a judge is killed by it
+
+
+def judge(selected: list[tuple[Mutant, str]], progress: bool = True) -> list[dict]:
+    """Run each mutant through certify, then its file's tests when certify lets it through."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp) / "project"
+        _copy_project(work)
+        out = Path(tmp) / "certificate"
+        for mutant, text in tqdm(selected, desc="mutants", disable=not progress, file=sys.stderr):
+            target = work / mutant.file
+            original = target.read_text(encoding="utf-8")
+            target.write_text(text, encoding="utf-8")
+            try:
+                certify = _run(
+                    [sys.executable, "-m", "proofs_checks", "--quick", "--out", str(out)], work, 600
+                )
+                tests = None
+                if certify == 0:
+                    tests = _run(
+                        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+                        + JUDGES[mutant.file],
+                        work,
+                        900,
+                    )
+            finally:
+                target.write_text(original, encoding="utf-8")
+            verdict = (
+                "killed by certify"
+                if certify != 0
+                else ("killed by the tests" if tests != 0 else "survived")
+            )
+            rows.append(
+                {**asdict(mutant), "certify_exit": certify, "tests_exit": tests, "verdict": verdict}
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="*", default=list(JUDGES), help="sources (default: all)")
+    parser.add_argument("--limit", type=int, default=None, help="at most N mutants per file")
+    parser.add_argument("--out", default="mutation.json", help="where to write the results")
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.files if f not in JUDGES]
+    if unknown:
+        parser.error(f"no judges named for {unknown}; known: {list(JUDGES)}")
+    selected = []
+    for file in args.files:
+        found = mutants(file)
+        if args.limit is not None and len(found) > args.limit:
+            step = len(found) / args.limit  # evenly spread over the file
+            found = [found[int(i * step)] for i in range(args.limit)]
+        selected += found
+    rows = judge(selected)
+    Path(args.out).write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    for verdict in ("killed by certify", "killed by the tests", "survived"):
+        print(f"{verdict}: {sum(r['verdict'] == verdict for r in rows)} of {len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
