@@ -299,7 +299,7 @@ def run_audit(args: argparse.Namespace) -> int:
     not, 2 for a trace that cannot be read or replayed (or no torch, or no matplotlib for
     ``--plot``)."""
     try:
-        from proofs_checks.port_compare import audit
+        from proofs_checks.port_compare import audit, audit_report
     except ImportError as exc:
         raise ValueError(f"rattn audit needs torch (pip install 'rattn[torch]'): {exc}") from None
     if args.plot is not None:
@@ -312,13 +312,13 @@ def run_audit(args: argparse.Namespace) -> int:
     try:
         result = audit.audit(args.trace, progress=not args.json)
         if args.plot is not None:
-            audit.plot(result, args.plot)
+            audit_report.plot(result, args.plot)
     except audit.TraceError as exc:
         raise ValueError(str(exc)) from None
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
-        print(audit.format_table(result))
+        print(audit_report.format_table(result))
     return 0 if result["passed"] else 1
 
 

@@ -32,10 +32,27 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Source file -> the tests that judge its mutants after certify.
 JUDGES: dict[str, list[str]] = {
-    "reference/optim.py": ["tests/test_optim.py", "tests/test_mp.py", "tests/test_cross_checks.py"],
-    "reference/stiefel.py": ["tests/test_stiefel.py", "tests/test_optim.py"],
-    "reference/linalg.py": ["tests/test_linalg.py", "tests/test_stiefel.py"],
-    "torch_port/optim/transforms.py": ["tests/test_torch_port.py", "tests/test_port_agreement.py"],
+    "reference/optim.py": [
+        "tests/test_optim.py",
+        "tests/test_mp.py",
+        "tests/test_cross_checks.py",
+        "tests/test_reliability_reference.py",
+    ],
+    "reference/stiefel.py": [
+        "tests/test_stiefel.py",
+        "tests/test_optim.py",
+        "tests/test_reliability_reference.py",
+    ],
+    "reference/linalg.py": [
+        "tests/test_linalg.py",
+        "tests/test_stiefel.py",
+        "tests/test_reliability_reference.py",
+    ],
+    "torch_port/optim/transforms.py": [
+        "tests/test_torch_port.py",
+        "tests/test_port_agreement.py",
+        "tests/test_reliability_torch.py",
+    ],
 }
 
 _SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
@@ -137,14 +154,15 @@ def judge(selected: list[tuple[Mutant, str]], progress: bool = True) -> list[dic
         work = Path(tmp) / "project"
         _copy_project(work)
         out = Path(tmp) / "certificate"
+        certify_args = [sys.executable, "-m", "proofs_checks", "--quick", "--out", str(out)]
+        if _run(certify_args, work, 600) != 0:  # else every mutant would look killed
+            raise RuntimeError("rattn certify --quick fails on the unmutated copy")
         for mutant, text in tqdm(selected, desc="mutants", disable=not progress, file=sys.stderr):
             target = work / mutant.file
             original = target.read_text(encoding="utf-8")
             target.write_text(text, encoding="utf-8")
             try:
-                certify = _run(
-                    [sys.executable, "-m", "proofs_checks", "--quick", "--out", str(out)], work, 600
-                )
+                certify = _run(certify_args, work, 600)
                 tests = None
                 if certify == 0:
                     tests = _run(
@@ -171,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", default=list(JUDGES), help="sources (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="at most N mutants per file")
     parser.add_argument("--out", default="mutation.json", help="where to write the results")
+    parser.add_argument(
+        "--rejudge", default=None, help="judge again only the survivors of this earlier result"
+    )
     args = parser.parse_args(argv)
     unknown = [f for f in args.files if f not in JUDGES]
     if unknown:
@@ -182,6 +203,19 @@ def main(argv: list[str] | None = None) -> int:
             step = len(found) / args.limit  # evenly spread over the file
             found = [found[int(i * step)] for i in range(args.limit)]
         selected += found
+    if args.rejudge is not None:  # every mutant of the files, then only the earlier survivors
+        earlier = json.loads(Path(args.rejudge).read_text(encoding="utf-8"))
+        keep = {
+            (r["file"], r["line"], r["function"], r["change"])
+            for r in earlier
+            if r["verdict"] == "survived"
+        }
+        selected = [
+            (m, t)
+            for file in args.files
+            for m, t in mutants(file)
+            if (m.file, m.line, m.function, m.change) in keep
+        ]
     rows = judge(selected)
     Path(args.out).write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
     for verdict in ("killed by certify", "killed by the tests", "survived"):

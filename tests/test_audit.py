@@ -19,6 +19,7 @@ import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
 from proofs_checks.port_compare import audit as pa  # noqa: E402
+from proofs_checks.port_compare.audit_report import format_table  # noqa: E402
 from proofs_checks.port_compare.problems import PROBLEMS  # noqa: E402
 from proofs_checks.port_compare.rules import RECORDS, RULES  # noqa: E402
 from reference import optim as ro  # noqa: E402
@@ -197,7 +198,7 @@ def test_an_honest_run_passes(tmp_path, geometry, problem, rule, dtype) -> None:
             inst.loss(params, data).backward()
             opt.step()
     result = pa.audit(tmp_path / "h.npz")
-    assert result["passed"], pa.format_table(result)
+    assert result["passed"], format_table(result)
     assert {r["step"] for r in result["steps"]} == {1, 2, 3}
     stateful = RULES[rule].port([prob.adapter.group(params)]).rule(opt.param_groups[0]).transported
     if stateful:  # the states before steps 2 and 3 were checked against the reference's
@@ -243,7 +244,7 @@ def test_a_training_loop_with_schedule_clipping_accumulation_and_autocast_passes
             opt.step()
             sched.step()
     result = pa.audit(tmp_path / "loop.npz")
-    assert result["passed"], pa.format_table(result)
+    assert result["passed"], format_table(result)
     steps = audit.load(tmp_path / "loop.npz").meta["steps"]
     lrs = [s["hyperparameters"]["lr"] for s in steps if s["params"] == [0]]
     assert lrs == pytest.approx([1e-2 / (1 + t) for t in range(6)], rel=1e-15)
@@ -277,7 +278,7 @@ def test_the_device_example_of_the_docs_passes(tmp_path, device) -> None:
     assert done.returncode == 0, done.stderr
     for dtype in ("float32", "bfloat16"):
         result = pa.audit(tmp_path / f"audit-{device}-{dtype}.npz")
-        assert result["passed"], pa.format_table(result)
+        assert result["passed"], format_table(result)
         assert max(r["step"] for r in result["steps"]) == 20
 
 
@@ -303,7 +304,7 @@ def test_a_run_under_a_grad_scaler_passes(tmp_path) -> None:
             scaler.step(opt)
             scaler.update()
     result = pa.audit(tmp_path / "amp.npz")
-    assert result["passed"], pa.format_table(result)
+    assert result["passed"], format_table(result)
     assert sorted({r["step"] for r in result["steps"]}) == [1, 2, 3, 4]
 
 
@@ -345,7 +346,7 @@ def _nudge(w, size: float, seed: int = 0) -> None:
 def test_an_honest_stiefel_run_passes(tmp_path, dtype) -> None:
     """The baseline of the departures below: the same run without one passes."""
     result = _stiefel_run(tmp_path / "ok.npz", dtype=dtype)
-    assert result["passed"], pa.format_table(result)
+    assert result["passed"], format_table(result)
 
 
 def test_a_perturbation_of_1e_6_in_float64_is_flagged_at_its_step(tmp_path) -> None:
@@ -479,7 +480,7 @@ def test_a_step_skipped_for_a_nonfinite_gradient_is_reported_and_passes(tmp_path
                 w.grad[0, 0] = float("nan")
             opt.step()
     result = pa.audit(tmp_path / "s.npz")
-    assert result["passed"], pa.format_table(result)
+    assert result["passed"], format_table(result)
     assert [(r["step"], r["skipped"]) for r in result["steps"]] == [
         (1, False),
         (2, True),

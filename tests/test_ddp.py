@@ -161,10 +161,11 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
 
     # each rank recorded its own trace, and every recorded step is the reference's
     from proofs_checks.port_compare import audit
+    from proofs_checks.port_compare.audit_report import format_table
 
     for r in range(WORLD):
         result = audit.audit(tmp_path / f"run.rank{r}.npz")
-        assert result["passed"], audit.format_table(result)
+        assert result["passed"], format_table(result)
         assert sorted({row["step"] for row in result["steps"]}) == [5, 10, 15, 20]
 
     from torch_port import linalg as tl

@@ -323,3 +323,42 @@ def test_float16_transport_of_a_large_moment_is_taken_at_scale_1(lazy: bool) -> 
     target = LazyProduct(y, torch.eye(r, dtype=y.dtype)) if lazy else y
     (out,) = frames.transport_owned((y,), (target,), (m.clone(),))
     assert float((out.double() - exact).abs().max()) < 2e-2 * 6e4
+
+
+def test_a_zero_gradient_with_eps_zero_gives_a_zero_step_not_an_error() -> None:
+    """ε = 0, frame moment: a frame whose gradient is exactly zero has √v = 0 and m = 0, and the
+    step 0/0 := 0 (DESIGN §5): no error, and the frame only re-orthonormalised by the polar
+    retraction (‖polar(W) − W‖ ≤ frame_error(6, 2)), while the other frame moves."""
+    from proofs_checks.bounds import frame_error
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(tp.Stiefel(6, 2).random_point(gen, (2,)))
+    opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=1e-2, eps=0.0)
+    g = torch.randn(2, 6, 2, generator=gen, dtype=torch.float64)
+    g[1] = 0.0
+    w.grad = g
+    before = w.detach().clone()
+    opt.step()
+    assert float(torch.linalg.norm(w[1].detach() - before[1])) <= frame_error(6, 2)
+    assert float(torch.linalg.norm(w[0].detach() - before[0])) > 1e-3
+
+
+def test_zero_gradient_entries_with_eps_zero_give_a_finite_elementwise_step() -> None:
+    """ε = 0, elementwise moment: where an entry's √v̂ + ε is 0 (every entry of a frame whose
+    gradient is zero: its Riemannian gradient is P_W(0) = 0) its ratio is 0, not 0/0 = NaN, so
+    the step is finite and the frame stays on St(6, 2) within the polar retraction's drift
+    bound 4r(r + 1)u + 2(d + r)r·u."""
+    from proofs_checks.port_compare.geometries import polar_drift_bound
+
+    gen = torch.Generator().manual_seed(1)
+    w = torch.nn.Parameter(tp.Stiefel(6, 2).random_point(gen, (2,)))
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}], lr=1e-2, eps=0.0, moment="elementwise"
+    )
+    g = torch.randn(2, 6, 2, generator=gen, dtype=torch.float64)
+    g[0] = 0.0
+    w.grad = g
+    opt.step()
+    assert bool(torch.isfinite(w).all())
+    drift = float(tp.linalg.orthonormality_residual(w.detach()).max())
+    assert drift <= polar_drift_bound(6, 2, torch.float64)

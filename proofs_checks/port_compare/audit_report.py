@@ -1,0 +1,102 @@
+"""The report of ``rattn audit``: a Markdown table (the worst element of each step and group)
+and a plot of deviation/bound over the steps (``proofs_checks.port_compare.audit`` replays)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from proofs_checks.port_compare.audit import LARGEST_STEP, TraceError, row_ratio
+
+
+def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (step, group): its worst element (a failing one first)."""
+    best: dict[tuple[int, int], dict[str, Any]] = {}
+    for row in result["steps"]:
+        key = (row["step"], row["group"])
+        old = best.get(key)
+        rank = (not row["passed"], row_ratio(row))
+        if old is None or rank > (not old["passed"], row_ratio(old)):
+            best[key] = row
+    return [best[k] for k in sorted(best)]
+
+
+def _num(v: float | None) -> str:
+    return "—" if v is None else f"{v:.1e}"
+
+
+def _parameter(row: dict[str, Any]) -> str:
+    """The parameter(s) holding a point: their names, else their indices in the group."""
+    return ", ".join(row["names"]) if row["names"] else ", ".join(map(str, row["params"]))
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Markdown table of an audit: per step and group the worst element, then the verdict."""
+    lines = [
+        f"Audit of {result['trace']} ({result['optimizer']}), every step replayed through the "
+        "float64 reference:",
+        "",
+        "| step | group | geometry | dtype | parameter | element | ‖x − x̄‖ (projected) "
+        "| ‖y − ȳ‖ | bound | state/bound | result |",
+        "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in worst_rows(result):
+        verdict = "pass" if r["passed"] else "FAIL"
+        if r["skipped"]:
+            verdict += " (skipped by the port)"
+        elif not r["bounded"]:
+            verdict += f" (step longer than {LARGEST_STEP:g}: bound not guaranteed)"
+        state = "—" if r["state_ratio"] is None else f"{r['state_ratio']:.2f}"
+        lines.append(
+            f"| {r['step']} | {r['group']} | {r['geometry']} | {r['dtype'].removeprefix('torch.')} "
+            f"| {_parameter(r)} | {r['element']} | {_num(r.get('projection'))} "
+            f"| {_num(r['deviation'])} | {_num(r['bound'])} | {state} | {verdict} |"
+        )
+    n_failed = sum(not r["passed"] for r in result["steps"])
+    lines += [""]
+    lines.append(
+        "PASSED"
+        if result["passed"]
+        else f"FAILED: {n_failed} of {len(result['steps'])} elements, first at step "
+        f"{result['first_failure_step']}"
+    )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """deviation/bound (and the state's ratio) over steps, per group, on a log scale (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    rows = worst_rows(result)
+    for gi in sorted({r["group"] for r in rows}):
+        mine = [r for r in rows if r["group"] == gi and r["deviation"] is not None and r["bound"]]
+        if not mine:  # only skipped steps
+            continue
+        steps = [r["step"] for r in mine]
+        ratio = [max(r["deviation"] / r["bound"], 1e-20) for r in mine]
+        ax.plot(steps, ratio, marker=".", label=f"group {gi} ({mine[0]['geometry']}): point")
+        state = [(r["step"], r["state_ratio"]) for r in mine if r["state_ratio"] is not None]
+        if state:
+            ax.plot(*zip(*state, strict=True), ls="--", marker="x", label=f"group {gi}: state")
+    ax.axhline(1.0, color="red", lw=1, label="bound")
+    ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("deviation / bound")
+    verdict = "passed" if result["passed"] else f"failed at step {result['first_failure_step']}"
+    ax.set_title(f"rattn audit: {Path(result['trace']).name}, {verdict}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as err:
+        raise TraceError(f"cannot write the plot to {path}: {err.strerror or err}") from None
+    finally:
+        plt.close(fig)
+    return path
