@@ -21,6 +21,7 @@ import dataclasses
 import inspect
 import math
 import re
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -104,7 +105,18 @@ def poisoned(targets: list[tuple[object, str]]) -> Iterator[None]:
                 delattr(owner, name)
 
 
+def _clear_caches() -> None:
+    """Forget the checks' memoised measurements (EB-6, EB-8 cache their replicates), so that a
+    poisoned run computes afresh."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("proofs_checks.propositions"):
+            for obj in vars(module).values():
+                if callable(getattr(obj, "cache_clear", None)):
+                    obj.cache_clear()
+
+
 def calls_the_implementation(proposition: Proposition, check: Check) -> bool:
+    _clear_caches()
     with poisoned(_targets(proposition, check)):
         return _guarded(check, CTX, False).crashed
 

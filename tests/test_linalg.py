@@ -254,3 +254,21 @@ def test_expm_rotation_closed_form(theta):
     assert np.allclose(linalg.expm(a), [[c, -s], [s, c]], rtol=0, atol=1e-14)
     d = np.diag([0.5, -1.0, 2.0])
     assert np.allclose(linalg.expm(d), np.diag(np.exp([0.5, -1.0, 2.0])), rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.0])
+def test_the_polar_rank_test_is_relative_to_the_largest_eigenvalue_times_d(factor):
+    """``polar`` refuses A when λ_min(AᵀA) ≤ ε·λ_max·d (d = A's rows): a 10×2 A whose squared
+    singular values are 1 and factor·ε·10 is refused at factor ½ and accepted at 2 (a threshold
+    ε·λ_max/d, or without d, would accept both)."""
+    d = 10
+    q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((d, 2)))
+    a = q * np.sqrt([1.0, factor * np.finfo(np.float64).eps * d])
+    if factor < 1:
+        with pytest.raises(ValueError, match="rank-deficient"):
+            linalg.polar(a)
+    else:
+        from proofs_checks.bounds import frame_error
+
+        p = linalg.polar(a)  # κ(A)² = 1/(2ε·10) > 10²: the SVD route, whose U Vᵀ is a frame
+        assert np.linalg.norm(p.T @ p - np.eye(2)) <= frame_error(d, 2)

@@ -362,3 +362,43 @@ def test_zero_gradient_entries_with_eps_zero_give_a_finite_elementwise_step() ->
     assert bool(torch.isfinite(w).all())
     drift = float(tp.linalg.orthonormality_residual(w.detach()).max())
     assert drift <= polar_drift_bound(6, 2, torch.float64)
+
+
+def test_a_gradient_whose_norm_overflows_gives_the_scaled_down_step() -> None:
+    """A gradient of entries up to 2^1023 whose Frobenius norm overflows float64 (the Euclidean
+    gradient of arm E, never projected): ``frame_rms`` takes its scaled route
+    s·(‖g/s‖/sqrt(entries)), and with ε = 0 Adam's step is scale invariant, so it equals the
+    step of the gradient divided by 2^1023: the directions within ``relative_tolerance(6, 2,
+    spread=0)`` (the same input up to an exact power of two), each retraction within
+    ``step_error(6, 2)`` of its exact value: ‖Δ₁ − Δ₀‖ ≤ tol·‖Δ₀‖ + 2·step_error."""
+    from proofs_checks.bounds import relative_tolerance, step_error
+
+    steps = []
+    for scale in (1.0, 2.0**1023):
+        gen = torch.Generator().manual_seed(2)
+        w = torch.nn.Parameter(tp.Stiefel(6, 2).random_point(gen))
+        group = {"params": [w], "geometry": "stiefel", "gradient": "euclidean"}
+        opt = tp.RiemannianAdam([group], lr=1e-2, eps=0.0)
+        z = torch.randn(6, 2, generator=gen, dtype=torch.float64)
+        z = torch.sign(z) + 0.1 * z  # entries near ±1: ‖z‖/max|z| ≈ sqrt(12)/1.2 > 2
+        w.grad = z / z.abs().max() * scale
+        assert (scale == 1.0) == math.isfinite(float(torch.linalg.norm(w.grad)))
+        before = w.detach().clone()
+        opt.step()
+        steps.append(w.detach() - before)
+    size = float(torch.linalg.norm(steps[0]))
+    bound = relative_tolerance(6, 2, spread=0.0) * size + 2 * step_error(6, 2)
+    assert float(torch.linalg.norm(steps[1] - steps[0])) <= bound
+
+
+def test_the_adam_transform_has_the_reference_defaults() -> None:
+    """``transforms.scale_by_adam``'s defaults are the reference's (a rule composed from it
+    without arguments is the reference's rule)."""
+    import inspect
+
+    from reference import optim as ro
+    from torch_port.optim import transforms
+
+    port = inspect.signature(transforms.scale_by_adam).parameters
+    ref = inspect.signature(ro.scale_by_adam).parameters
+    assert {k: p.default for k, p in port.items()} == {k: p.default for k, p in ref.items()}

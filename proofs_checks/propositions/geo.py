@@ -208,7 +208,8 @@ def check_retraction(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """R_x(0) = x (within ``law_tolerance``); D(t) = R_x(tξ) − x − tξ has slope ≥ 1.9 (first
         order) and, where second order is claimed, its tangential part slope ≥ 2.9 (or the
-        errors sit at the rounding floor: an exact model). Residual: the worst shortfall,
+        errors sit at the rounding floor: an exact model), along each of three random ξ
+        (``law.retraction_slopes``: the smallest slopes). Residual: the worst shortfall,
         tolerance 0. Control: a first-order retraction where second order is claimed, else a
         map that is not a retraction."""
         geo, x = _point(case, ctx)
