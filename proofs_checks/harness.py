@@ -99,6 +99,13 @@ def shapes(max_d: int = 64) -> st.SearchStrategy[tuple[int, int]]:
     return st.integers(1, max_d).flatmap(lambda d: st.tuples(st.just(d), st.integers(1, d)))
 
 
+def shape_corners(*rest: Any, max_d: int = 64) -> list[tuple]:
+    """Explicit examples at the corners of 2 ≤ d ≤ ``max_d``, 1 ≤ r ≤ d: r = 1 and r = d at the
+    smallest and the largest d, each followed by the fixed ``rest`` of the example's tuple
+    (St(1, 1), whose tangent space is {0}, is left out: every claim is empty there)."""
+    return [((d, r), *rest) for d, r in ((2, 1), (2, 2), (max_d, 1), (max_d, max_d))]
+
+
 def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**32 - 1)
 

@@ -8,7 +8,7 @@ passing is rejected here, and each rejection is shown on a deliberately weakened
   a documented slope or statistical criterion, is at most sqrt(ε) = 1.5e-8 (a bound that lets
   half of the digits go wrong is not a rounding bound), an mpmath one at most 1e-25.
 - **Property checks range over their domain**: at least three distinct (d, r) among the
-  examples of a check over shapes.
+  examples of a check over shapes, and the corners r = 1 and r = d for the RA checks.
 - **mpmath checks fall with the working precision**: two precisions or more, each residual
   under its own precision's bound (``harness.ladder``), the highest one at mpmath rounding.
 - **Long runs keep their lengths**: the constraint runs take the steps their names state.
@@ -218,17 +218,22 @@ def test_a_tolerance_multiplied_by_a_million_is_caught() -> None:
 
 
 # -- property coverage -----------------------------------------------------------------------------
-def _shapes_drawn(check: Check, monkeypatch, replace_strategy: Callable | None = None) -> set:
-    """The (d, r) of the examples a property check measures (its module's ``property_check``
-    wrapped to record them)."""
+def _shapes_drawn(
+    check: Check, monkeypatch, replace_strategy: Callable | None = None
+) -> tuple[set, set]:
+    """(shapes of the examples Hypothesis generated, shapes of the explicit ones) that a
+    property check measures (its module's ``property_check`` wrapped to record them)."""
     module = inspect.getmodule(check.run)
-    seen: set = set()
+    generated: set = set()
+    corners: set = set()
     real = harness.property_check
 
     def recording(ctx, strategy, measure, what, examples=40, explicit=()):
+        fixed = list(explicit)
+
         def measured(example):
             if isinstance(example, tuple) and example and _is_shape(example[0]):
-                seen.add(tuple(example[0]))
+                (corners if example in fixed else generated).add(tuple(example[0]))
             return measure(example)
 
         if replace_strategy is not None:
@@ -237,7 +242,7 @@ def _shapes_drawn(check: Check, monkeypatch, replace_strategy: Callable | None =
 
     monkeypatch.setattr(module, "property_check", recording)
     check.run(CTX, False)
-    return seen
+    return generated, corners
 
 
 def _is_shape(v) -> bool:
@@ -250,7 +255,13 @@ SHAPE_PROPERTIES = _checks(lambda p, c: c.kind == "property" and "shapes" in c.n
 
 @pytest.mark.parametrize(("proposition", "check"), SHAPE_PROPERTIES)
 def test_property_checks_over_shapes_see_several_shapes(proposition, check, monkeypatch) -> None:
-    assert len(_shapes_drawn(check, monkeypatch)) >= 3
+    """Three shapes or more among the generated examples (the explicit ones aside); the RA
+    checks, over 1 ≤ r ≤ d ≤ 64, also see r = 1 and r = d at d = 2 and d = 64 on every seed
+    (``harness.shape_corners``)."""
+    generated, corners = _shapes_drawn(check, monkeypatch)
+    assert len(generated) >= 3, generated
+    if proposition.id.startswith("RA-"):
+        assert {(2, 1), (2, 2), (64, 1), (64, 64)} <= corners | generated, corners
 
 
 def test_a_property_check_shrunk_to_one_shape_is_caught(monkeypatch) -> None:
@@ -261,7 +272,8 @@ def test_a_property_check_shrunk_to_one_shape_is_caught(monkeypatch) -> None:
     def one_shape(strategy):
         return st.tuples(st.just((8, 3)), harness.seeds())
 
-    assert len(_shapes_drawn(check, monkeypatch, one_shape)) == 1
+    generated, _ = _shapes_drawn(check, monkeypatch, one_shape)
+    assert generated == {(8, 3)}  # the corners alone would not show it: they are fixed
 
 
 # -- mpmath ladders --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from proofs_checks.harness import (
     ladder,
     property_check,
     seeds,
+    shape_corners,
     shapes,
     trajectory,
 )
@@ -122,7 +123,8 @@ def property_direction(ctx: Context, wrong: bool) -> Outcome:
         st.sampled_from([0.0, BETAS[0]]),
         st.sampled_from([None, RADIUS]),
     )
-    return property_check(ctx, strategy, measure, "max |1 − cos(ξ, −m̂)|")
+    corners = shape_corners(0, 0.0, BETAS[0], RADIUS)
+    return property_check(ctx, strategy, measure, "max |1 − cos(ξ, −m̂)|", explicit=corners)
 
 
 register(

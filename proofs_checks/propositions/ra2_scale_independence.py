@@ -14,6 +14,7 @@ from proofs_checks.harness import (
     max_distance,
     property_check,
     seeds,
+    shape_corners,
     shapes,
     trajectory,
 )
@@ -139,6 +140,7 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
     # the corners, on every seed: r = 1 and r = d at the largest scales, and the smallest
     # gradient (c·RMS = 1e-158), where ε > 0 dominates the denominator and the control must fail
     corners = [((8, 1), 0, 150.0, 8.0), ((6, 6), 1, -150.0, 0.0), ((16, 4), 2, -150.0, -8.0)]
+    corners += shape_corners(3, 0.0, 0.0)
     return property_check(ctx, strategy, measure, "max_t ‖W_t(cG) − W_t(G)‖", explicit=corners)
 
 

@@ -13,6 +13,7 @@ from proofs_checks.harness import (
     ladder,
     property_check,
     seeds,
+    shape_corners,
     shapes,
     trajectory,
     vanishes,
@@ -140,7 +141,8 @@ def property_conditioning(ctx: Context, wrong: bool) -> Outcome:
 
     # St(1, 1) has only the zero tangent vector, where every claim is trivial: start at d = 2.
     strategy = st.tuples(shapes().filter(lambda s: s[0] > 1), seeds(), st.floats(-3, 1))
-    return property_check(ctx, strategy, measure, "violation / tolerance, Gram identity and bounds")
+    what = "violation / tolerance, Gram identity and bounds"
+    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0, 0.0))
 
 
 register(

@@ -6,7 +6,15 @@ import numpy as np
 from hypothesis import strategies as st
 
 from proofs_checks.bounds import gamma, trajectory_tolerance
-from proofs_checks.harness import frame_problem, ladder, property_check, seeds, shapes, trajectory
+from proofs_checks.harness import (
+    frame_problem,
+    ladder,
+    property_check,
+    seeds,
+    shape_corners,
+    shapes,
+    trajectory,
+)
 from proofs_checks.propositions.common import (
     BETAS,
     LR,
@@ -91,7 +99,11 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
         return gap, tolerance(d, r, SHORT)
 
     return property_check(
-        ctx, st.tuples(shapes(), seeds()), measure, "max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖"
+        ctx,
+        st.tuples(shapes(), seeds()),
+        measure,
+        "max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖",
+        explicit=shape_corners(0),
     )
 
 

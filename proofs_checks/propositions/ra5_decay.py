@@ -16,6 +16,7 @@ from proofs_checks.harness import (
     max_distance,
     property_check,
     seeds,
+    shape_corners,
     shapes,
     trajectory,
     vanishes,
@@ -146,7 +147,8 @@ def property_coupled(ctx: Context, wrong: bool) -> Outcome:
         return max(normal, max_distance(plain, decayed) / bound), 1.0
 
     strategy = st.tuples(shapes(), seeds(), st.floats(-4, 2))
-    return property_check(ctx, strategy, measure, "‖P_W(W)‖ and the coupled-decay step")
+    what = "‖P_W(W)‖ and the coupled-decay step"
+    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0, 0.0))
 
 
 register(

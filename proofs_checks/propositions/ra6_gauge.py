@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import reference as ref
 from proofs_checks.bounds import gamma, tangent_error
-from proofs_checks.harness import ladder, property_check, seeds, shapes
+from proofs_checks.harness import ladder, property_check, seeds, shape_corners, shapes
 from proofs_checks.propositions.common import LR, MP_D, MP_R, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -115,7 +115,8 @@ def property_gauge(ctx: Context, wrong: bool) -> Outcome:
 
     # r = d = 1: skew of a 1×1 matrix is 0 for the control too; start at d = 2.
     strategy = st.tuples(shapes().filter(lambda s: s[0] > 1), seeds())
-    return property_check(ctx, strategy, measure, "‖skew(W_QᵀG_Q + W_KᵀG_K)‖")
+    what = "‖skew(W_QᵀG_Q + W_KᵀG_K)‖"
+    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0))
 
 
 register(

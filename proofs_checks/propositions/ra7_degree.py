@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 import reference as ref
 from proofs_checks.bounds import relative_tolerance
-from proofs_checks.harness import frame_problem, ladder, property_check, seeds, shapes, vanishes
+from proofs_checks.harness import (
+    frame_problem,
+    ladder,
+    property_check,
+    seeds,
+    shape_corners,
+    shapes,
+    vanishes,
+)
 from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -128,7 +136,8 @@ def property_degree(ctx: Context, wrong: bool) -> Outcome:
         seeds(),
         st.floats(-100, 100).filter(lambda e: abs(e) > 0.5),
     )
-    return property_check(ctx, strategy, measure, "relative gap ξ(cG) vs c^k ξ(G)")
+    what = "relative gap ξ(cG) vs c^k ξ(G)"
+    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0, 3.0))
 
 
 register(
