@@ -353,3 +353,16 @@ def test_product_basics():
     with pytest.raises(ValueError, match="off St"):
         p.check_point((2 * x[0], x[1], x[2]))
     assert "Stiefel(5, 2" in repr(p) and "Euclidean(3,)" in repr(p)
+
+
+def test_the_qr_retraction_is_second_order_for_one_column() -> None:
+    """For r = 1, qf(W + ξ) = (W + ξ)/‖W + ξ‖ is the polar retraction, so St(d, 1) with QR
+    claims order 2 (order 1 for r > 1); the Taylor slopes agree: the tangential part of
+    R(tξ) − W − tξ has slope ≥ 2.9 (the GEO retraction law)."""
+    from proofs_checks import geometry_laws as law
+
+    one, two = ref.Stiefel(6, 1, retraction="qr"), ref.Stiefel(6, 2, retraction="qr")
+    assert (one.retraction_order, two.retraction_order) == (2, 1)
+    x = one.random_point(np.random.default_rng(0))
+    _, tangential, _, detail = law.retraction_slopes(one, x, 0)
+    assert tangential is None or tangential >= 2.9, detail
