@@ -172,8 +172,8 @@ class Certificate:
             ]
             for c in r.checks:
                 out.append(
-                    rf"{c.kind} & {latex.text(c.name)} & {_fmt_tex(c.outcome.residual)} & "
-                    rf"{_fmt_tex(c.outcome.tolerance)} & {_yes(c.outcome.passed)} / "
+                    rf"{c.kind} & {latex.text(c.name)} & {latex.text(_fmt(c.outcome.residual))} & "
+                    rf"{latex.text(_fmt(c.outcome.tolerance))} & {_yes(c.outcome.passed)} / "
                     rf"{_yes(c.control_rejected)} \\"
                 )
             out.append(r"\hline\end{tabular}}")
@@ -328,10 +328,6 @@ def summary_table(results: Iterable[PropositionResult]) -> str:
 
 def _fmt(x: float | None) -> str:
     return "–" if x is None else f"{x:.2e}"
-
-
-def _fmt_tex(x: float | None) -> str:
-    return "--" if x is None else f"{x:.2e}"
 
 
 def _provenance_tex(env: dict[str, Any]) -> str:

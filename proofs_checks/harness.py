@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +98,19 @@ def ladder(
 def shapes(max_d: int = 64) -> st.SearchStrategy[tuple[int, int]]:
     """(d, r) with 1 ≤ r ≤ d ≤ max_d."""
     return st.integers(1, max_d).flatmap(lambda d: st.tuples(st.just(d), st.integers(1, d)))
+
+
+@contextlib.contextmanager
+def substituted(module: object, name: str, value: object) -> Iterator[None]:
+    """``module.name`` replaced by ``value`` inside the block, restored after it whatever
+    happens: a negative control that puts its wrong variant into the library, so that the code
+    path under test runs it (rather than a branch inside the check)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
 
 
 def shape_corners(*rest: Any, max_d: int = 64) -> list[tuple]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.util
 import inspect
 import sys
 import time
@@ -74,8 +75,6 @@ class Proposition:
     @property
     def missing(self) -> str | None:
         """Why the proposition cannot run here (a required module is not installed), or None."""
-        import importlib.util
-
         absent = [m for m in self.requires if importlib.util.find_spec(m) is None]
         return f"needs {', '.join(absent)}, which is not installed" if absent else None
 

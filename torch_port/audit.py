@@ -104,9 +104,7 @@ class Recorder:
                 f"RiemannianAdam, RSGD, …), got {type(self.optimizer).__name__}"
             )
         for name, v in (("every", self.every), ("frames", self.frames)):
-            if v is None and name == "frames":
-                continue
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if (v is not None or name == "every") and not (_is_int(v) and v >= 1):
                 raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
         if self.ranks is not None and (
             isinstance(self.ranks, str | bytes)

@@ -63,11 +63,12 @@ import numpy as np
 from tqdm import tqdm
 
 import reference as ref
-from proofs_checks.port_compare.geometries import FrameAdapter, PointAdapter
+from proofs_checks.port_compare.geometries import FrameAdapter, PointAdapter, unit_roundoff
 from reference import optim as ro
 from reference.geometry import like, parts
 from torch_port import audit as recorder
 from torch_port.geometries import GEOMETRIES
+from torch_port.geometry import default_atol
 from torch_port.optim.checks import FRAME_GEOMETRIES
 
 Array = np.ndarray
@@ -79,22 +80,17 @@ SAFETY = 4.0
 #: The largest step (Frobenius norm of C(ȳ) − C(x̄)) the Lipschitz constant L covers.
 LARGEST_STEP = 0.5
 
-#: The orthonormality residual ‖FᵀF − I‖ up to which the port accepts a point as on its
-#: manifold (``torch_port.geometry.default_atol``: sqrt(ε) of the dtype). A recorded point
-#: beyond it is one the port would have refused: that step fails.
-ACCEPTED = {
-    "torch.float64": 2.0**-26,
-    "torch.float32": 2.0**-11.5,
-    "torch.bfloat16": 2.0**-3.5,
-    "torch.float16": 2.0**-5,
-}
 
-UNIT_ROUNDOFF = {
-    "torch.float64": 2.0**-53,
-    "torch.float32": 2.0**-24,
-    "torch.bfloat16": 2.0**-8,
-    "torch.float16": 2.0**-11,
-}
+def _roundoff(dtype: str) -> float:
+    """u of a recorded dtype ("torch.float32", …; ``torch_port.audit.STORED`` names them)."""
+    return unit_roundoff(recorder.STORED[dtype][1])
+
+
+def _accepted(dtype: str) -> float:
+    """The orthonormality residual ‖FᵀF − I‖ up to which the port accepts a point of this
+    dtype as on its manifold (``torch_port.geometry.default_atol``, sqrt(ε)). A recorded point
+    beyond it is one the port would have refused: that step fails."""
+    return default_atol(recorder.STORED[dtype][1])
 
 
 # -- the reference rule of a recorded optimizer -------------------------------------------------
@@ -282,7 +278,7 @@ def step_bound(
     dtype: str, delta: float, step: float, size: float, n: int, r: int, kappa: float = 1.0
 ) -> float:
     """B = L·δ + K·u·(κ·(n + r + 2·log2(n·r))·Δ + (r + 4)·s) (module docstring)."""
-    u = UNIT_ROUNDOFF[dtype]
+    u = _roundoff(dtype)
     inner = n + r + 2.0 * math.log2(n * r)
     return LIPSCHITZ * delta + SAFETY * u * (kappa * inner * step + (r + 4) * size)
 
@@ -342,7 +338,7 @@ def state_bound(
     at x and transported to y, the reference's at x̄ and to ȳ; the projection P_y differs from
     P_ȳ by ≤ 2‖y − ȳ‖ (e, measured) and the new moment by ≤ 2·L·δ relative (its gradient was
     projected at x, not x̄); the rounding is that of the direction (``step_bound``)."""
-    u = UNIT_ROUNDOFF[dtype]
+    u = _roundoff(dtype)
     inner = n + r + 2.0 * math.log2(n * r)
     return (2.0 * (deviation + LIPSCHITZ * delta) + SAFETY * u * kappa * inner) * size
 
@@ -441,9 +437,7 @@ def _replay_record(
                 f"these sizes has {list(el.shapes)}"
             )
     opt = reference_optimizer(meta["optimizer"], step)
-    dtype = step["dtypes"][0]
-    if dtype not in UNIT_ROUNDOFF:
-        raise TraceError(f"{where}: unknown dtype {dtype!r}")
+    dtype = step["dtypes"][0]  # one of ``recorder.STORED``: ``check_trace`` refused others
     n, r = _dims(spec)
     rows = []
     for j, e in enumerate(step["elements"]):
@@ -464,7 +458,7 @@ def _replay_record(
             "state_ratio": None,
         }
         residual = el.residual(x)
-        accepted = residual <= ACCEPTED[dtype]
+        accepted = residual <= _accepted(dtype)
         row.update(residual=residual, accepted=accepted)
         xp = el.project(x)
         delta = float(np.linalg.norm(el.compared(x) - el.compared(xp)))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 
 #: Steps of every PORT-1 case (enough for the state carried between steps to be checked twice).
@@ -24,18 +24,6 @@ AGREEMENT_STEPS = 3
 DRIFT_D, DRIFT_R, DRIFT_FRAMES = 64, 16, 8
 DRIFT_STEPS, DRIFT_STEPS_QUICK = 1000, 50
 DRIFT_LR, DRIFT_RADIUS = 0.05, 0.4
-
-
-@contextlib.contextmanager
-def substituted(module: object, name: str, value: object) -> Iterator[None]:
-    """``module.name`` replaced by ``value`` inside the block (the port's code path then runs the
-    wrong variant), restored after it whatever happens."""
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
 
 
 def _bias_correction_one_step_ahead(original):

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import mpmath
 
 from proofs_checks.bounds import trajectory_tolerance
-from proofs_checks.harness import frame_problem
+from proofs_checks.harness import frame_problem, substituted
 from proofs_checks.propositions.common import BETAS, LR
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -35,20 +35,6 @@ OPTIONS = (
     (None, "frame", "sum", 1e-3),
     (None, "elementwise", "mean", 1e-8),
 )
-
-
-@contextlib.contextmanager
-def _scale_by_adam(variant: Callable | None) -> Iterator[None]:
-    """``reference.optim.scale_by_adam`` replaced by ``variant(original)`` inside the block."""
-    if variant is None:
-        yield
-        return
-    original = ro.scale_by_adam
-    ro.scale_by_adam = variant(original)
-    try:
-        yield
-    finally:
-        ro.scale_by_adam = original
 
 
 def _shifted_count(shift: int) -> Callable:
@@ -107,7 +93,8 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
         into ``reference.optim``."""
         prob = frame_problem(SIZE_D, SIZE_R, STEPS, ctx.seed)
         worst, where = 0.0, ""
-        with _scale_by_adam(variant if wrong else None):
+        wrong_adam = substituted(ro, "scale_by_adam", variant(ro.scale_by_adam))
+        with wrong_adam if wrong else contextlib.nullcontext():
             for radius, moment, reduction, eps in OPTIONS:
                 opt = ro.riemannian_adam(
                     LR, BETAS, eps, trust_radius=radius, moment=moment, reduction=reduction
