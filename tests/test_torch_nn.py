@@ -249,8 +249,11 @@ def test_build_optimizer_groups():
     assert frames["geometry"] == "stiefel" and frames["weight_decay"] == 0.0
     assert frames["trust_radius"] == 0.2
     assert frames["param_names"] == ["w_q", "w_k", "w_v", "w_o"]
-    assert plain.get("geometry") is None and plain["weight_decay"] == 0.1
+    # biases are kept out of decay by the usual rule; no_decay=False decays them too
+    assert plain.get("geometry") is None and plain["weight_decay"] == 0.0
     assert plain["param_names"] == ["b_q", "b_v", "b_o"]
+    decayed = build_optimizer(m, lr=3e-3, weight_decay=0.1, no_decay=False).param_groups[-1]
+    assert decayed["param_names"] == ["b_q", "b_v", "b_o"] and decayed["weight_decay"] == 0.1
     # plain AdamW baseline: the same groups, geometry ignored
     base = build_optimizer(make(12, 3, qk_geometry=None), torch.optim.AdamW, lr=1e-3)
     assert len(base.param_groups) == 1
@@ -274,9 +277,10 @@ def test_build_optimizer_survives_deepcopy_and_finds_tagged_parameters():
         "frame": "stiefel",
     }
     opt = build_optimizer(model, lr=1e-3)
-    frames, plain = (g["param_names"] for g in opt.param_groups)
+    frames, plain, undecayed = (g["param_names"] for g in opt.param_groups)
     assert frames == ["frame", "attn.w_q", "attn.w_k"]  # named_parameters order
-    assert plain == ["attn.w_v", "attn.w_o", "proj.weight", "proj.bias"]  # not "frozen"
+    assert plain == ["attn.w_v", "attn.w_o", "proj.weight"]  # not "frozen"
+    assert undecayed == ["proj.bias"]
     # copy.deepcopy drops attributes of parameters (the tag); the module's own list
     # (frame_geometries) survives, so the attention frames are still routed. A loosely tagged
     # parameter must be tagged again after a deepcopy (documented in tag_frame).

@@ -223,8 +223,11 @@ def test_build_optimizer_makes_one_group_per_point(name, heads, vo):
                 assert (group["n_heads"], group["n_kv_heads"]) == (h, g)
             else:
                 assert "n_heads" not in group
-    (plain,) = plain
-    assert plain["weight_decay"] == 0.1
+    *decayed, undecayed = plain  # the usual rule keeps the biases out of decay
+    assert [n for grp in decayed for n in grp["param_names"]] == ([] if vo else ["w_v", "w_o"])
+    assert all(grp["weight_decay"] == 0.1 for grp in decayed)
+    assert undecayed["weight_decay"] == 0.0
+    assert undecayed["param_names"] == ["b_q", "b_v", "b_o"]
     every = [n for grp in groups for n in grp["param_names"]]
     assert sorted(every) == sorted(n for n, _ in m.named_parameters())  # each exactly once
 
@@ -259,14 +262,14 @@ def test_wrapped_and_deep_copied_models_keep_their_point_groups():
     assert names == [["attn.w_q", "attn.s_qk", "attn.w_k"], ["attn.w_o", "attn.s_vo", "attn.w_v"]]
     assert frame_parameters(model)["attn.s_vo"] == "block_fixed_rank_embedded"
     opt = build_optimizer(model, lr=1e-3)
-    assert [g["param_names"] for g in opt.param_groups] == [*names, ["proj.weight", "proj.bias"]]
+    assert [g["param_names"] for g in opt.param_groups] == [*names, ["proj.weight"], ["proj.bias"]]
     # a whole frozen point is left out; a partly frozen one is refused
     model.attn.w_o.requires_grad_(False)
     with pytest.raises(ValueError, match=r"partly frozen.*attn\.w_o"):
         build_optimizer(model, lr=1e-3)
     model.attn.s_vo.requires_grad_(False)
     model.attn.w_v.requires_grad_(False)
-    assert len(build_optimizer(model, lr=1e-3).param_groups) == 2
+    assert len(build_optimizer(model, lr=1e-3).param_groups) == 3
 
 
 def test_geometry_options_reach_their_groups():

@@ -50,8 +50,17 @@ same draws, the same parameters). Each point is initialised by the geometry's ``
 head_dim) (also under GQA), initialised as the sign-fixed QR factor of a float64 Gaussian; with
 ``block=True`` the query frames of a GQA group are stacked into one frame on St(group_size·d_model,
 head_dim): ``w_q`` of shape (n_kv_heads, group_size·d_model, head_dim), Σ_i (W_Q^{g,i})ᵀ W_Q^{g,i}
-= I; likewise ``w_o`` with a VO geometry. ``None`` gives plain projections (initialised as
-``nn.Linear``: uniform in ±1/sqrt(fan-in)).
+= I; likewise ``w_o`` with a VO geometry. ``None`` gives plain projections, initialised as
+``nn.MultiheadAttention``'s: W_Q, W_K, W_V Xavier-uniform as one fused in-projection, W_O
+uniform in ±1/sqrt(n_heads·head_dim), biases zero.
+
+Decoding. ``forward(..., past_key_value=(k, v), use_cache=True)`` attends over the cached keys
+and values (after their biases, before the GQA repeat: shape (B, n_kv_heads, L, head_dim)) and
+the new ones, and returns ``(out, (k, v))`` with the extended cache; with ``is_causal`` the new
+queries sit at the end (query i sees the keys up to position L_past + i), so decoding token by
+token equals the full causal forward. ``key_padding_mask`` (B, L) marks padded keys with True,
+as ``nn.MultiheadAttention``'s; a query row left with no key to attend gives a zero output (not
+the NaN of an empty softmax).
 
 Optimizer routing. A Stiefel frame is tagged ``param._rattn_geometry = "stiefel"`` and listed in
 the module's ``frame_geometries`` (local name -> geometry; the tag is lost by ``copy.deepcopy``
@@ -117,13 +126,12 @@ def _stiefel_init(
 
 def _plain_init(
     shape: tuple[int, ...],
-    fan_in: int,
+    bound: float,
     generator: torch.Generator | None,
     dtype: torch.dtype,
     device: Any,
 ) -> Tensor:
-    """Uniform in ±1/sqrt(fan_in), the scale of ``nn.Linear``'s default weights."""
-    bound = 1.0 / math.sqrt(fan_in)
+    """Uniform in ±bound, drawn in float64 and cast."""
     u = torch.rand(shape, generator=generator, dtype=torch.float64)
     return ((2.0 * u - 1.0) * bound).to(dtype=dtype, device=device)
 
@@ -170,9 +178,12 @@ class RiemannianMultiheadAttention(nn.Module):
             "stiefel" stacks the query (and output) frames of each GQA group into one frame;
             needs a geometry on QK or VO. The plain variants of the five base geometries need
             n_kv_heads = n_heads.
-        bias: learnable biases on q and v (per head) and on the output (plain parameters).
-            There is no key bias: it would add q·b to every logit of a row, which the softmax
-            ignores, so its gradient is identically zero.
+        bias: learnable biases on q and v (per head) and on the output (plain parameters,
+            zero at initialisation, as ``nn.MultiheadAttention``'s).
+        key_bias: a learnable key bias b_k (per key head) too. It adds q·b_k to every logit of
+            a row, which the softmax ignores: it changes no output and its gradient is zero up
+            to rounding (which Adam's normalisation would magnify into steps of size ~lr, so it
+            is off by default); it gives a converted model's key bias a place.
         dropout: attention dropout probability (training mode only).
         scale: the logit scale passed to ``scaled_dot_product_attention`` (default
             1/sqrt(head_dim)).
@@ -196,6 +207,7 @@ class RiemannianMultiheadAttention(nn.Module):
         bias: bool = False,
         dropout: float = 0.0,
         *,
+        key_bias: bool = False,
         scale: float | None = None,
         generator: torch.Generator | None = None,
         dtype: torch.dtype | None = None,
@@ -234,14 +246,13 @@ class RiemannianMultiheadAttention(nn.Module):
         for name in ("w_q", "w_k", "w_v", "w_o", "s_qk", "s_vo"):
             self.register_parameter(name, factors.get(name))
         h, g, k, d = n_heads, n_kv_heads, head_dim, d_model
-        if bias:
-            self.b_q = nn.Parameter(torch.zeros(h, k, dtype=dtype, device=device))
-            self.b_v = nn.Parameter(torch.zeros(g, k, dtype=dtype, device=device))
-            self.b_o = nn.Parameter(torch.zeros(d, dtype=dtype, device=device))
-        else:
-            self.register_parameter("b_q", None)
-            self.register_parameter("b_v", None)
-            self.register_parameter("b_o", None)
+        #: Local names that ``build_optimizer``'s usual rule keeps out of weight decay.
+        self.no_decay_parameters = ("b_q", "b_k", "b_v", "b_o")
+        shapes = {"b_q": (h, k), "b_k": (g, k), "b_v": (g, k), "b_o": (d,)}
+        for name, shape in shapes.items():  # zeros, as nn.MultiheadAttention's
+            wanted = key_bias if name == "b_k" else bias
+            b = nn.Parameter(torch.zeros(shape, dtype=dtype, device=device)) if wanted else None
+            self.register_parameter(name, b)
 
     # -- construction -------------------------------------------------------------------------
     @staticmethod
@@ -302,7 +313,7 @@ class RiemannianMultiheadAttention(nn.Module):
 
     def _frames(self, product: str, geometry: str | None, init: tuple) -> dict[str, nn.Parameter]:
         """Stiefel frames (sign-fixed QR of a float64 Gaussian) or plain projections (uniform in
-        ±1/sqrt(fan-in), fan-in d_model or n_heads·head_dim for W_O), drawn in the order w_q,
+        ±``_plain_bound``), drawn in the order w_q,
         w_k, w_v, w_o; a "stiefel" row factor is stacked per GQA group with ``block=True``."""
         names = _FACTOR_NAMES[product]
         h, g, p, d, k = self.n_heads, self.n_kv_heads, self.group_size, self.d_model, self.head_dim
@@ -312,12 +323,20 @@ class RiemannianMultiheadAttention(nn.Module):
         for kind in ("row", "col") if product == "qk" else ("col", "row"):
             shape = row_shape if kind == "row" else (g, d, k)
             if geometry is None:
-                fan_in = h * k if (product, kind) == ("vo", "row") else d
-                data = _plain_init(shape, fan_in, *init)
+                data = _plain_init(shape, self._plain_bound(product, kind), *init)
             else:
                 data = _stiefel_init(shape, *init)
             out[names[kind]] = nn.Parameter(data)
         return out
+
+    def _plain_bound(self, product: str, kind: str) -> float:
+        """The bounds of ``nn.MultiheadAttention``'s initialisation: its fused in-projection
+        (q, k, v: (h + 2g)·k × d) is Xavier-uniform, bound sqrt(6 / (d + (h + 2g)·k)); its
+        out-projection has ``nn.Linear``'s default, bound 1/sqrt(h·k)."""
+        h, g, d, k = self.n_heads, self.n_kv_heads, self.d_model, self.head_dim
+        if (product, kind) == ("vo", "row"):
+            return 1.0 / math.sqrt(h * k)
+        return math.sqrt(6.0 / (d + (h + 2 * g) * k))
 
     def _point(self, product: str, geometry: str, init: tuple) -> dict[str, nn.Parameter]:
         """One point of ``geometry`` by its ``random_point`` (float64, then cast): batch
@@ -356,7 +375,8 @@ class RiemannianMultiheadAttention(nn.Module):
             f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
             f"head_dim={self.head_dim}, qk_geometry={self.qk_geometry!r}, "
             f"vo_geometry={self.vo_geometry!r}, block={self.block}, "
-            f"bias={self.b_q is not None}, dropout={self.dropout}"
+            f"bias={self.b_q is not None}, key_bias={self.b_k is not None}, "
+            f"dropout={self.dropout}"
         )
 
     # -- per-head views of the stored projections --------------------------------------------
@@ -439,6 +459,47 @@ class RiemannianMultiheadAttention(nn.Module):
             self.point_geometry(product).check_point(self.point(product), atol=atol)
 
     # -- forward -------------------------------------------------------------------------------
+    def _check_input(self, name: str, t: Tensor) -> None:
+        if t.ndim != 3 or t.shape[-1] != self.d_model:
+            raise ValueError(
+                f"{name} must have shape (batch, length, d_model={self.d_model}), got "
+                f"{tuple(t.shape)}"
+            )
+
+    def _mask(
+        self,
+        t: int,
+        length: int,
+        attn_mask: Tensor | None,
+        is_causal: bool,
+        key_padding_mask: Tensor | None,
+        device: Any,
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """(mask for SDPA, rows with no key or None). Causal with a cache: query i (of t new
+        ones) sees keys j ≤ length − t + i. A boolean mask marks what may be attended."""
+        bool_mask = attn_mask is not None and attn_mask.dtype == torch.bool
+        if key_padding_mask is None and not bool_mask and (not is_causal or t == length):
+            if attn_mask is not None and is_causal:
+                raise ValueError("pass either a float attn_mask or is_causal, not both")
+            return attn_mask, None  # SDPA's own causal path (no cache) or a float mask
+        allowed = torch.ones(t, length, dtype=torch.bool, device=device)
+        if is_causal:
+            allowed = allowed.tril(length - t)
+        if key_padding_mask is not None:
+            if key_padding_mask.dtype != torch.bool or key_padding_mask.ndim != 2:
+                raise ValueError(
+                    "key_padding_mask must be a boolean (batch, key length) tensor, True at "
+                    f"padded keys; got {key_padding_mask.dtype} of shape "
+                    f"{tuple(key_padding_mask.shape)}"
+                )
+            allowed = allowed & ~key_padding_mask[:, None, None, :]
+        if attn_mask is not None:
+            if attn_mask.dtype != torch.bool:  # additive float mask
+                return attn_mask.masked_fill(~allowed, float("-inf")), None
+            allowed = allowed & attn_mask
+        empty = ~allowed.any(dim=-1, keepdim=True)
+        return allowed | empty, empty
+
     def heads(
         self,
         query: Tensor,
@@ -446,35 +507,67 @@ class RiemannianMultiheadAttention(nn.Module):
         value: Tensor | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        past_key_value: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Per-head attention outputs o_h, shape (B, n_heads, T, head_dim), before W_O:
-        q_h = x A_h (+ b_q), k_g = x B_g, v_g = x W_V^g (+ b_v), o_h = softmax(scale·q kᵀ) v."""
+        q_h = x A_h (+ b_q), k_g = x B_g (+ b_k), v_g = x W_V^g (+ b_v),
+        o_h = softmax(scale·q kᵀ) v (arguments as ``forward``'s)."""
+        return self._attend(
+            query, key, value, attn_mask, is_causal, key_padding_mask, past_key_value
+        )[0]
+
+    def _attend(
+        self,
+        query: Tensor,
+        key: Tensor | None = None,
+        value: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+        key_padding_mask: Tensor | None = None,
+        past_key_value: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """(o, (k, v)): ``heads`` and the keys and values attended (the cache)."""
         key = query if key is None else key
         value = key if value is None else value
         for name, t in (("query", query), ("key", key), ("value", value)):
-            if t.ndim != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"{name} must have shape (batch, length, d_model={self.d_model}), got "
-                    f"{tuple(t.shape)}"
-                )
+            self._check_input(name, t)
         q = torch.einsum("btd,hdk->bhtk", query, self.query_weights())
         k = torch.einsum("bsd,gdk->bgsk", key, self.w_k)
         v = torch.einsum("bsd,gdk->bgsk", value, self.w_v)
         if self.b_q is not None:
             q = q + self.b_q[:, None, :]
             v = v + self.b_v[:, None, :]
+        if self.b_k is not None:
+            k = k + self.b_k[:, None, :]
+        if past_key_value is not None:
+            past_k, past_v = past_key_value
+            want = (k.shape[0], self.n_kv_heads, past_k.shape[-2], self.head_dim)
+            if past_k.shape != want or past_v.shape != want:
+                raise ValueError(
+                    f"past_key_value must be two tensors of shape (batch, n_kv_heads, length, "
+                    f"head_dim) = {want}, got {tuple(past_k.shape)} and {tuple(past_v.shape)}"
+                )
+            k, v = torch.cat([past_k, k], dim=-2), torch.cat([past_v, v], dim=-2)
+        cache = (k, v)
         if self.group_size > 1:  # GQA: head h reads key/value head h // group_size
             k = k.repeat_interleave(self.group_size, dim=1)
             v = v.repeat_interleave(self.group_size, dim=1)
-        return F.scaled_dot_product_attention(
+        mask, empty = self._mask(
+            q.shape[-2], k.shape[-2], attn_mask, is_causal, key_padding_mask, q.device
+        )
+        o = F.scaled_dot_product_attention(
             q,
             k,
             v,
-            attn_mask=attn_mask,
+            attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
+            is_causal=is_causal and mask is None,
             scale=self.scale,
         )
+        if empty is not None:
+            o = o.masked_fill(empty, 0.0)
+        return o, cache
 
     def forward(
         self,
@@ -483,13 +576,20 @@ class RiemannianMultiheadAttention(nn.Module):
         value: Tensor | None = None,
         attn_mask: Tensor | None = None,
         is_causal: bool = False,
-    ) -> Tensor:
-        """out = Σ_h o_h A_hᵀ (+ b_o), A_h the output row factors (``output_weights``)."""
-        o = self.heads(query, key, value, attn_mask=attn_mask, is_causal=is_causal)
+        key_padding_mask: Tensor | None = None,
+        past_key_value: tuple[Tensor, Tensor] | None = None,
+        use_cache: bool = False,
+    ) -> Tensor | tuple[Tensor, tuple[Tensor, Tensor]]:
+        """out = Σ_h o_h A_hᵀ (+ b_o), A_h the output row factors (``output_weights``); with
+        ``use_cache``, (out, (k, v)) where (k, v) are the keys and values attended, to pass as
+        ``past_key_value`` with the next tokens."""
+        o, cache = self._attend(
+            query, key, value, attn_mask, is_causal, key_padding_mask, past_key_value
+        )
         out = torch.einsum("bhtk,hdk->btd", o, self.output_weights())
         if self.b_o is not None:
             out = out + self.b_o
-        return out
+        return (out, cache) if use_cache else out
 
     # -- checks --------------------------------------------------------------------------------
     def frame_residuals(self) -> dict[str, float]:

@@ -10,7 +10,7 @@ one per geometry for the other frames, one plain group), the role of optax's ``p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -75,6 +75,58 @@ def frame_parameters(model: nn.Module) -> dict[str, str]:
     return found
 
 
+#: Module types whose parameters the usual rule keeps out of weight decay (with every parameter
+#: of fewer than 2 dimensions: biases, gains). A class whose name ends in "Norm" (e.g. a
+#: model's own RMSNorm) counts as a norm.
+NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (
+    nn.Embedding,
+    nn.EmbeddingBag,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.RMSNorm,
+    nn.LocalResponseNorm,
+    nn.modules.batchnorm._NormBase,
+)
+
+NoDecay = bool | Iterable[str] | Callable[[str, Tensor], bool]
+
+
+def usual_no_decay(model: nn.Module) -> set[str]:
+    """The names of the parameters that GPT-style training keeps out of weight decay: every
+    parameter with ndim < 2 (biases, norm gains), every parameter of an embedding or norm
+    module (``NO_DECAY_MODULES``, or a class named ``*Norm``) and those a module lists in its
+    ``no_decay_parameters`` (local names; e.g. the per-head biases of
+    ``RiemannianMultiheadAttention``, of shape (heads, head_dim))."""
+    names = set()
+    for prefix, module in model.named_modules():
+        owned = isinstance(module, NO_DECAY_MODULES) or type(module).__name__.endswith("Norm")
+        listed = getattr(module, "no_decay_parameters", ())
+        for local, param in module.named_parameters(recurse=False):
+            if owned or param.ndim < 2 or local in listed:
+                names.add(_join(prefix, local))
+    return names
+
+
+def _no_decay_rule(model: nn.Module, no_decay: NoDecay) -> Callable[[str, Tensor], bool]:
+    """``no_decay`` as a predicate on (full name, parameter)."""
+    if no_decay is True:
+        names = usual_no_decay(model)
+        return lambda name, _: name in names
+    if no_decay is False or no_decay is None:
+        return lambda name, _: False
+    if callable(no_decay):
+        return no_decay
+    if isinstance(no_decay, str):
+        raise ValueError(
+            f"no_decay must be a bool, names or a callable, got the string {no_decay!r}"
+        )
+    names = set(no_decay)
+    unknown = names - {n for n, _ in model.named_parameters()}
+    if unknown:
+        raise ValueError(f"no_decay names parameters the model does not have: {sorted(unknown)}")
+    return lambda name, _: name in names
+
+
 def _point_group(model: nn.Module, point: dict[str, Any]) -> dict[str, Any] | None:
     """The optimizer group of one declared point (params resolved in factor order), or None when
     none of its factors requires a gradient; a partly frozen point is refused."""
@@ -98,6 +150,7 @@ def build_optimizer(
     frame_options: dict[str, Any] | None = None,
     plain_options: dict[str, Any] | None = None,
     geometry_options: dict[str, dict[str, Any]] | None = None,
+    no_decay: NoDecay = True,
     **kwargs: Any,
 ) -> torch.optim.Optimizer:
     """``optimizer_cls(parameter_groups(model, ...), **kwargs)``: the optimizer of ``model``
@@ -108,6 +161,7 @@ def build_optimizer(
         frame_options=frame_options,
         plain_options=plain_options,
         geometry_options=geometry_options,
+        no_decay=no_decay,
     )
     return optimizer_cls(groups, **kwargs)
 
@@ -118,10 +172,11 @@ def parameter_groups(
     frame_options: dict[str, Any] | None = None,
     plain_options: dict[str, Any] | None = None,
     geometry_options: dict[str, dict[str, Any]] | None = None,
+    no_decay: NoDecay = True,
 ) -> list[dict[str, Any]]:
     """The optimizer groups of ``model``: one parameter group per declared point, one per
     geometry for the other frames of ``model``, and one plain group (AdamW, decoupled decay) for
-    the rest.
+    the rest, split in two by ``no_decay``.
 
     A point declared in a submodule's ``point_groups`` (the ten design points of the attention
     module) gets ONE group: its factors in factor order, ``"geometry"``, the block options
@@ -138,6 +193,11 @@ def parameter_groups(
     "balanced"}}`` or ``{"stiefel": {"retraction": "qr"}}``); the plain group gets
     ``plain_options`` (e.g. its own ``lr``); the optimizer's defaults fill the rest. Every
     group carries ``"param_names"``, so error messages name the parameter.
+
+    ``no_decay`` picks the plain parameters that get ``weight_decay=0`` in a second plain group
+    (last): True (default) the usual rule of GPT training (``usual_no_decay``: biases, norms,
+    embeddings, ndim < 2), False none, or the full names, or a predicate ``(name, param) ->
+    bool``.
     """
     frames = frame_parameters(model)
     owner: dict[int, dict[str, Any]] = {}
@@ -148,6 +208,8 @@ def parameter_groups(
     ordered: list[dict[str, Any]] = []  # geometry groups, by first parameter
     by_geometry: dict[str, dict[str, Any]] = {}
     plain: dict[str, Any] = {"params": [], "param_names": []}
+    undecayed: dict[str, Any] = {"params": [], "param_names": []}
+    excluded = _no_decay_rule(model, no_decay)
     for name, param in model.named_parameters():
         if id(param) in owner:
             group = owner[id(param)]
@@ -158,7 +220,7 @@ def parameter_groups(
             continue
         geometry = frames.get(name)
         if geometry is None:
-            target = plain
+            target = undecayed if excluded(name, param) else plain
         else:
             if geometry not in by_geometry:
                 by_geometry[geometry] = {"params": [], "param_names": [], "geometry": geometry}
@@ -177,6 +239,8 @@ def parameter_groups(
     ]
     if plain["params"]:
         groups.append({**plain, **(plain_options or {})})
+    if undecayed["params"]:
+        groups.append({**undecayed, **(plain_options or {}), "weight_decay": 0.0})
     if not groups:
         raise ValueError("the model has no trainable parameters")
     return groups
