@@ -5,6 +5,7 @@ as a reader would; nothing imported by other tests can help it)."""
 from __future__ import annotations
 
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +24,10 @@ def python_blocks(path: Path) -> list[str]:
     "path", [p for p in FILES if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
 )
 def test_python_blocks_run(path: Path) -> None:
-    if "import torch" in path.read_text(encoding="utf-8"):
-        pytest.importorskip("torch")
+    text = path.read_text(encoding="utf-8")
+    for package in ("torch", "transformers"):
+        if f"import {package}" in text:
+            pytest.importorskip(package)
     script = "\n\n".join(python_blocks(path))
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600
@@ -36,3 +39,32 @@ def test_the_docs_have_python_blocks() -> None:
     """The scan finds the blocks it is meant to run (a renamed fence would skip them)."""
     assert len(python_blocks(ROOT / "docs" / "torch_port.md")) >= 3
     assert python_blocks(ROOT / "README.md")
+
+
+def rattn_commands(path: Path) -> list[str]:
+    """The ``rattn`` invocations of a file's bash blocks (commands joined by && or ;, comments
+    dropped)."""
+    found = []
+    for block in re.findall(r"```bash\n(.*?)\n```", path.read_text(encoding="utf-8"), flags=re.S):
+        for line in block.splitlines():
+            for command in re.split(r"&&|;", line.split(" #")[0]):
+                if command.strip().startswith("rattn "):
+                    found.append(command.strip())
+    return found
+
+
+def test_every_rattn_command_in_the_docs_parses() -> None:
+    """Each shell example names a command and options that ``rattn`` accepts (running them all
+    would take the certificate's and the benchmarks' time; the Python blocks above run)."""
+    from proofs_checks.cli import _UsageError, build_parser
+
+    commands = [c for p in FILES for c in rattn_commands(p)]
+    assert len(commands) >= 15  # the scan finds them
+    parser = build_parser()
+    for command in commands:
+        try:
+            parser.parse_args(shlex.split(command)[1:])
+        except _UsageError as e:  # argparse's error (exit 2 through main)
+            raise AssertionError(f"{command!r} does not parse: {e}") from None
+    with pytest.raises(_UsageError):  # control: a misspelt option is caught
+        parser.parse_args(["certify", "--quik"])

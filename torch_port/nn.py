@@ -68,7 +68,8 @@ of a parameter, the module's dict is not). The factors of a point of the other g
 listed in the module's ``point_groups`` (label "qk"/"vo" -> ``{"geometry": name, "params":
 [local names in factor order], "n_heads", "n_kv_heads" (block only)}``), which is an optimizer
 parameter group without its tensors. ``build_optimizer`` makes one group per such point, one
-group per geometry for tagged frames, and one plain (AdamW) group for the rest. Any module may
+group per geometry for tagged frames, and plain (AdamW) groups for the rest: one decayed, one
+without decay for biases, norms and embeddings (``no_decay``). Any module may
 declare ``frame_geometries`` or ``point_groups`` the same way.
 
 This module imports torch and ``torch_port`` only (DESIGN §2).
@@ -94,6 +95,7 @@ from torch_port.optim.groups import (
     manifold_points,
     parameter_groups,
     tag_frame,
+    usual_no_decay,
 )
 from torch_port.optim.points import reproject as reproject_groups
 
@@ -622,4 +624,5 @@ __all__ = [
     "parameter_groups",
     "reproject",
     "tag_frame",
+    "usual_no_decay",
 ]

@@ -1,0 +1,137 @@
+"""``riemannian_attention`` on Hugging Face models built from configs with random weights
+(nothing is downloaded): GPT-2 (fused Conv1D c_attn) and LLaMA (separate projections, grouped
+key heads, rotary embeddings). Skipped without ``transformers`` (the ``hf`` extra).
+
+Tolerances as in ``tests/test_convert.py``: an exact conversion moves a float64 forward by at
+most 10³·8·k·u·κ of its scale, κ the largest condition number of a head's product.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import U
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch_port.convert import riemannian_attention  # noqa: E402
+from torch_port.nn import build_optimizer, parameter_groups  # noqa: E402
+from torch_port.optim.points import Geometries  # noqa: E402
+
+F64 = torch.float64
+VOCAB, D, H, K = 61, 32, 4, 8
+
+
+def gpt2(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(
+        n_layer=2, n_embd=D, n_head=H, vocab_size=VOCAB, n_positions=32,
+        bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return _with_biases(transformers.GPT2LMHeadModel(cfg))
+
+
+def llama(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        hidden_size=D, intermediate_size=64, num_hidden_layers=2, num_attention_heads=H,
+        num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        attention_bias=True, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    )  # fmt: skip
+    return _with_biases(transformers.LlamaForCausalLM(cfg))
+
+
+def _with_biases(model):
+    with torch.no_grad():  # non-zero attention biases, so that their mapping is checked
+        for name, p in model.named_parameters():
+            if "attn" in name and name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model.eval()
+
+
+MODELS = {"gpt2": gpt2, "llama": llama}
+TOKENS = torch.randint(1, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+
+
+def kappa(model) -> float:
+    """Largest σ_max/σ_min of a head's W_Q^h W_K^gᵀ (read from the fused or separate weights)."""
+    worst = 1.0
+    for m in model.modules():
+        if hasattr(m, "c_attn"):
+            q, k = m.c_attn.weight.detach().T[:D], m.c_attn.weight.detach().T[D : 2 * D]
+        elif hasattr(m, "q_proj"):
+            q, k = m.q_proj.weight.detach(), m.k_proj.weight.detach()
+        else:
+            continue
+        qh = q.reshape(-1, K, D).mT
+        kh = k.reshape(-1, K, D).mT.repeat_interleave(qh.shape[0] * K // k.shape[0], dim=0)
+        s = torch.linalg.svdvals(qh.double() @ kh.double().mT)[..., :K]
+        worst = max(worst, float((s[..., 0] / s[..., -1]).max()))
+    return worst
+
+
+@pytest.mark.parametrize(
+    "name, geometry",
+    [
+        ("gpt2", "fixed_rank_embedded"),
+        ("gpt2", "fixed_rank_quotient"),
+        ("llama", "fixed_rank_quotient"),
+    ],
+)
+def test_exact_conversions_keep_the_forward(name, geometry):
+    model = MODELS[name]().double()
+    k = kappa(model)
+    with torch.no_grad():
+        before = model(TOKENS).logits
+    done = riemannian_attention(model, geometry, geometry)
+    assert len(done) == 2
+    with torch.no_grad():
+        after = model(TOKENS).logits
+    tol = 1e3 * 8 * K * U * k * float(before.abs().max())
+    assert float((after - before).abs().max()) <= tol
+    # control: R1 on LLaMA is exact for the content product only: the rotary embedding
+    # between projection and product sees other factors, and the forward moves
+    if name == "llama":
+        other = llama().double()
+        riemannian_attention(other, "fixed_rank_embedded")
+        with torch.no_grad():
+            assert float((other(TOKENS).logits - before).abs().max()) > 1e3 * tol
+
+
+@pytest.mark.parametrize(
+    "name, qk, vo",
+    [("gpt2", "stiefel", "fixed_rank_embedded"), ("llama", "fixed_rank_embedded", "stiefel_pair"),
+     ("llama", "stiefel", None)],
+)  # fmt: skip
+def test_converted_models_train_and_decode(name, qk, vo):
+    model = MODELS[name]()
+    riemannian_attention(model, qk, vo)
+    model.train()
+    opt = build_optimizer(model, lr=3e-3, weight_decay=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=3e-3, total_steps=20)
+    losses = []
+    for _ in range(20):
+        opt.zero_grad()
+        loss = model(TOKENS, labels=TOKENS).loss
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0] - 0.1
+    groups = parameter_groups(model)
+    assert any(g.get("geometry") for g in groups)
+    for gi, g in enumerate(groups):  # every frame and point still where the optimizer wants it
+        if g.get("geometry") is not None:
+            for point in Geometries().points(gi, g, all_=True):
+                point.geometry.check_point(point.value())
+    # no decay on embeddings, norms and biases
+    undecayed = groups[-1]
+    assert undecayed["weight_decay"] == 0.0
+    assert all("bias" in n or "wte" in n or "wpe" in n or "norm" in n or "ln_" in n
+               or "embed" in n for n in undecayed["param_names"])  # fmt: skip
+    # decoding with and without the cache gives the same tokens (float64, greedy)
+    model = model.double().eval()
+    prompt = TOKENS[:, :4]
+    cached = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=True)
+    full = model.generate(prompt, max_new_tokens=8, do_sample=False, use_cache=False)
+    assert cached.shape == (2, 12) and torch.equal(cached, full)
