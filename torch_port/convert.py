@@ -55,15 +55,23 @@ points in ``point_groups`` (names relative to it, e.g.
 ``c_attn.parametrizations.weight.original0``), as ``RiemannianMultiheadAttention`` does, so
 ``build_optimizer`` and ``parameter_groups`` find them under any prefix (``torch.compile``'s
 ``_orig_mod.``, DDP's ``module.``). The assembled weight itself is not a parameter.
-``torch.nn.utils.parametrize.remove_parametrizations(module, name)`` bakes a weight back into a
-plain parameter (e.g. before ``save_pretrained``).
+``plain_attention(model)`` undoes a conversion: every assembled weight becomes a plain
+parameter again (e.g. before ``save_pretrained``) and the declarations are dropped.
+
+Refused, before anything changes, with a ValueError naming the module: weights already
+parametrized (a weight that holds q, k and v together is converted once: give QK and VO in one
+call), shared or tied projections, non-finite or meta tensors, projections of mixed dtypes or
+devices, sizes that do not split into heads, products of rank below k for the fixed-rank and
+partial-isometry geometries, heads with no nearest frame. A model with rotary embeddings
+converted by a geometry that changes the factors (all but R2) gets a ``RotaryWarning``.
 
 This module imports torch and ``torch_port`` only (DESIGN §2).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -113,6 +121,7 @@ class _Attention:
     head_dim: int
     weights: list[_Slot]
     biases: list[_Slot]
+    rotary: bool = field(default=False)
 
     def count(self, role: str) -> int:
         """Heads of a role: n_heads for q and o, n_kv_heads for k and v."""
@@ -133,6 +142,21 @@ class Conversion:
     vo_geometry: str | None
     qk_change: float | None
     vo_change: float | None
+    rotary: bool
+
+
+class RotaryWarning(UserWarning):
+    """A conversion changed the factors of a model with rotary embeddings: its logits moved
+    although the content product did not (module docstring)."""
+
+
+def _has_rotary(m: nn.Module) -> bool:
+    """Whether the module rotates q and k between projection and product: a rotary module of
+    its own, or a config with rotary parameters (LLaMA-family)."""
+    if any(hasattr(m, a) for a in ("rotary_emb", "rotary_fn")):
+        return True
+    config = getattr(m, "config", None)
+    return any(getattr(config, a, None) is not None for a in ("rope_parameters", "rope_theta"))
 
 
 # -- recognition ------------------------------------------------------------------------------
@@ -157,15 +181,21 @@ def _is_conv1d(m: Any) -> bool:
 
 
 def _sizes(name: str, d: int, n_heads: int | None, head_dim: int | None) -> tuple[int, int]:
+    """(heads, head_dim) of d features from either attribute; ValueError when they do not
+    split d exactly."""
     if n_heads is None and head_dim is None:
         raise ValueError(
             f"{name}: cannot tell its number of heads (no num_heads, n_head, n_heads, "
             "num_attention_heads or head_dim attribute, nor a config with them)"
         )
     if head_dim is None:
-        if d % n_heads:
-            raise ValueError(f"{name}: {d} features do not split into {n_heads} heads")
-        head_dim = d // n_heads
+        head_dim = d // n_heads if n_heads > 0 and d % n_heads == 0 else 0
+    if n_heads is None:
+        n_heads = d // head_dim if head_dim > 0 and d % head_dim == 0 else 0
+    if n_heads < 1 or head_dim < 1 or n_heads * head_dim != d:
+        raise ValueError(
+            f"{name}: {d} features do not split into {n_heads} heads of size {head_dim}"
+        )
     return n_heads, head_dim
 
 
@@ -201,7 +231,14 @@ def _recognise(name: str, m: nn.Module) -> _Attention | None:
             w = c_attn.weight.T if conv else c_attn.weight
             if w.shape[0] == 3 * w.shape[1]:
                 d = int(w.shape[1])
-                h, k = _sizes(name, d, _heads_attribute(m), getattr(m, "head_dim", None))
+                head_dim = getattr(m, "head_dim", None)
+                head_dim = head_dim if isinstance(head_dim, int) else None
+                h, k = _sizes(name, d, _heads_attribute(m), head_dim)
+                if tuple(c_proj.weight.shape) != (d, d):
+                    raise ValueError(
+                        f"{name}: c_proj's weight has shape {tuple(c_proj.weight.shape)}, "
+                        f"expected ({d}, {d}) after a fused c_attn over {d} features"
+                    )
                 kind = "fused Conv1D" if conv else "fused Linear"
                 slots = [
                     _Slot(c_attn, "weight", ("q", "k", "v"), "c_attn", conv),
@@ -232,7 +269,7 @@ def _recognise(name: str, m: nn.Module) -> _Attention | None:
         local = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": out}
         slots = [_Slot(proj[r], "weight", (r,), local[r]) for r in "qkvo"]
         biases = [_Slot(proj[r], "bias", (r,), local[r]) for r in "qkv" if proj[r].bias is not None]
-        return _Attention("separate projections", d, h, g, k, slots, biases)
+        return _Attention("separate projections", d, h, g, k, slots, biases, _has_rotary(m))
     return None
 
 
@@ -376,8 +413,13 @@ def _product_point(
     The point cast to ``dtype`` is checked on its manifold (the optimizer's own check)."""
     h, g, d, k = att.n_heads, att.n_kv_heads, att.d, att.head_dim
     if geometry == "stiefel":
-        row = _frames(a.reshape(g, (h // g) * d, k) if block else a, init, generator)
-        col = _frames(b, init, generator)
+        try:
+            row = _frames(a.reshape(g, (h // g) * d, k) if block else a, init, generator)
+            col = _frames(b, init, generator)
+        except ValueError as e:
+            raise ValueError(
+                f"{label}: a head's weight has no nearest frame ({e}); use init='random'"
+            ) from None
         for f in (row, col):
             _check_cast(label, Stiefel(f.shape[-2], k), (f,), dtype)
         return {"row": row, "col": col}, ("row", "col"), row.reshape(h, d, k), col
@@ -428,9 +470,35 @@ class _Plan:
     old: dict[str, Tensor]  # role -> float64 per-head factors before
     sources: dict[str, tuple[str, tuple[Tensor, ...]]]  # role -> (source, originals, float64)
     kinds: dict[str, tuple[str, ...]]  # product -> factor kinds
-    biases: dict[str, tuple[_Slot, Tensor]]  # role -> (slot, new float64 bias (n, k))
+    biases: dict[str, tuple[_Slot, Tensor]]  # role -> (slot, its new float64 bias (n, k))
     geometries: dict[str, str | None]
     block: dict[str, bool]
+
+
+def _check_tensors(name: str, att: _Attention, roles: set[str]) -> None:
+    """The weights and biases of one module can be converted: those holding a role to convert
+    not parametrized already, all real (not meta), finite, and of one dtype and device (the
+    factors of a point share them)."""
+    kinds = set()
+    for slot in att.weights + att.biases:
+        where = f"{name}: {_join(slot.local, slot.attr)}"
+        if roles & set(slot.roles) and parametrize.is_parametrized(slot.holder, slot.attr):
+            raise ValueError(
+                f"{where} is already parametrized (converted before, or by another "
+                "parametrization such as weight_norm); convert a model once, QK and VO together"
+            )
+        t = getattr(slot.holder, slot.attr)
+        if t.is_meta:
+            raise ValueError(f"{where} is on the meta device: materialise the model first")
+        bad = int((~torch.isfinite(t.detach())).sum())
+        if bad:
+            raise ValueError(f"{where} has {bad} non-finite entries (NaN or inf) of {t.numel()}")
+        kinds.add((t.dtype, t.device))
+    if len(kinds) > 1:
+        found = ", ".join(f"{dt} on {dev}" for dt, dev in sorted(kinds, key=str))
+        raise ValueError(
+            f"{name}: its projections must share one dtype and device to form points, got {found}"
+        )
 
 
 def _plan(
@@ -444,9 +512,9 @@ def _plan(
 ) -> _Plan:
     h, g, d, k = att.n_heads, att.n_kv_heads, att.d, att.head_dim
     p = h // g
-    for slot in att.weights:
-        if parametrize.is_parametrized(slot.holder, slot.attr):
-            raise ValueError(f"{name}: {_join(slot.local, slot.attr)} is already converted")
+    _check_tensors(
+        name, att, {role for prod, geo in geometries.items() if geo for role in PRODUCTS[prod]}
+    )
     for product, geo in geometries.items():
         RiemannianMultiheadAttention._check_geometry(f"{name}: {product}_geometry", geo, d, h, g, k)
     dtype = getattr(att.weights[0].holder, att.weights[0].attr).dtype
@@ -481,18 +549,34 @@ def _plan(
         sources[col] = ("heads", (stored["col"],))
     # The query bias multiplies the keys through B_g; a key/value bias meets the row factors of
     # its group's heads (module docstring).
+    mapped = {}
     for role, factor in (("q", "k"), ("k", "q"), ("v", "o")):
         if role not in biases or factor not in new:
             continue
         slot, b = biases[role]
         if role == "q":
-            mapped = _map_bias(b, _per_query(old[factor], p), _per_query(new[factor], p))
+            b = _map_bias(b, _per_query(old[factor], p), _per_query(new[factor], p))
         else:
-            mapped = _map_bias(
-                b, old[factor].reshape(g, p * d, k), new[factor].reshape(g, p * d, k)
-            )
-        biases[role] = (slot, mapped)
-    return _Plan(name, module, att, dtype, old, sources, kinds, biases, geometries, block)
+            b = _map_bias(b, old[factor].reshape(g, p * d, k), new[factor].reshape(g, p * d, k))
+        mapped[role] = (slot, b)
+    return _Plan(name, module, att, dtype, old, sources, kinds, mapped, geometries, block)
+
+
+def _check_unshared(found: list[tuple[str, nn.Module, _Attention]]) -> None:
+    """No projection weight held twice (a Linear shared between roles or modules, or a weight
+    tied across layers): each would get its own factors and the tie would break."""
+    seen: dict[int, str] = {}
+    for name, _, att in found:
+        for slot in att.weights:
+            t = getattr(slot.holder, slot.attr)
+            where = f"{name or '<model>'}: {_join(slot.local, slot.attr)}"
+            if id(t) in seen:
+                raise ValueError(
+                    f"{where} is the same tensor as {seen[id(t)]} (a shared or tied "
+                    "projection); the converter gives every projection its own factors, which "
+                    "would untie them"
+                )
+            seen[id(t)] = where
 
 
 def _apply(plan: _Plan) -> Conversion:
@@ -502,6 +586,8 @@ def _apply(plan: _Plan) -> Conversion:
     names: dict[str, list[str]] = {}  # role -> its originals' names, relative to the module
     with torch.no_grad():
         for slot in att.weights:
+            if all(plan.sources[role][0] == "raw" for role in slot.roles):
+                continue  # nothing of it is on a geometry: left as it is
             stem = _join(slot.local, f"parametrizations.{slot.attr}.original")
             pieces, initial = [], []
             for role in slot.roles:
@@ -553,6 +639,7 @@ def _apply(plan: _Plan) -> Conversion:
         plan.geometries["vo"],
         changes.get("qk"),
         changes.get("vo"),
+        att.rotary,
     )
 
 
@@ -589,13 +676,18 @@ def riemannian_attention(
         _resolve_geometry(what, geo, False)
     if qk_geometry is None and vo_geometry is None:
         raise ValueError("nothing to convert: qk_geometry and vo_geometry are both None")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
     found: list[tuple[str, nn.Module, _Attention]] = []
     for name, m in model.named_modules():
         if any(name.startswith(f"{done}.") or not done for done, _, _ in found):
             continue  # inside an attention module already found
+        if isinstance(getattr(m, "_orig_mod", None), nn.Module):
+            continue  # torch.compile's wrapper: convert the module it wraps (_orig_mod)
         att = _recognise(name or type(m).__name__, m)
         if att is not None:
             found.append((name, m, att))
+    _check_unshared(found)
     if not found:
         raise ValueError(
             f"no attention module found in {type(model).__name__}: recognised are "
@@ -610,8 +702,63 @@ def riemannian_attention(
             flag = (gqa and geo != "stiefel") if block is None else block
             geometries[product] = _resolve_geometry(f"{product}_geometry", geo, flag)
             blocks[product] = flag
-        plans.append(_plan(name, m, att, geometries, blocks, init, generator))
-    return [_apply(plan) for plan in plans]
+        plans.append(_plan(name or type(m).__name__, m, att, geometries, blocks, init, generator))
+    done = [_apply(plan) for plan in plans]
+    moved = [
+        c.name
+        for c in done
+        if c.rotary
+        and c.qk_geometry not in (None, "fixed_rank_quotient", "block_fixed_rank_quotient")
+    ]
+    if moved:
+        warnings.warn(
+            f"{', '.join(moved)}: the model rotates q and k between projection and product "
+            "(rotary embeddings), so the new factors change its logits at every relative "
+            "distance ≠ 0 although qk_change, the change of the content product, is "
+            f"{max(c.qk_change for c in done if c.name in moved):.1e}; fixed_rank_quotient "
+            "keeps the factors and is exact",
+            RotaryWarning,
+            stacklevel=2,
+        )
+    return done
 
 
-__all__ = ["INITS", "PRODUCTS", "AssembledWeight", "Conversion", "riemannian_attention"]
+def plain_attention(model: nn.Module) -> list[str]:
+    """Undo ``riemannian_attention``: every assembled weight becomes a plain parameter again,
+    equal to the weight the model read (``remove_parametrizations(..., leave_parametrized=True)``),
+    and the frames and points the conversion declared are dropped from ``frame_geometries`` and
+    ``point_groups``. Returns the names of the weights made plain."""
+    made = []
+    for prefix, module in model.named_modules():
+        for attr, chain in list(getattr(module, "parametrizations", {}).items()):
+            if any(isinstance(p, AssembledWeight) for p in chain):
+                parametrize.remove_parametrizations(module, attr, leave_parametrized=True)
+                made.append(_join(prefix, attr))
+    for module in model.modules():
+        for where in ("frame_geometries", "point_groups"):
+            declared = module.__dict__.get(where)
+            if not declared:
+                continue
+            for key in list(declared):
+                names = [key] if where == "frame_geometries" else declared[key]["params"]
+                if "parametrizations." in " ".join(names) and not _all_params(module, names):
+                    del declared[key]
+    return made
+
+
+def _all_params(module: nn.Module, names: list[str]) -> bool:
+    try:
+        return all(module.get_parameter(n) is not None for n in names)
+    except AttributeError:
+        return False
+
+
+__all__ = [
+    "INITS",
+    "PRODUCTS",
+    "AssembledWeight",
+    "Conversion",
+    "RotaryWarning",
+    "plain_attention",
+    "riemannian_attention",
+]

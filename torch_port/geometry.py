@@ -179,9 +179,9 @@ class FactoredGeometry:
         device: torch.device | str | None = None,
     ) -> tuple:
         """A random point per element of the batch (``draw_point``), drawn and factorised in
-        float64 as the reference, then cast to ``dtype``."""
+        float64 as the reference, then cast to ``dtype``; its tensors are contiguous."""
         draw = Draw(generator, tuple(batch_shape), device)
-        return tuple(t.to(dtype) for t in self.draw_point(draw))
+        return tuple(t.to(dtype).contiguous() for t in self.draw_point(draw))
 
     # -- metric --------------------------------------------------------------------------------
     def inner(self, x: Parts, u: Parts, v: Parts) -> Tensor:

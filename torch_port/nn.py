@@ -57,10 +57,11 @@ uniform in ±1/sqrt(n_heads·head_dim), biases zero.
 Decoding. ``forward(..., past_key_value=(k, v), use_cache=True)`` attends over the cached keys
 and values (after their biases, before the GQA repeat: shape (B, n_kv_heads, L, head_dim)) and
 the new ones, and returns ``(out, (k, v))`` with the extended cache; with ``is_causal`` the new
-queries sit at the end (query i sees the keys up to position L_past + i), so decoding token by
-token equals the full causal forward. ``key_padding_mask`` (B, L) marks padded keys with True,
-as ``nn.MultiheadAttention``'s; a query row left with no key to attend gives a zero output (not
-the NaN of an empty softmax).
+queries follow the cached keys (query i sees the keys up to position L_past + i; without a cache
+this is SDPA's top-left alignment), so decoding token by token equals the full causal forward.
+``key_padding_mask`` (B, L), L counting the cached keys, marks padded keys with True, as
+``nn.MultiheadAttention``'s; a query row left with no key to attend gives a zero output (not the
+NaN of an empty softmax).
 
 Optimizer routing. A Stiefel frame is tagged ``param._rattn_geometry = "stiefel"`` and listed in
 the module's ``frame_geometries`` (local name -> geometry; the tag is lost by ``copy.deepcopy``
@@ -123,7 +124,7 @@ def _stiefel_init(
 ) -> Tensor:
     """Frames of shape (..., d, r): Q of the sign-fixed QR of a float64 Gaussian, cast."""
     z = torch.randn(shape, generator=generator, dtype=torch.float64)
-    return linalg.qr_signfixed(z)[0].to(dtype=dtype, device=device)
+    return linalg.qr_signfixed(z)[0].to(dtype=dtype, device=device).contiguous()
 
 
 def _plain_init(
@@ -191,10 +192,12 @@ class RiemannianMultiheadAttention(nn.Module):
             1/sqrt(head_dim)).
         generator, dtype, device: for the initialisation (default dtype: torch's default).
 
-    ``forward(query, key=None, value=None, attn_mask=None, is_causal=False)`` maps (B, T,
-    d_model) inputs to (B, T, d_model); key defaults to query and value to key; ``attn_mask``
-    and ``is_causal`` are passed to ``scaled_dot_product_attention`` (a boolean mask marks the
-    positions that may be attended).
+    ``forward(query, key=None, value=None, attn_mask=None, is_causal=False,
+    key_padding_mask=None, past_key_value=None, use_cache=False)`` maps (B, T, d_model) inputs
+    to (B, T, d_model); key defaults to query and value to key; a boolean ``attn_mask`` marks
+    the positions that may be attended (a float one is added to the logits);
+    ``key_padding_mask`` (B, keys) is True at padded keys; with ``use_cache`` it returns
+    ``(out, (k, v))`` (module docstring, "Decoding").
     """
 
     def __init__(
@@ -354,7 +357,7 @@ class RiemannianMultiheadAttention(nn.Module):
             x = geo.to_heads(x)
         kinds = geo.base.point_kinds if block else geo.point_kinds
         out = {
-            names[kind]: nn.Parameter(t.to(dtype=dtype, device=device, copy=True))
+            names[kind]: nn.Parameter(t.to(dtype=dtype, device=device, copy=True).contiguous())
             for kind, t in zip(kinds, x, strict=True)
         }
         spec: dict[str, Any] = {"geometry": geometry, "params": [names[c] for c in kinds]}
@@ -470,30 +473,35 @@ class RiemannianMultiheadAttention(nn.Module):
 
     def _mask(
         self,
+        batch: int,
         t: int,
         length: int,
+        past: int,
         attn_mask: Tensor | None,
         is_causal: bool,
         key_padding_mask: Tensor | None,
         device: Any,
     ) -> tuple[Tensor | None, Tensor | None]:
-        """(mask for SDPA, rows with no key or None). Causal with a cache: query i (of t new
-        ones) sees keys j ≤ length − t + i. A boolean mask marks what may be attended."""
+        """(mask for SDPA, rows with no key or None). Causal: query i of the t new ones, after
+        ``past`` cached keys, sees the keys j ≤ past + i (SDPA's top-left alignment when there
+        is no cache). A boolean mask marks what may be attended."""
+        if is_causal and attn_mask is not None and attn_mask.dtype != torch.bool:
+            raise ValueError("pass either a float attn_mask or is_causal, not both")
+        if key_padding_mask is not None:
+            want = (batch, length)
+            if key_padding_mask.dtype != torch.bool or tuple(key_padding_mask.shape) != want:
+                raise ValueError(
+                    f"key_padding_mask must be a boolean tensor of shape (batch, keys) = {want} "
+                    f"(cached keys included), True at padded keys; got {key_padding_mask.dtype} "
+                    f"of shape {tuple(key_padding_mask.shape)}"
+                )
         bool_mask = attn_mask is not None and attn_mask.dtype == torch.bool
-        if key_padding_mask is None and not bool_mask and (not is_causal or t == length):
-            if attn_mask is not None and is_causal:
-                raise ValueError("pass either a float attn_mask or is_causal, not both")
-            return attn_mask, None  # SDPA's own causal path (no cache) or a float mask
+        if key_padding_mask is None and not bool_mask and (not is_causal or past == 0):
+            return attn_mask, None  # SDPA's own causal path, or a float mask
         allowed = torch.ones(t, length, dtype=torch.bool, device=device)
         if is_causal:
-            allowed = allowed.tril(length - t)
+            allowed = allowed.tril(past)
         if key_padding_mask is not None:
-            if key_padding_mask.dtype != torch.bool or key_padding_mask.ndim != 2:
-                raise ValueError(
-                    "key_padding_mask must be a boolean (batch, key length) tensor, True at "
-                    f"padded keys; got {key_padding_mask.dtype} of shape "
-                    f"{tuple(key_padding_mask.shape)}"
-                )
             allowed = allowed & ~key_padding_mask[:, None, None, :]
         if attn_mask is not None:
             if attn_mask.dtype != torch.bool:  # additive float mask
@@ -555,9 +563,11 @@ class RiemannianMultiheadAttention(nn.Module):
         if self.group_size > 1:  # GQA: head h reads key/value head h // group_size
             k = k.repeat_interleave(self.group_size, dim=1)
             v = v.repeat_interleave(self.group_size, dim=1)
+        past = 0 if past_key_value is None else past_key_value[0].shape[-2]
         mask, empty = self._mask(
-            q.shape[-2], k.shape[-2], attn_mask, is_causal, key_padding_mask, q.device
-        )
+            q.shape[0], q.shape[-2], k.shape[-2], past, attn_mask, is_causal, key_padding_mask,
+            q.device,
+        )  # fmt: skip
         o = F.scaled_dot_product_attention(
             q,
             k,

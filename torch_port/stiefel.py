@@ -80,11 +80,12 @@ class Stiefel:
     ) -> Tensor:
         """Q of the sign-fixed QR of a Gaussian (Haar on St(d, r)), one per frame of the batch.
 
-        Drawn and factorised in float64, then cast to ``dtype``."""
+        Drawn and factorised in float64, then cast to ``dtype``; contiguous (as
+        ``fully_shard`` requires of a parameter)."""
         z = torch.randn(
             (*batch_shape, *self.shape), generator=generator, dtype=torch.float64, device=device
         )
-        return linalg.qr_signfixed(z)[0].to(dtype)
+        return linalg.qr_signfixed(z)[0].to(dtype).contiguous()
 
     def random_tangent(self, x: Tensor, generator: torch.Generator | None = None) -> Tensor:
         """A unit-norm tangent vector per frame: P_W(Z)/‖P_W(Z)‖ for a Gaussian Z."""

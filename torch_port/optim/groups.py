@@ -45,12 +45,27 @@ def _join(prefix: str, local: str) -> str:
     return f"{prefix}.{local}" if prefix else local
 
 
+def _declared(module: nn.Module, prefix: str, local: str, where: str) -> None:
+    """A name a module declares in ``frame_geometries`` or ``point_groups`` is one of its
+    parameters; ValueError otherwise (e.g. left behind by ``remove_parametrizations``)."""
+    try:
+        module.get_parameter(local)
+    except AttributeError:
+        raise ValueError(
+            f"{_join(prefix, local) or local!r} is declared in {where} of "
+            f"{prefix or type(module).__name__!r} but is no parameter of it (a declaration left "
+            "behind, e.g. by remove_parametrizations: use torch_port.convert.plain_attention)"
+        ) from None
+
+
 def manifold_points(model: nn.Module) -> list[dict[str, Any]]:
     """Every point declared in a submodule's ``point_groups``, as the optimizer group without its
     tensors: ``{"geometry", "param_names" (full names, factor order), options...}``."""
     found = []
     for prefix, module in model.named_modules():
         for spec in getattr(module, "point_groups", {}).values():
+            for local in spec["params"]:
+                _declared(module, prefix, local, "point_groups")
             entry = {k: v for k, v in spec.items() if k != "params"}
             entry["param_names"] = [_join(prefix, n) for n in spec["params"]]
             found.append(entry)
@@ -64,6 +79,7 @@ def frame_parameters(model: nn.Module) -> dict[str, str]:
     found: dict[str, str] = {}
     for prefix, module in model.named_modules():
         for local, geometry in getattr(module, "frame_geometries", {}).items():
+            _declared(module, prefix, local, "frame_geometries")
             found[_join(prefix, local)] = geometry
     for point in manifold_points(model):
         for name in point["param_names"]:
@@ -116,15 +132,18 @@ def _no_decay_rule(model: nn.Module, no_decay: NoDecay) -> Callable[[str, Tensor
         return lambda name, _: False
     if callable(no_decay):
         return no_decay
-    if isinstance(no_decay, str):
+    if isinstance(no_decay, str) or not isinstance(no_decay, Iterable):
         raise ValueError(
-            f"no_decay must be a bool, names or a callable, got the string {no_decay!r}"
+            "no_decay must be True, False, parameter names or a predicate (name, param) -> "
+            f"bool, got {no_decay!r}"
         )
     names = set(no_decay)
-    unknown = names - {n for n, _ in model.named_parameters()}
+    every = dict(model.named_parameters(remove_duplicate=False))  # tied aliases too
+    unknown = names - set(every)
     if unknown:
         raise ValueError(f"no_decay names parameters the model does not have: {sorted(unknown)}")
-    return lambda name, _: name in names
+    chosen = {id(every[n]) for n in names}
+    return lambda _, param: id(param) in chosen
 
 
 def _point_group(model: nn.Module, point: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,7 +23,7 @@ import torch
 
 from torch_port.geometries import GEOMETRIES
 from torch_port.linalg import Tensor
-from torch_port.optim import checks
+from torch_port.optim import checks, sharding
 from torch_port.optim.points import GRADIENTS, Geometries, Point
 from torch_port.optim.state import StateChecks
 from torch_port.optim.transforms import Step, Transform
@@ -49,7 +49,9 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         **options: further defaults of every group (e.g. ``trust_radius``).
 
     The state of a point holds "step" and the chain's entries (a Stiefel parameter's under its
-    own key; a factored point's under its first factor, tangent vectors as tuples).
+    own key; a factored point's under its first factor, tangent vectors as tuples, its other
+    factors holding only the point's "step", so that every parameter with a gradient has an
+    entry, as ``torch.distributed.checkpoint`` expects).
     """
 
     #: The chain of a geometry group, built from its hyperparameters at every step (the presets
@@ -128,7 +130,18 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             if not p.dtype.is_floating_point or p.is_complex():
                 raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
         if name is None:
+            for p in group["params"]:  # AdamW's √v + ε in p's dtype: ε must not round to 0
+                if group["eps"] > 0.0 and float(torch.tensor(group["eps"], dtype=p.dtype)) == 0:
+                    raise ValueError(
+                        f"eps={group['eps']:g} rounds to 0 in {p.dtype}, so AdamW's update of a "
+                        "parameter whose squared gradient underflows is 0/0 (NaN); use eps ≥ "
+                        f"{torch.finfo(p.dtype).tiny:.1e} for {p.dtype} parameters, or keep "
+                        "float32 parameters and train under torch.autocast"
+                    )
             return
+        gi = len(self.param_groups) - 1  # the group being added
+        for pi, p in enumerate(group["params"]):
+            sharding.check_whole_frames(self._param_name(gi, pi, p), p)
         self.rule(group)  # the group's chain can be built from its hyperparameters
         if name not in GEOMETRIES:
             raise ValueError(
@@ -206,12 +219,22 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         by_device: dict[torch.device, list[int]] = {}
         for k, (_, _, p) in enumerate(items):
             by_device.setdefault(p.grad.device, []).append(k)
+        # Sharded gradients (DTensors): the local shards' sums and counts, summed over the
+        # ranks, so that every rank takes the same decision.
+        sharded = any(sharding.is_sharded(p.grad) for _, _, p in items)
         for ks in by_device.values():
-            sums = torch.stack([items[k][2].grad.sum().to(torch.float64) for k in ks])
+            grads = [sharding.local(items[k][2].grad) for k in ks]
+            sums = torch.stack([g.sum().to(torch.float64) for g in grads])
+            if sharded:
+                sharding.all_reduce_sum(sums)
             finite = torch.isfinite(sums).tolist()
-            for k, ok in zip(ks, finite, strict=True):
-                if not ok:
-                    counts[k] = int((~torch.isfinite(items[k][2].grad)).sum())
+            if all(finite):
+                continue
+            bad = torch.stack([(~torch.isfinite(g)).sum() for g in grads])
+            if sharded:
+                sharding.all_reduce_sum(bad)
+            for k, c in zip(ks, bad.tolist(), strict=True):
+                counts[k] = int(c)
         bad = [(item, c) for item, c in zip(items, counts, strict=True) if c]
         if bad:
             lines = [
@@ -234,7 +257,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         self._check_points([point for point in points if not self.state.get(point.key)])
         for point in points:
             if self.state.get(point.key):
-                self._check_state(point, self.state[point.key], deep=False)
+                self._check_state(point, sharding.localize(self.state[point.key]), deep=False)
         for gi, pi, p in items:
             if self.param_groups[gi].get("geometry") is None and self.state.get(p):
                 self._check_plain_state(gi, pi, p, self.state[p], deep=False)
@@ -278,12 +301,13 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                     f"{self._point_name(point)}: {err}; no parameter or state was changed"
                 ) from err
         for point, values, new in pending:
-            for p, v in zip(point.params, values, strict=True):
-                if hasattr(v, "write_into"):  # a lazy product (StiefelFrames.retract_scaled)
-                    v.write_into(p)
-                else:
-                    p.copy_(v)
-            self.state[point.key].update(new)
+            point.write(values)
+            state = self.state[point.key]
+            if point.sharded:  # DTensor state on the parameter's mesh (optim.sharding)
+                new = {k: sharding.store(point.key, state.get(k), v) for k, v in new.items()}
+            state.update(new)
+            for p in point.params[1:]:  # the other factors carry the point's step only
+                self.state[p] = {"step": state["step"]}
         # Plain parameters: AdamW, in place, with torch's arithmetic.
         for gi, _, p in items:
             group = self.param_groups[gi]
@@ -298,7 +322,9 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         group = self.param_groups[point.gi]
         geometry = point.geometry
         rule = self.rule(group)
-        stored = self.state.get(point.key) or self._init_point_state(group, point)
+        stored = sharding.localize(self.state.get(point.key)) or self._init_point_state(
+            group, point
+        )
         state = {k: ((v,) if point.single and k in rule.parts else v) for k, v in stored.items()}
         x, egrad = point.value(), point.grad()
         wd = group["weight_decay"]

@@ -18,6 +18,7 @@ from torch_port import linalg
 from torch_port.geometries import GEOMETRIES, PLAIN
 from torch_port.geometry import Ambient, PointGeometry
 from torch_port.linalg import Tensor
+from torch_port.optim.sharding import is_sharded, local, local_heads
 from torch_port.stiefel import Stiefel, StiefelFrames
 
 GRADIENTS = ("riemannian", "euclidean")
@@ -43,12 +44,30 @@ class Point:
         (torch's layout for a Stiefel parameter)."""
         return len(self.params) == 1
 
+    @property
+    def sharded(self) -> bool:
+        """Its parameters are DTensors: the point is this rank's shard (``optim.sharding``)."""
+        return is_sharded(self.params[0])
+
     def value(self) -> tuple[Tensor, ...]:
-        return self.geometry.from_params(tuple(p.detach() for p in self.params))
+        return self.geometry.from_params(tuple(local(p.detach()) for p in self.params))
 
     def grad(self) -> tuple[Tensor, ...]:
-        g = tuple(torch.zeros_like(p) if p.grad is None else p.grad.detach() for p in self.params)
+        g = tuple(
+            torch.zeros_like(local(p)) if p.grad is None else local(p.grad.detach())
+            for p in self.params
+        )
         return self.geometry.from_params(g)
+
+    def write(self, values: Sequence[Any]) -> None:
+        """Write new factors (in the parameters' layout) into the parameters (their local
+        shards), in place."""
+        for p, v in zip(self.params, values, strict=True):
+            target = local(p)
+            if hasattr(v, "write_into"):  # a lazy product (StiefelFrames.retract_scaled)
+                v.write_into(target)
+            else:
+                target.copy_(v)
 
     def unpack(self, y: Sequence[Any]) -> tuple[Any, ...]:
         return self.geometry.to_params(tuple(y))
@@ -85,7 +104,7 @@ class Geometries:
         group's options: its name, sizes (m, n, r) and options; ValueError on a group whose
         parameters do not fit one."""
         name = group["geometry"]
-        params = group["params"]
+        params = [local(p) for p in group["params"]]
         block = name.startswith("block_")
         kinds = PLAIN[name.removeprefix("block_")].point_kinds
         label = f"a {name!r} group"
@@ -111,9 +130,15 @@ class Geometries:
             if k in group:
                 options[k] = group[k]
         if block:
-            options["n_heads"] = int(group.get("n_heads", row.shape[-3]))
-            options["n_kv_heads"] = int(group.get("n_kv_heads", col.shape[-3]))
+            whole = group["params"]
+            n_heads = int(group.get("n_heads", whole[kinds.index("row")].shape[-3]))
+            n_kv_heads = int(group.get("n_kv_heads", whole[kinds.index("col")].shape[-3]))
+            options["n_heads"], options["n_kv_heads"] = local_heads(
+                label, whole[kinds.index("row")], whole[kinds.index("col")], n_heads, n_kv_heads
+            )
             if group.get("pattern") is not None:
+                if any(is_sharded(p) for p in whole):
+                    raise ValueError(f"{label}: an explicit pattern cannot be sharded")
                 options["pattern"] = tuple(tuple(int(i) for i in e) for e in group["pattern"])
             options["groups"] = group.get("groups", "components")
         return {"name": name, "sizes": sizes, "options": options}
@@ -123,7 +148,7 @@ class Geometries:
         group that does not fit it."""
         spec = self.factored_spec(group)
         name, sizes, options = spec["name"], spec["sizes"], spec["options"]
-        params = group["params"]
+        params = [local(p) for p in group["params"]]
         block = name.startswith("block_")
         label = f"a {name!r} group"
         key = (name, tuple(tuple(p.shape) for p in params), tuple(sorted(options.items())))
@@ -195,6 +220,5 @@ def reproject(param_groups: Iterable[dict[str, Any]]) -> dict[str, float]:
                 res = float(linalg.orthonormality_residual(x[i]).max()) if x[i].numel() else 0.0
                 worst[f"param_groups[{gi}]"] = max(worst.get(f"param_groups[{gi}]", 0.0), res)
                 x[i] = linalg.polar(x[i].to(torch.float64)).to(x[i].dtype)
-            for p, v in zip(point.params, point.unpack(tuple(x)), strict=True):
-                p.copy_(v)
+            point.write(point.unpack(tuple(x)))
     return worst

@@ -14,6 +14,7 @@ from typing import Any
 from torch_port import validation
 from torch_port.geometries import PLAIN
 from torch_port.linalg import Tensor
+from torch_port.optim import sharding
 from torch_port.optim.points import Point
 from torch_port.optim.transforms import sqrt_v_dtype
 from torch_port.stiefel import Stiefel
@@ -33,6 +34,16 @@ def structure_value(group: dict[str, Any], key: str) -> Any:
         parameter = inspect.signature(cls).parameters.get(key) if cls else None
         return None if parameter is None else parameter.default
     return None
+
+
+def _same_step(entry: Any, step: Any) -> bool:
+    """Whether a factor's state entry is exactly {"step": step} (the point's step)."""
+    if not (isinstance(entry, dict) and set(entry) == {"step"} and step is not None):
+        return False
+    a, b = entry["step"], step
+    a = float(a.item()) if isinstance(a, Tensor) and a.numel() == 1 else a
+    b = float(b.item()) if isinstance(b, Tensor) and b.numel() == 1 else b
+    return isinstance(a, int | float) and a == b
 
 
 class StateChecks:
@@ -91,8 +102,10 @@ class StateChecks:
             raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
         for k in ("exp_avg", "exp_avg_sq"):
             validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
-            if deep:
-                validation.check_values(f"{where}['{k}']", state[k], k == "exp_avg_sq")
+            if deep:  # a DTensor's values: this rank's shard
+                validation.check_values(
+                    f"{where}['{k}']", sharding.local(state[k]), k == "exp_avg_sq"
+                )
         if deep:
             validation.check_step(f"{where}['step']", state["step"])
 
@@ -190,11 +203,15 @@ class StateChecks:
             for point in self._geometries.points(gi, group, all_=True):
                 owners = [sids[pi] for pi in point.pis]
                 entry = saved.get(owners[0])
-                stray = [sid for sid in owners[1:] if saved.get(sid)]
+                step = entry.get("step") if isinstance(entry, dict) else None
+                stray = [
+                    sid for sid in owners[1:] if saved.get(sid) and not _same_step(saved[sid], step)
+                ]
                 if stray:
                     raise ValueError(
                         f"state of {self._point_name(point)}: a point's state lives with its "
-                        f"first factor, got state for parameter ids {stray} too"
+                        "first factor, its other factors holding only the same 'step'; got "
+                        f"other state for parameter ids {stray}"
                     )
                 if entry:
-                    self._check_state(point, entry, deep=True)
+                    self._check_state(point, sharding.localize(entry), deep=True)

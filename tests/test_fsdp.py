@@ -1,0 +1,269 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) with Riemannian attention (DESIGN §7).
+
+Two processes (gloo, CPU, a free port on 127.0.0.1) train a small model under ``fully_shard``:
+two ``RiemannianMultiheadAttention`` modules — Stiefel frames on QK with a block R1 point on VO
+under GQA, a P3 point on QK with frames on VO — and a stack of frames (2 layers × 4 heads) of the
+model itself, every one sharded along its leading (layer/head) dimension, so that each rank
+steps its own whole frames and points. After 20 steps of ``build_optimizer(model,
+RiemannianAdam)`` on each rank's half of a batch of 8 sequences, the gathered parameters must
+equal a single-process run on the whole batch, in float64, and stay on their manifolds. A
+checkpoint written with ``torch.distributed.checkpoint`` after 10 steps and loaded into a fresh
+sharded model and optimizer must continue to the same parameters, bitwise. The bytes the
+optimizer's step sends are counted.
+
+Bound (as tests/test_ddp.py). FSDP2's gradient, the average of the ranks' shard means
+(reduce-scatter), is the gradient of the full-batch mean up to the order of summation, a few u
+relative; the steps differ by ~u relative and add over 20 steps: FSDP_BOUND = 1e-12 on
+max |ΔW| for entries of size ≤ 2 (100 u per entry per step). Frames: ‖WᵀW − I‖ ≤ 4r(r + 1)u +
+2(d + r)r·u (tests/test_torch_nn.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, RESUME_AT = 20, 10
+WORLD = 2
+BATCH = 8  # split 4 + 4
+FSDP_BOUND = 1e-12
+F64 = torch.float64
+
+
+def _model():
+    from torch_port import Stiefel
+    from torch_port.nn import RiemannianMultiheadAttention
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            gen = torch.Generator().manual_seed(1)
+            kw = dict(generator=gen, dtype=F64)
+            self.inp = torch.nn.Linear(3, 16, dtype=F64)
+            self.a1 = RiemannianMultiheadAttention(
+                16, 4, n_kv_heads=2, vo_geometry="block_fixed_rank_embedded", bias=True, **kw
+            )
+            self.a2 = RiemannianMultiheadAttention(
+                16, 4, qk_geometry="stiefel_pair", vo_geometry="stiefel", **kw
+            )
+            frames = Stiefel(16, 4).random_point(gen, batch_shape=(2, 4), dtype=F64)
+            self.stack = torch.nn.Parameter(frames)  # (layers, heads, d, r)
+            self.frame_geometries = {"stack": "stiefel"}  # survives fully_shard's new params
+            self.out = torch.nn.Linear(16, 1, dtype=F64)
+
+        def forward(self, x):
+            h = self.inp(x)
+            h = h + self.a1(h, is_causal=True)
+            h = h + self.a2(h, is_causal=True)
+            h = h + torch.einsum("btd,lhdk,lhek->bte", h, self.stack, self.stack) / 8
+            return self.out(h).squeeze(-1)
+
+    return Net()
+
+
+def _data():
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(BATCH, 5, 3, generator=gen, dtype=F64)
+    y = torch.randn(BATCH, 5, generator=gen, dtype=F64)
+    return x, y
+
+
+def _steps(model, opt, x, y, n):
+    for _ in range(n):
+        opt.zero_grad()
+        loss = torch.mean((model(x) - y) ** 2)
+        loss.backward()
+        opt.step()
+
+
+def _optimizer(model):
+    from torch_port import RiemannianAdam
+    from torch_port.nn import build_optimizer
+
+    return build_optimizer(model, RiemannianAdam, lr=1e-2, weight_decay=1e-2)
+
+
+def _sharded():
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    fully_shard(model.a1)
+    fully_shard(model.a2)
+    fully_shard(model)
+    return model
+
+
+def _worker(rank: int, port: int, out: str) -> None:
+    """One FSDP2 process: 20 steps on its half of the batch with a checkpoint after 10; then a
+    fresh model resumed from the checkpoint; full state dicts and byte counts saved to out."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_state_dict,
+        set_state_dict,
+    )
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
+    )
+    try:
+        x, y = _data()
+        shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+        x, y = x[shard], y[shard]
+        model = _sharded()
+        opt = _optimizer(model)
+        # the bytes the optimizer's step sends (all-reduces), counted over one step
+        sent = []
+        all_reduce = dist.all_reduce
+
+        def counting(t, *args, **kwargs):
+            sent.append(t.numel() * t.element_size())
+            return all_reduce(t, *args, **kwargs)
+
+        _steps(model, opt, x, y, RESUME_AT - 1)
+        opt.zero_grad()
+        torch.mean((model(x) - y) ** 2).backward()
+        dist.all_reduce = counting
+        try:
+            opt.step()
+        finally:
+            dist.all_reduce = all_reduce
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{out}/ckpt")
+        _steps(model, opt, x, y, STEPS - RESUME_AT)
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        final = get_model_state_dict(model, options=full)
+
+        resumed = _sharded()
+        opt2 = _optimizer(resumed)
+        model_sd, optim_sd = get_state_dict(resumed, opt2)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=f"{out}/ckpt")
+        set_state_dict(
+            resumed, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        _steps(resumed, opt2, x, y, STEPS - RESUME_AT)
+        again = get_model_state_dict(resumed, options=full)
+        if rank == 0:
+            torch.save({"final": final, "resumed": again}, Path(out) / "states.pt")
+            locals_ = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
+            Path(out, "bytes.json").write_text(json.dumps({"sent": sent, "local": locals_}))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+needs_gloo = pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="torch.distributed with gloo is not available",
+)
+
+
+@needs_gloo
+def test_fsdp2_two_processes_equal_one_process_and_resume_bitwise(tmp_path):
+    port = _free_port()
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    env["OMP_NUM_THREADS"] = "1"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, str(rank), str(port), str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(WORLD)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("FSDP workers did not finish within 240 s")
+        logs.append(err)
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+
+    saved = torch.load(tmp_path / "states.pt", weights_only=True)
+    final, resumed = saved["final"], saved["resumed"]
+    for name in final:  # resumed from the checkpoint: bitwise the uninterrupted run
+        assert torch.equal(final[name], resumed[name]), name
+
+    model = _model()
+    opt = _optimizer(model)
+    x, y = _data()
+    _steps(model, opt, x, y, STEPS)
+    single = model.state_dict()
+    assert set(single) == set(final)
+    worst = max(float((final[n] - single[n]).abs().max()) for n in single)
+    assert worst <= FSDP_BOUND, worst
+    # control: the two runs are not trivially equal (the frames moved)
+    assert float((single["stack"] - _model().stack.detach()).abs().max()) > 1e-3
+
+    # every rank held whole frames: half the heads (or layers) of each
+    report = json.loads((tmp_path / "bytes.json").read_text())
+    assert report["local"]["stack"] == [1, 4, 16, 4]
+    assert report["local"]["a1.w_q"] == [2, 16, 4]
+    # the optimizer's step sends one float64 per parameter with a gradient (its sum, for the
+    # finiteness check every rank must agree on) in one all-reduce, no frame or state
+    n_params = len(list(model.parameters()))
+    assert report["sent"] == [8 * n_params]
+
+    from torch_port import linalg as tl
+
+    for name in ("stack", "a1.w_q", "a1.w_k", "a2.w_v", "a2.w_o"):
+        w = final[name]
+        d, r = w.shape[-2:]
+        u = torch.finfo(F64).eps / 2
+        bound = 4 * r * (r + 1) * u + 2 * (d + r) * r * u
+        assert float(tl.orthonormality_residual(w).max()) <= bound, name
+
+
+@needs_gloo
+def test_frames_sharded_along_their_rows_are_refused(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from torch_port import RiemannianAdam, Stiefel
+
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1
+    )
+    try:
+        holder = torch.nn.Module()
+        holder.w = torch.nn.Parameter(Stiefel(16, 4).random_point(dtype=F64))  # one (d, r) frame
+        fully_shard(holder)  # Shard(0): along the rows d
+        with pytest.raises(ValueError, match=r"placements \(Shard\(dim=0\),\).*leading"):
+            RiemannianAdam([{"params": [holder.w], "geometry": "stiefel"}])
+        ignored = torch.nn.Module()
+        ignored.w = torch.nn.Parameter(Stiefel(16, 4).random_point(dtype=F64))
+        fully_shard(ignored, ignored_params={ignored.w})  # kept whole: accepted
+        RiemannianAdam([{"params": [ignored.w], "geometry": "stiefel"}])
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # an FSDP worker: python tests/test_fsdp.py RANK PORT OUT_DIR
+    sys.path.insert(0, str(ROOT))
+    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
