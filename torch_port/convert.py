@@ -130,7 +130,14 @@ class _Attention:
 
 @dataclass(frozen=True)
 class Conversion:
-    """One converted attention module (``riemannian_attention`` returns one per module)."""
+    """One converted attention module (``riemannian_attention`` returns one per module).
+
+    ``name`` is its path in the model, ``module`` the module, ``kind`` its structure ("nn.
+    MultiheadAttention", "fused Conv1D", "fused Linear", "separate projections"); the geometries
+    are the resolved names (a block variant under GQA); ``qk_change``/``vo_change`` are
+    max_h ‖M_h' − M_h‖₂ / ‖M_h‖₂ of the product (None when it was not converted; inf when the
+    original product is zero); ``rotary`` says whether the module rotates q and k (then
+    ``qk_change`` is the content product's change only)."""
 
     name: str
     module: nn.Module
