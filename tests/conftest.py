@@ -38,3 +38,43 @@ def train_mse(model: Any, opt: Any, x: Any, y: Any, steps: int = 20, **forward: 
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def run_workers(script: str, world: int, out_dir: Any, timeout: float, what: str) -> None:
+    """Run ``python script RANK PORT OUT_DIR`` for every rank (one thread each, the package on
+    the path, a free port on 127.0.0.1) and fail the test with the workers' logs unless all
+    exit 0 within ``timeout`` seconds (the distributed tests' workers)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env["OMP_NUM_THREADS"] = "1"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, str(rank), str(port), str(out_dir)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"{what} workers did not finish within {timeout:g} s")
+        logs.append(err)
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)

@@ -21,13 +21,11 @@ gradient, same arithmetic). Frames: ‖WᵀW − I‖ ≤ 4r(r + 1)u + 2(d + r)r
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_workers
 
 torch = pytest.importorskip("torch")
 
@@ -111,42 +109,12 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
     reason="torch.distributed with gloo is not available",
 )
 def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
-    port = _free_port()
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
-    env["OMP_NUM_THREADS"] = "1"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(port), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("DDP workers did not finish within 120 s")
-        logs.append(err)
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_workers(__file__, WORLD, tmp_path, timeout=120, what="DDP")
 
     states = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     for name in states[0]:

@@ -21,13 +21,11 @@ max |ΔW| for entries of size ≤ 2 (100 u per entry per step). Frames: ‖WᵀW
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_workers
 
 torch = pytest.importorskip("torch")
 
@@ -165,12 +163,6 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 needs_gloo = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
     reason="torch.distributed with gloo is not available",
@@ -179,31 +171,7 @@ needs_gloo = pytest.mark.skipif(
 
 @needs_gloo
 def test_fsdp2_two_processes_equal_one_process_and_resume_bitwise(tmp_path):
-    port = _free_port()
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    )
-    env["OMP_NUM_THREADS"] = "1"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(rank), str(port), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("FSDP workers did not finish within 240 s")
-        logs.append(err)
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_workers(__file__, WORLD, tmp_path, timeout=240, what="FSDP")
 
     saved = torch.load(tmp_path / "states.pt", weights_only=True)
     final, resumed = saved["final"], saved["resumed"]

@@ -65,67 +65,32 @@ devices, sizes that do not split into heads, products of rank below k for the fi
 partial-isometry geometries, heads with no nearest frame. A model with rotary embeddings
 converted by a geometry that changes the factors (all but R2) gets a ``RotaryWarning``.
 
-This module imports torch and ``torch_port`` only (DESIGN §2).
+The package: ``structures`` (what is recognised, by attributes and shapes), ``weights`` (per-head
+factors in and out of a weight; the parametrization ``AssembledWeight``), ``points`` (the
+nearest points, the changes, the biases). It imports torch and ``torch_port`` only (DESIGN §2).
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from torch_port import linalg
-from torch_port.nn import (
-    RiemannianMultiheadAttention,
-    _resolve_geometry,
-    geometry_of_product,
-)
+from torch_port.convert.points import WIDE, change, map_bias, per_query, product_point
+from torch_port.convert.structures import Attention, Slot, check_unshared, recognise
+from torch_port.convert.weights import AssembledWeight, linear_view, split, to_heads
+from torch_port.nn import RiemannianMultiheadAttention, _resolve_geometry
 from torch_port.optim.groups import _join, tag_frame
-from torch_port.stiefel import Stiefel
 
 Tensor = torch.Tensor
 
 #: The two products: (row role, column role). The row role of VO is the output projection.
 PRODUCTS = {"qk": ("q", "k"), "vo": ("o", "v")}
 INITS = ("nearest", "random")
-_WIDE = torch.float64
-
-
-@dataclass(frozen=True)
-class _Slot:
-    """One weight or bias of an attention module and the roles it holds, in order.
-
-    The weight is read in nn.Linear's convention (out_features, in_features); a Hugging Face
-    ``Conv1D`` stores its transpose (``conv1d``). ``local`` is the holder's path relative to the
-    attention module ("" for the module itself)."""
-
-    holder: nn.Module
-    attr: str
-    roles: tuple[str, ...]
-    local: str
-    conv1d: bool = False
-
-
-@dataclass
-class _Attention:
-    """A recognised attention module: its sizes and where its projections live."""
-
-    kind: str
-    d: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    weights: list[_Slot]
-    biases: list[_Slot]
-    rotary: bool = field(default=False)
-
-    def count(self, role: str) -> int:
-        """Heads of a role: n_heads for q and o, n_kv_heads for k and v."""
-        return self.n_heads if role in "qo" else self.n_kv_heads
 
 
 @dataclass(frozen=True)
@@ -157,332 +122,23 @@ class RotaryWarning(UserWarning):
     although the content product did not (module docstring)."""
 
 
-def _has_rotary(m: nn.Module) -> bool:
-    """Whether the module rotates q and k between projection and product: a rotary module of
-    its own, or a config with rotary parameters (LLaMA-family)."""
-    if any(hasattr(m, a) for a in ("rotary_emb", "rotary_fn")):
-        return True
-    config = getattr(m, "config", None)
-    return any(getattr(config, a, None) is not None for a in ("rope_parameters", "rope_theta"))
-
-
-# -- recognition ------------------------------------------------------------------------------
-def _heads_attribute(module: nn.Module) -> int | None:
-    for name in ("num_heads", "n_head", "n_heads", "num_attention_heads"):
-        v = getattr(module, name, None)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    config = getattr(module, "config", None)
-    for name in ("num_attention_heads", "n_head"):
-        v = getattr(config, name, None)
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-    return None
-
-
-def _is_conv1d(m: Any) -> bool:
-    """Hugging Face's Conv1D by structure: nf, nx and a weight (nx, nf)."""
-    w = getattr(m, "weight", None)
-    nf, nx = getattr(m, "nf", None), getattr(m, "nx", None)
-    return isinstance(w, Tensor) and w.ndim == 2 and tuple(w.shape) == (nx, nf)
-
-
-def _sizes(name: str, d: int, n_heads: int | None, head_dim: int | None) -> tuple[int, int]:
-    """(heads, head_dim) of d features from either attribute; ValueError when they do not
-    split d exactly."""
-    if n_heads is None and head_dim is None:
-        raise ValueError(
-            f"{name}: cannot tell its number of heads (no num_heads, n_head, n_heads, "
-            "num_attention_heads or head_dim attribute, nor a config with them)"
-        )
-    if head_dim is None:
-        head_dim = d // n_heads if n_heads > 0 and d % n_heads == 0 else 0
-    if n_heads is None:
-        n_heads = d // head_dim if head_dim > 0 and d % head_dim == 0 else 0
-    if n_heads < 1 or head_dim < 1 or n_heads * head_dim != d:
-        raise ValueError(
-            f"{name}: {d} features do not split into {n_heads} heads of size {head_dim}"
-        )
-    return n_heads, head_dim
-
-
-def _recognise(name: str, m: nn.Module) -> _Attention | None:
-    """The structure of ``m`` if it is an attention module this converter knows, else None."""
-    if isinstance(m, nn.MultiheadAttention):
-        if not m._qkv_same_embed_dim or m.bias_k is not None:
-            raise ValueError(
-                f"{name}: nn.MultiheadAttention with kdim/vdim ≠ embed_dim or add_bias_kv=True "
-                "is not supported (its projections are not one fused in_proj_weight)"
-            )
-        d, h = m.embed_dim, m.num_heads
-        biases = (
-            [_Slot(m, "in_proj_bias", ("q", "k", "v"), "")] if m.in_proj_bias is not None else []
-        )
-        return _Attention(
-            "nn.MultiheadAttention",
-            d,
-            h,
-            h,
-            m.head_dim,
-            [
-                _Slot(m, "in_proj_weight", ("q", "k", "v"), ""),
-                _Slot(m.out_proj, "weight", ("o",), "out_proj"),
-            ],
-            biases,
-        )
-    c_attn, c_proj = getattr(m, "c_attn", None), getattr(m, "c_proj", None)
-    if c_attn is not None and c_proj is not None and getattr(m, "q_attn", None) is None:
-        conv = _is_conv1d(c_attn) and _is_conv1d(c_proj)
-        linear = isinstance(c_attn, nn.Linear) and isinstance(c_proj, nn.Linear)
-        if conv or linear:
-            w = c_attn.weight.T if conv else c_attn.weight
-            if w.shape[0] == 3 * w.shape[1]:
-                d = int(w.shape[1])
-                head_dim = getattr(m, "head_dim", None)
-                head_dim = head_dim if isinstance(head_dim, int) else None
-                h, k = _sizes(name, d, _heads_attribute(m), head_dim)
-                if tuple(c_proj.weight.shape) != (d, d):
-                    raise ValueError(
-                        f"{name}: c_proj's weight has shape {tuple(c_proj.weight.shape)}, "
-                        f"expected ({d}, {d}) after a fused c_attn over {d} features"
-                    )
-                kind = "fused Conv1D" if conv else "fused Linear"
-                slots = [
-                    _Slot(c_attn, "weight", ("q", "k", "v"), "c_attn", conv),
-                    _Slot(c_proj, "weight", ("o",), "c_proj", conv),
-                ]
-                biases = (
-                    []
-                    if c_attn.bias is None
-                    else [_Slot(c_attn, "bias", ("q", "k", "v"), "c_attn")]
-                )
-                return _Attention(kind, d, h, h, k, slots, biases)
-    proj = {r: getattr(m, f"{r}_proj", None) for r in "qkv"}
-    proj["o"] = getattr(m, "o_proj", None) or getattr(m, "out_proj", None)
-    if all(isinstance(p, nn.Linear) for p in proj.values()):
-        d = proj["q"].in_features
-        head_dim = getattr(m, "head_dim", None)
-        n_heads = None if isinstance(head_dim, int) else _heads_attribute(m)
-        _, k = _sizes(name, proj["q"].out_features, n_heads, head_dim)
-        h = proj["q"].out_features // k
-        g = proj["k"].out_features // k
-        out = "o_proj" if getattr(m, "o_proj", None) is not None else "out_proj"
-        shapes = {r: tuple(p.weight.shape) for r, p in proj.items()}
-        if shapes != {"q": (h * k, d), "k": (g * k, d), "v": (g * k, d), "o": (d, h * k)} or h % g:
-            raise ValueError(
-                f"{name}: projections of shapes {shapes} do not form {h} query heads and {g} "
-                f"key/value heads of size {k} over {d} features"
-            )
-        local = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": out}
-        slots = [_Slot(proj[r], "weight", (r,), local[r]) for r in "qkvo"]
-        biases = [_Slot(proj[r], "bias", (r,), local[r]) for r in "qkv" if proj[r].bias is not None]
-        return _Attention("separate projections", d, h, g, k, slots, biases, _has_rotary(m))
-    return None
-
-
-# -- reading and writing heads ----------------------------------------------------------------
-def _linear_view(slot: _Slot) -> Tensor:
-    t = getattr(slot.holder, slot.attr).detach()
-    return t.T if slot.conv1d else t
-
-
-def _split(att: _Attention, slot: _Slot, t: Tensor) -> dict[str, Tensor]:
-    """A weight (Linear convention) or bias as per-role blocks: input roles stacked along the
-    rows, (n·k, d) each (a bias: (n·k,)); the output role is the whole (d, h·k)."""
-    if slot.roles == ("o",):
-        return {"o": t}
-    sizes = [att.count(r) * att.head_dim for r in slot.roles]
-    return dict(zip(slot.roles, torch.split(t, sizes, dim=0), strict=True))
-
-
-def _to_heads(role: str, block: Tensor, n: int, d: int, k: int) -> Tensor:
-    """Per-head factors (n, d, k) of a role's block: q_h = x W^h for an input role (W^h = rows
-    h·k…(h+1)·k, transposed); A_h = W_O^hᵀ (columns h·k…(h+1)·k) for the output role."""
-    if role == "o":
-        return block.reshape(d, n, k).permute(1, 0, 2)
-    return block.reshape(n, k, d).transpose(-1, -2)
-
-
-def _from_heads(role: str, heads: Tensor, n: int, d: int, k: int) -> Tensor:
-    """The inverse of ``_to_heads``: per-head factors (n, d, k) to the role's block."""
-    if role == "o":
-        return heads.permute(1, 0, 2).reshape(d, n * k)
-    return heads.transpose(-1, -2).reshape(n * k, d)
-
-
-class AssembledWeight(nn.Module):
-    """Parametrization: a projection weight assembled from the factors that the optimizer steps.
-
-    ``pieces`` lists, per role in the weight's order, (role, source, heads): source "raw" takes
-    one original, the role's block as it was (Linear convention); "heads" one original of
-    per-head factors (n, d, k), or stacked per GQA group (g, p·d, k); "heads_core" two,
-    the factors and the R1 cores (c, k, k): A_h = W^h S_{h // (n/c)}. The weight is the
-    concatenation of the blocks (transposed for a Conv1D). The first ``right_inverse`` call
-    (made by ``register_parametrization``) returns the initial factors; assigning a new weight
-    afterwards is refused, since a weight does not determine a point (assign the factors)."""
-
-    def __init__(
-        self,
-        pieces: list[tuple[str, str, int]],
-        d: int,
-        k: int,
-        conv1d: bool,
-        initial: tuple[Tensor, ...],
-    ):
-        super().__init__()
-        self.pieces, self.d, self.k, self.conv1d = pieces, d, k, conv1d
-        self._initial: tuple[Tensor, ...] | None = initial
-
-    def forward(self, *originals: Tensor) -> Tensor:
-        blocks, i = [], 0
-        for role, source, n in self.pieces:
-            if source == "raw":
-                blocks.append(originals[i])
-                i += 1
-                continue
-            heads = originals[i].reshape(n, self.d, self.k)
-            if source == "heads_core":
-                core = originals[i + 1]
-                heads = heads @ core.repeat_interleave(n // core.shape[0], dim=0)
-                i += 1
-            i += 1
-            blocks.append(_from_heads(role, heads, n, self.d, self.k))
-        w = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=0)
-        return w.T if self.conv1d else w
-
-    def right_inverse(self, weight: Tensor) -> tuple[Tensor, ...]:
-        if self._initial is None:
-            raise ValueError(
-                "a converted attention weight is assembled from its factors; assign the "
-                "factors (module.parametrizations.<name>.original<i>), not the weight"
-            )
-        initial, self._initial = self._initial, None
-        return initial
-
-
-# -- the points -------------------------------------------------------------------------------
-def _factor_svd(label: str, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(U, s, V) with A Bᵀ = U diag(s) Vᵀ, from the thin QR of A and B and the SVD of the k×k
-    core R_A R_Bᵀ; refuses a product of rank < k (σ_min/σ_max ≤ k·ε of float64)."""
-    qa, ra = torch.linalg.qr(a)
-    qb, rb = torch.linalg.qr(b)
-    u, s, vh = torch.linalg.svd(ra @ rb.mT)
-    ratio = s[..., -1] / s[..., 0]
-    k = a.shape[-1]
-    if bool((~(ratio > k * torch.finfo(_WIDE).eps)).any()):
-        raise ValueError(
-            f"{label}: a product W_Q W_Kᵀ (or its block) has rank below {k}: σ_min/σ_max = "
-            f"{float(ratio.min()):.3e}; it is no point of a rank-{k} geometry (use init='random')"
-        )
-    return qa @ u, s, qb @ vh.mT
-
-
-def _nearest(label: str, base: Any, a: Tensor, b: Tensor) -> tuple[Tensor, ...]:
-    """The point of a base geometry nearest to the product A Bᵀ (module docstring)."""
-    u, s, v = _factor_svd(label, a, b)
-    if base.name == "fixed_rank_embedded":
-        return u, torch.diag_embed(s), v
-    if base.name == "fixed_rank_quotient":
-        return a, b
-    return u, v
-
-
-def _frames(t: Tensor, init: str, generator: torch.Generator | None) -> Tensor:
-    """Stiefel frames of t's shape: polar(t), the nearest in Frobenius norm, or (``"random"``)
-    the sign-fixed QR factor of a float64 Gaussian."""
-    if init == "random":
-        z = torch.randn(t.shape, generator=generator, dtype=_WIDE)
-        return linalg.qr_signfixed(z)[0].to(t.device)
-    return linalg.polar(t)
-
-
-def _check_cast(label: str, geo: Any, x: tuple[Tensor, ...], dtype: torch.dtype) -> None:
-    """The geometry's ``check_point`` of x cast to ``dtype``, its message prefixed by label."""
-    try:
-        geo.check_point(x[0].to(dtype) if len(x) == 1 else tuple(t.to(dtype) for t in x))
-    except ValueError as e:
-        raise ValueError(f"{label}: {e}") from None
-
-
-def _product_point(
-    label: str,
-    geometry: str,
-    block: bool,
-    att: _Attention,
-    a: Tensor,
-    b: Tensor,
-    init: str,
-    generator: torch.Generator | None,
-    dtype: torch.dtype,
-) -> tuple[dict[str, Tensor], tuple[str, ...], Tensor, Tensor]:
-    """The point of one product from its float64 per-head factors A (h, d, k), B (g, d, k):
-    (stored factors by kind, the kinds in factor order, new A (h, d, k), new B (g, d, k)).
-    The point cast to ``dtype`` is checked on its manifold (the optimizer's own check)."""
-    h, g, d, k = att.n_heads, att.n_kv_heads, att.d, att.head_dim
-    if geometry == "stiefel":
-        try:
-            row = _frames(a.reshape(g, (h // g) * d, k) if block else a, init, generator)
-            col = _frames(b, init, generator)
-        except ValueError as e:
-            raise ValueError(
-                f"{label}: a head's weight has no nearest frame ({e}); use init='random'"
-            ) from None
-        for f in (row, col):
-            _check_cast(label, Stiefel(f.shape[-2], k), (f,), dtype)
-        return {"row": row, "col": col}, ("row", "col"), row.reshape(h, d, k), col
-    geo = geometry_of_product(geometry, d, k, h, g)
-    stacked = geometry.startswith("block_")
-    base = geo.base if stacked else geo
-    if init == "random":
-        x = geo.random_point(generator, () if stacked else (h,), dtype=_WIDE)
-        x = tuple(t.to(a.device) for t in x)
-    else:
-        x = _nearest(label, base, *(geo.from_heads((a, b), ("row", "col")) if stacked else (a, b)))
-    _check_cast(label, geo, x, dtype)
-    a_new, b_new = geo.head_factors(x) if stacked else base.pair(x)
-    kinds = base.point_kinds
-    stored = geo.to_heads(x) if stacked else x
-    return dict(zip(kinds, stored, strict=True)), kinds, a_new, b_new
-
-
-def _per_query(t: Tensor, p: int) -> Tensor:
-    """Key/value-head tensors (g, ...) repeated to the query heads (h, ...)."""
-    return t.repeat_interleave(p, dim=0) if p > 1 else t
-
-
-def _spectral_product(a: Tensor, b: Tensor) -> Tensor:
-    """‖A Bᵀ‖₂ per head from the thin factors: ‖R_A R_Bᵀ‖₂ for A = Q_A R_A, B = Q_B R_B."""
-    return torch.linalg.matrix_norm(torch.linalg.qr(a)[1] @ torch.linalg.qr(b)[1].mT, ord=2)
-
-
-def _change(a: Tensor, b: Tensor, a_new: Tensor, b_new: Tensor) -> float:
-    """max_h ‖A'_h B'_hᵀ − A_h B_hᵀ‖₂ / ‖A_h B_hᵀ‖₂, all per query head."""
-    diff = _spectral_product(torch.cat([a_new, -a], dim=-1), torch.cat([b_new, b], dim=-1))
-    return float((diff / _spectral_product(a, b)).max())
-
-
-def _map_bias(b: Tensor, old: Tensor, new: Tensor) -> Tensor:
-    """b' = new⁺ (old b) per head: the bias's contribution old·b, kept (least squares)."""
-    return (torch.linalg.pinv(new) @ (old @ b[..., None]))[..., 0]
-
-
 @dataclass
 class _Plan:
     """Everything one module's conversion writes, computed before anything is written."""
 
     name: str
     module: nn.Module
-    att: _Attention
+    att: Attention
     dtype: torch.dtype
     old: dict[str, Tensor]  # role -> float64 per-head factors before
     sources: dict[str, tuple[str, tuple[Tensor, ...]]]  # role -> (source, originals, float64)
     kinds: dict[str, tuple[str, ...]]  # product -> factor kinds
-    biases: dict[str, tuple[_Slot, Tensor]]  # role -> (slot, its new float64 bias (n, k))
+    biases: dict[str, tuple[Slot, Tensor]]  # role -> (slot, its new float64 bias (n, k))
     geometries: dict[str, str | None]
     block: dict[str, bool]
 
 
-def _check_tensors(name: str, att: _Attention, roles: set[str]) -> None:
+def _check_tensors(name: str, att: Attention, roles: set[str]) -> None:
     """The weights and biases of one module can be converted: those holding a role to convert
     not parametrized already, all real (not meta), finite, and of one dtype and device (the
     factors of a point share them)."""
@@ -511,7 +167,7 @@ def _check_tensors(name: str, att: _Attention, roles: set[str]) -> None:
 def _plan(
     name: str,
     module: nn.Module,
-    att: _Attention,
+    att: Attention,
     geometries: dict[str, str | None],
     block: dict[str, bool],
     init: str,
@@ -527,18 +183,18 @@ def _plan(
     dtype = getattr(att.weights[0].holder, att.weights[0].attr).dtype
     old, sources = {}, {}
     for slot in att.weights:
-        for role, blk in _split(att, slot, _linear_view(slot)).items():
-            old[role] = _to_heads(role, blk.to(_WIDE), att.count(role), d, k)
+        for role, blk in split(att, slot, linear_view(slot)).items():
+            old[role] = to_heads(role, blk.to(WIDE), att.count(role), d, k)
             sources[role] = ("raw", (blk.clone(),))
     biases = {}
     for slot in att.biases:
-        for role, v in _split(att, slot, getattr(slot.holder, slot.attr).detach()).items():
-            biases[role] = (slot, v.to(_WIDE).reshape(att.count(role), k))
+        for role, v in split(att, slot, getattr(slot.holder, slot.attr).detach()).items():
+            biases[role] = (slot, v.to(WIDE).reshape(att.count(role), k))
     new, kinds = {}, {}
     for product, (row, col) in PRODUCTS.items():
         if geometries[product] is None:
             continue
-        stored, kinds[product], new[row], new[col] = _product_point(
+        stored, kinds[product], new[row], new[col] = product_point(
             f"{name} ({product})",
             geometries[product],
             block[product],
@@ -562,28 +218,11 @@ def _plan(
             continue
         slot, b = biases[role]
         if role == "q":
-            b = _map_bias(b, _per_query(old[factor], p), _per_query(new[factor], p))
+            b = map_bias(b, per_query(old[factor], p), per_query(new[factor], p))
         else:
-            b = _map_bias(b, old[factor].reshape(g, p * d, k), new[factor].reshape(g, p * d, k))
+            b = map_bias(b, old[factor].reshape(g, p * d, k), new[factor].reshape(g, p * d, k))
         mapped[role] = (slot, b)
     return _Plan(name, module, att, dtype, old, sources, kinds, mapped, geometries, block)
-
-
-def _check_unshared(found: list[tuple[str, nn.Module, _Attention]]) -> None:
-    """No projection weight held twice (a Linear shared between roles or modules, or a weight
-    tied across layers): each would get its own factors and the tie would break."""
-    seen: dict[int, str] = {}
-    for name, _, att in found:
-        for slot in att.weights:
-            t = getattr(slot.holder, slot.attr)
-            where = f"{name or '<model>'}: {_join(slot.local, slot.attr)}"
-            if id(t) in seen:
-                raise ValueError(
-                    f"{where} is the same tensor as {seen[id(t)]} (a shared or tied "
-                    "projection); the converter gives every projection its own factors, which "
-                    "would untie them"
-                )
-            seen[id(t)] = where
 
 
 def _apply(plan: _Plan) -> Conversion:
@@ -625,12 +264,12 @@ def _apply(plan: _Plan) -> Conversion:
         points[product] = spec
     now = {}
     for slot in att.weights:
-        for role, blk in _split(att, slot, _linear_view(slot)).items():
-            now[role] = _to_heads(role, blk.to(_WIDE), att.count(role), att.d, k)
+        for role, blk in split(att, slot, linear_view(slot)).items():
+            now[role] = to_heads(role, blk.to(WIDE), att.count(role), att.d, k)
     p = h // g
     changes = {
-        product: _change(
-            plan.old[row], _per_query(plan.old[col], p), now[row], _per_query(now[col], p)
+        product: change(
+            plan.old[row], per_query(plan.old[col], p), now[row], per_query(now[col], p)
         )
         for product, (row, col) in PRODUCTS.items()
         if plan.geometries[product] is not None
@@ -685,16 +324,16 @@ def riemannian_attention(
         raise ValueError("nothing to convert: qk_geometry and vo_geometry are both None")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}")
-    found: list[tuple[str, nn.Module, _Attention]] = []
+    found: list[tuple[str, nn.Module, Attention]] = []
     for name, m in model.named_modules():
         if any(name.startswith(f"{done}.") or not done for done, _, _ in found):
             continue  # inside an attention module already found
         if isinstance(getattr(m, "_orig_mod", None), nn.Module):
             continue  # torch.compile's wrapper: convert the module it wraps (_orig_mod)
-        att = _recognise(name or type(m).__name__, m)
+        att = recognise(name or type(m).__name__, m)
         if att is not None:
             found.append((name, m, att))
-    _check_unshared(found)
+    check_unshared(found)
     if not found:
         raise ValueError(
             f"no attention module found in {type(model).__name__}: recognised are "
