@@ -56,7 +56,9 @@ def _model():
             )
             frames = Stiefel(16, 4).random_point(gen, batch_shape=(2, 4), dtype=F64)
             self.stack = torch.nn.Parameter(frames)  # (layers, heads, d, r)
-            self.frame_geometries = {"stack": "stiefel"}  # survives fully_shard's new params
+            self.single = torch.nn.Parameter(Stiefel(16, 4).random_point(gen, dtype=F64))
+            # declared by the module: survives fully_shard's new parameters
+            self.frame_geometries = {"stack": "stiefel", "single": "stiefel"}
             self.out = torch.nn.Linear(16, 1, dtype=F64)
 
         def forward(self, x):
@@ -64,6 +66,7 @@ def _model():
             h = h + self.a1(h, is_causal=True)
             h = h + self.a2(h, is_causal=True)
             h = h + torch.einsum("btd,lhdk,lhek->bte", h, self.stack, self.stack) / 8
+            h = h + (h @ self.single) @ self.single.T / 2
             return self.out(h).squeeze(-1)
 
     return Net()
@@ -92,12 +95,16 @@ def _optimizer(model):
 
 
 def _sharded():
+    """Frames sharded both ways: ``stack`` and a1's along their heads or layers (dim 0), a2's
+    VO frames and ``single`` along their rows d (a2's P3 point along its heads)."""
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
     model = _model()
+    rows = {id(model.a2.w_v), id(model.a2.w_o)}
     fully_shard(model.a1)
-    fully_shard(model.a2)
-    fully_shard(model)
+    fully_shard(model.a2, shard_placement_fn=lambda p: Shard(1) if id(p) in rows else None)
+    fully_shard(model)  # single: (d, r), Shard(0) = its rows
     return model
 
 
@@ -155,10 +162,24 @@ def _worker(rank: int, port: int, out: str) -> None:
         )
         _steps(resumed, opt2, x, y, STEPS - RESUME_AT)
         again = get_model_state_dict(resumed, options=full)
+        # control: the rows' projection without the sum over ranks is another map
+        from torch_port.optim.points import Geometries
+
+        group = opt.param_groups[[g.get("geometry") for g in opt.param_groups].index("stiefel")]
+        sharded = Geometries().stiefel(group, model.single)
+        alone = Geometries().stiefel(group, torch.empty(16, 4, dtype=F64))
+        w = model.single.to_local().detach()
+        g = torch.randn(w.shape, dtype=F64, generator=torch.Generator().manual_seed(rank))
+        control = float(
+            (sharded.egrad_to_rgrad((w,), (g,))[0] - alone.egrad_to_rgrad((w,), (g,))[0])
+            .abs()
+            .max()
+        )
         if rank == 0:
             torch.save({"final": final, "resumed": again}, Path(out) / "states.pt")
             locals_ = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
-            Path(out, "bytes.json").write_text(json.dumps({"sent": sent, "local": locals_}))
+            report = {"sent": sent, "local": locals_, "control": control}
+            Path(out, "bytes.json").write_text(json.dumps(report))
     finally:
         dist.destroy_process_group()
 
@@ -189,18 +210,27 @@ def test_fsdp2_two_processes_equal_one_process_and_resume_bitwise(tmp_path):
     # control: the two runs are not trivially equal (the frames moved)
     assert float((single["stack"] - _model().stack.detach()).abs().max()) > 1e-3
 
-    # every rank held whole frames: half the heads (or layers) of each
+    # each rank held half the heads (or layers) of some frames, half the rows of the others
     report = json.loads((tmp_path / "bytes.json").read_text())
     assert report["local"]["stack"] == [1, 4, 16, 4]
     assert report["local"]["a1.w_q"] == [2, 16, 4]
-    # the optimizer's step sends one float64 per parameter with a gradient (its sum, for the
-    # finiteness check every rank must agree on) in one all-reduce, no frame or state
+    assert report["local"]["a2.w_v"] == [4, 8, 4] and report["local"]["single"] == [8, 4]
+    # what the optimizer's step sends: one float64 per parameter with a gradient (its sum, for
+    # the finiteness check every rank must agree on), then per row-sharded frame tensor of n
+    # frames its r×r products (WᵀG, the Gram of the retraction, Yᵀm: 3·n·r² float64) and its
+    # n squared norms (Adam's): never a frame
     n_params = len(list(model.parameters()))
-    assert report["sent"] == [8 * n_params]
+    per_frames = [8 * n * (3 * 4 * 4 + 1) for n in (4, 4, 1)]  # a2.w_v, a2.w_o, single
+    assert report["sent"][0] == 8 * n_params
+    assert sorted(report["sent"][1:]) == sorted(
+        8 * n * k for n in (4, 4, 1) for k in (16, 1, 16, 16)
+    ), report["sent"]
+    assert sum(report["sent"]) == 8 * n_params + sum(per_frames)
+    assert report["control"] > 1e-3  # the sums over ranks are what makes it the same step
 
     from torch_port import linalg as tl
 
-    for name in ("stack", "a1.w_q", "a1.w_k", "a2.w_v", "a2.w_o"):
+    for name in ("stack", "single", "a1.w_q", "a1.w_k", "a2.w_v", "a2.w_o"):
         w = final[name]
         d, r = w.shape[-2:]
         u = torch.finfo(F64).eps / 2
@@ -209,25 +239,33 @@ def test_fsdp2_two_processes_equal_one_process_and_resume_bitwise(tmp_path):
 
 
 @needs_gloo
-def test_frames_sharded_along_their_rows_are_refused(tmp_path):
+def test_columns_and_factor_rows_sharded_are_refused(tmp_path):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard
 
     from torch_port import RiemannianAdam, Stiefel
 
-    dist.init_process_group(
-        "gloo", store=dist.FileStore(str(tmp_path / "s"), 1), rank=0, world_size=1
-    )
+    store = dist.FileStore(str(tmp_path / "s"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         holder = torch.nn.Module()
-        holder.w = torch.nn.Parameter(Stiefel(16, 4).random_point(dtype=F64))  # one (d, r) frame
-        fully_shard(holder)  # Shard(0): along the rows d
-        with pytest.raises(ValueError, match=r"placements \(Shard\(dim=0\),\).*leading"):
+        holder.w = torch.nn.Parameter(Stiefel(16, 4).random_point(dtype=F64))
+        fully_shard(holder, shard_placement_fn=lambda p: Shard(1))  # along the columns r
+        with pytest.raises(ValueError, match=r"placements \(Shard\(dim=1\),\).*or the rows"):
             RiemannianAdam([{"params": [holder.w], "geometry": "stiefel"}])
-        ignored = torch.nn.Module()
-        ignored.w = torch.nn.Parameter(Stiefel(16, 4).random_point(dtype=F64))
-        fully_shard(ignored, ignored_params={ignored.w})  # kept whole: accepted
-        RiemannianAdam([{"params": [ignored.w], "geometry": "stiefel"}])
+        rows = torch.nn.Module()
+        rows.w = torch.nn.Parameter(Stiefel(16, 4).random_point(dtype=F64))
+        fully_shard(rows)  # along the rows d: accepted, but not under the QR retraction
+        RiemannianAdam([{"params": [rows.w], "geometry": "stiefel"}])
+        with pytest.raises(ValueError, match=r"Shard\(dim=0\).*leading \(layer/head\) dims are"):
+            RiemannianAdam([{"params": [rows.w], "geometry": "stiefel", "retraction": "qr"}])
+        from torch_port.nn import RiemannianMultiheadAttention, build_optimizer
+
+        r1 = RiemannianMultiheadAttention(16, 4, qk_geometry="fixed_rank_embedded", dtype=F64)
+        fully_shard(r1, shard_placement_fn=lambda p: Shard(1))  # the factors' rows
+        with pytest.raises(ValueError, match=r"'w_q'.*need whole rows"):
+            build_optimizer(r1, lr=1e-3)
     finally:
         dist.destroy_process_group()
 

@@ -13,7 +13,7 @@ stay in the working dtype. This is what keeps float32 training on the manifold (
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -279,15 +279,21 @@ def polar(a: Tensor) -> Tensor:
     return full if inv_sqrt is None else a @ inv_sqrt
 
 
-def polar_plan(a: Tensor, buffer: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+def polar_plan(
+    a: Tensor, buffer: Tensor | None = None, reduce: Callable[[Tensor], Tensor] | None = None
+) -> tuple[Tensor | None, Tensor | None]:
     """``polar`` in two parts: (H, None) with polar(A) = A @ H (H r×r in A's dtype), or
     (None, polar(A)) when the result had to be formed another way (SVD route, rescaling). All
     checks are done here, so an optimizer can form A @ H later, straight into the parameter.
-    ``buffer``: a float64 tensor of A's shape for the upcast of a low-precision A (reused)."""
+    ``buffer``: a float64 tensor of A's shape for the upcast of a low-precision A (reused).
+    ``reduce``: for A whose rows are spread over processes, the sum of the ranks' Grams (then
+    only the Gram's routes are taken: a matrix that needs rescaling or the SVD is refused)."""
     if a.ndim < 2:
         raise ValueError(f"polar factor needs a matrix (..., m, n), got shape {tuple(a.shape)}")
     r = a.shape[-1]
     gram = gram64(a, buffer)
+    if reduce is not None:
+        gram = reduce(gram)
     trace = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
     # float64 entries above ~1e150 overflow the Gram, below ~1e-150 they underflow in it.
     off_scale = ~(torch.isfinite(trace) & (trace > 1e-270))
@@ -297,16 +303,22 @@ def polar_plan(a: Tensor, buffer: Tensor | None = None) -> tuple[Tensor | None, 
     delta = torch.where(off_scale, torch.full_like(delta, math.inf), delta)
     worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
     if any_off:  # rare: redo the off-scale matrices as the reference does, divided by max|A|
+        if reduce is not None:
+            raise ValueError(
+                "polar factor of a row-sharded matrix whose Gram is off the float64 scale "
+                "(non-finite, zero or with entries beyond ~1e±150)"
+            )
         return None, _polar_scaled(a, off_scale)
     inv_sqrt = _inv_sqrt_near_identity(e, worst)
     if inv_sqrt is None:
-        return None, _polar_eigh(a, gram)
+        return None, _polar_eigh(a, gram, sharded=reduce is not None)
     inv_sqrt = inv_sqrt / torch.sqrt(alpha)[..., None, None]
     return inv_sqrt.to(a.dtype), None
 
 
-def _polar_eigh(a: Tensor, gram: Tensor) -> Tensor:
-    """The polar factor from the eigendecomposition of the Gram (reference's route)."""
+def _polar_eigh(a: Tensor, gram: Tensor, sharded: bool = False) -> Tensor:
+    """The polar factor from the eigendecomposition of the Gram (reference's route); the
+    ill-conditioned matrices of the batch take the SVD route, which a row-sharded A cannot."""
     lam, q = torch.linalg.eigh(sym(gram))
     lo, hi = lam[..., 0], lam[..., -1]  # ascending
     deficient = ~(lo > torch.finfo(a.dtype).eps * hi * a.shape[-2])  # NaN counts as deficient
@@ -320,6 +332,11 @@ def _polar_eigh(a: Tensor, gram: Tensor) -> Tensor:
         )
     inv_sqrt = (q / torch.sqrt(lam)[..., None, :]) @ transpose(q)
     out = a @ inv_sqrt.to(a.dtype)
+    if flags[1] and sharded:
+        raise ValueError(
+            "polar factor of a row-sharded matrix with κ(AᵀA) above "
+            f"{POLAR_GRAM_MAX_COND:g}², which needs the SVD of the whole matrix"
+        )
     if flags[1]:  # only the ill-conditioned frames of the batch take the SVD route
         out = torch.where(ill[..., None, None], polar_svd(a), out)
     return out

@@ -140,8 +140,14 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                     )
             return
         gi = len(self.param_groups) - 1  # the group being added
+        rows = (
+            name == "stiefel"
+            and group.get("retraction", "polar") == "polar"
+            and group.get("metric", "embedded") == "embedded"
+            and group.get("gradient", "riemannian") == "riemannian"
+        )
         for pi, p in enumerate(group["params"]):
-            sharding.check_whole_frames(self._param_name(gi, pi, p), p)
+            sharding.check_whole_frames(self._param_name(gi, pi, p), p, rows=rows)
         self.rule(group)  # the group's chain can be built from its hyperparameters
         if name not in GEOMETRIES:
             raise ValueError(

@@ -18,7 +18,7 @@ from torch_port import linalg
 from torch_port.geometries import GEOMETRIES, PLAIN
 from torch_port.geometry import Ambient, PointGeometry
 from torch_port.linalg import Tensor
-from torch_port.optim.sharding import is_sharded, local, local_heads
+from torch_port.optim.sharding import RowShardedFrames, is_sharded, local, local_heads, row_group
 from torch_port.stiefel import Stiefel, StiefelFrames
 
 GRADIENTS = ("riemannian", "euclidean")
@@ -93,10 +93,13 @@ class Geometries:
         }
 
     def stiefel(self, group: dict[str, Any], p: Tensor) -> StiefelFrames:
+        """The frames' geometry of p; ``RowShardedFrames`` when p's rows are sharded."""
         spec = self.stiefel_spec(group, p)
-        key = ("stiefel", *spec["sizes"].values(), *spec["options"].values())
+        rows = row_group(p)
+        key = ("stiefel", *spec["sizes"].values(), *spec["options"].values(), id(rows))
         if key not in self._cache:
-            self._cache[key] = StiefelFrames(Stiefel(*spec["sizes"].values(), **spec["options"]))
+            st = Stiefel(*spec["sizes"].values(), **spec["options"])
+            self._cache[key] = StiefelFrames(st) if rows is None else RowShardedFrames(st, rows)
         return self._cache[key]
 
     def factored_spec(self, group: dict[str, Any]) -> dict[str, Any]:

@@ -1,27 +1,34 @@
-"""Parameters sharded as DTensors (FSDP2's ``fully_shard``): whole points on every rank.
+"""Parameters sharded as DTensors (FSDP2's ``fully_shard``): frames stepped where they lie.
 
-A frame or a point is stepped where it lies when every rank holds whole frames: the parameter
-is a ``DTensor`` whose every ``Shard(i)`` placement cuts a leading (batch: layer, head) dimension,
-i < ndim − 2, never the rows or columns of a frame. The optimizer then works on the local
-shards (``local``), which are points of the same geometry with a smaller batch, and keeps its
-state as DTensors of the parameter's mesh and placements (``wrap``), so that
-``torch.distributed.checkpoint`` saves every rank's part. A block variant's shards must hold
-whole GQA groups (``local_heads``).
+Two layouts are stepped without gathering a frame. (1) Every ``Shard(i)`` placement cuts a
+leading (batch: layer, head) dimension, i < ndim − 2: each rank holds whole frames and whole
+points, which are points of the same geometry with a smaller batch (``local``); a block
+variant's shards must hold whole GQA groups (``local_heads``). (2) A Stiefel frame whose rows
+are sharded, ``Shard(ndim − 2)`` (what ``fully_shard`` does to a single (d, r) frame): each rank
+holds some rows of every frame, and ``RowShardedFrames`` sums every r×r product WᵀZ and every
+squared norm over the ranks of that mesh dimension, one all-reduce of r×r matrices (or of
+scalars) each, so that all ranks take the same step on their rows. In both the optimizer keeps
+its state as DTensors on the parameter's mesh (``wrap``, ``store``), so that
+``torch.distributed.checkpoint`` saves every rank's part.
 
-A frame sharded along its rows (``Shard(ndim − 2)``, what ``fully_shard`` does by default to a
-single 2-D frame) would need every r×r product (WᵀG, the Gram of the retraction, the norms)
-summed over the ranks; that is not done here, and such a parameter is refused with its
-placement (keep it whole: ``fully_shard(..., ignored_params={p})`` or
-``shard_placement_fn=lambda p: Shard(0)`` on a (heads, d, r) tensor).
+Refused with the placement: columns sharded (dim −1), rows of the factors of the ten design
+points (their QR and SVD of d×2r matrices are not distributed here), and row-sharded frames
+under a retraction other than "polar" or the canonical metric.
 
-This module imports torch only (DESIGN §2).
+This module imports torch and ``torch_port`` only (DESIGN §2).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from torch_port import linalg
+from torch_port.geometry import default_atol
+from torch_port.linalg import sym, transpose
+from torch_port.stiefel import LazyProduct, StiefelFrames
 
 Tensor = torch.Tensor
 
@@ -41,24 +48,117 @@ def local(t: Tensor) -> Tensor:
     return t.to_local() if is_sharded(t) else t
 
 
-def check_whole_frames(name: str, p: Tensor, trailing: int = 2) -> None:
-    """Refuse a DTensor parameter that does not hold whole frames on each rank: a placement
-    other than Replicate or Shard(i) with i < ndim − ``trailing``."""
+def row_group(p: Tensor) -> Any:
+    """The process group over which the rows of p's frames are sharded (``Shard(ndim − 2)``),
+    or None."""
+    if not is_sharded(p):
+        return None
+    for mesh_dim, placement in enumerate(p.placements):
+        if isinstance(placement, Shard) and placement.dim == p.ndim - 2:
+            return p.device_mesh.get_group(mesh_dim)
+    return None
+
+
+def check_whole_frames(name: str, p: Tensor, rows: bool = False) -> None:
+    """Refuse a DTensor parameter whose placements the optimizer cannot step: anything but
+    Replicate and Shard(i) with i < ndim − 2 (or i = ndim − 2 with ``rows``, a Stiefel frame
+    under the polar retraction and the embedded metric)."""
     if not is_sharded(p):
         return
     for placement in p.placements:
         if isinstance(placement, Replicate):
             continue
-        if isinstance(placement, Shard) and placement.dim < p.ndim - trailing:
+        if isinstance(placement, Shard) and (
+            placement.dim < p.ndim - 2 or (rows and placement.dim == p.ndim - 2)
+        ):
             continue
+        allowed = "the leading (layer/head) dims" + (" or the rows" if rows else "")
         raise ValueError(
             f"{name} is a DTensor with placements {tuple(p.placements)} over shape "
-            f"{tuple(p.shape)}: the optimizer steps whole frames on each rank, so only the "
-            f"leading (layer/head) dims 0…{p.ndim - trailing - 1} may be sharded (a frame cut "
-            "along its rows would need its r×r products summed over ranks, which is not "
-            "done); keep it whole with fully_shard(..., ignored_params={p}) or shard a "
-            "(heads, d, r) tensor along dim 0"
+            f"{tuple(p.shape)}: the optimizer steps it only when {allowed} are sharded (rows "
+            "only for a Stiefel group with the polar retraction and the embedded metric; the "
+            "factors of the ten design points need whole rows); keep it whole with "
+            "fully_shard(..., ignored_params={p}) or shard a (heads, d, r) tensor along dim 0"
         )
+
+
+class RowShardedFrames(StiefelFrames):
+    """St(d, r) for frames (..., d, r) whose rows are sharded over a process group (each rank
+    holds rows of every frame, the embedded metric, the polar retraction): the operations of
+    ``StiefelFrames`` with every r×r product WᵀZ and every squared Frobenius norm summed over
+    the group (``torch.distributed.all_reduce``, r×r matrices or scalars, never a frame).
+
+    P_W(G) = G − W sym(Σ_ranks W_iᵀG_i); ‖u‖² = Σ_ranks ‖u_i‖²; polar(A) = A (Σ_ranks
+    A_iᵀA_i)^{-1/2} (the Gram routes of ``linalg.polar_plan``); P_Y(m) likewise."""
+
+    def __init__(self, st: Any, group: Any):
+        super().__init__(st)
+        self.group = group
+        self.retraction_checks_finite = True  # polar_plan refuses non-finite Grams
+
+    def _sum(self, t: Tensor) -> Tensor:
+        torch.distributed.all_reduce(t, group=self.group)
+        return t
+
+    def _inner(self, a: Tensor, b: Tensor) -> Tensor:
+        """Σ_ranks a_iᵀ b_i, r×r per frame, of (n, d_i, r) batches."""
+        return self._sum(transpose(a) @ b)
+
+    def check_point(self, x: Sequence[Tensor], atol: float | None = None) -> None:
+        w = x[0]
+        atol = default_atol(w.dtype) if atol is None else float(atol)
+        gram = self._sum(linalg.gram64(w))
+        res = linalg.frobenius(gram - linalg.eye_like(gram))
+        off = ~(res <= atol)  # NaN counts as off
+        if bool(off.any()):
+            raise ValueError(
+                f"point is off St({self.st.d}, {self.st.r}) (rows sharded): ‖WᵀW − I‖ = "
+                f"{float(res.max()):.3e} > {atol:.1e} ({int(off.sum())} of {res.numel()} "
+                "frames off)"
+            )
+
+    def _projected(self, w: Tensor, z: Tensor) -> Tensor:
+        w3, z3 = self._flat(w), self._flat(z)
+        s = sym(self._inner(w3, z3))
+        if not bool(torch.isfinite(s).all()):
+            raise ValueError(f"WᵀZ of a row-sharded frame is not finite in {z.dtype}")
+        return torch.baddbmm(z3, w3, s, alpha=-1.0).reshape(z.shape)
+
+    def egrad_to_rgrad(self, x: Sequence[Tensor], g: Sequence[Tensor]) -> tuple[Tensor]:
+        return (self._projected(x[0], g[0]),)
+
+    def proj_tangent(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
+        return (self._projected(x[0], u[0]),)
+
+    def transport(self, x: Sequence[Tensor], y: Sequence[Tensor], u: Sequence[Tensor]) -> tuple:
+        return (self._projected(y[0], u[0]),)
+
+    def frame_norms(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> Tensor:
+        squares = torch.sum(u[0].to(torch.float64) ** 2, dim=(-2, -1))
+        return torch.sqrt(self._sum(squares)).to(u[0].dtype)
+
+    def retract(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
+        return self.retract_scaled(x, u, torch.ones(x[0].shape[:-2], dtype=x[0].dtype))
+
+    def retract_scaled(self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor) -> tuple:
+        a = torch.addcmul(x[0], u[0], c[..., None, None].to(u[0].dtype))
+        inv_sqrt, full = linalg.polar_plan(a, self._upcast_buffer(a), reduce=self._sum)
+        return (full if inv_sqrt is None else LazyProduct(a, inv_sqrt),)
+
+    def transport_owned(self, x: Sequence[Tensor], y: Sequence[Any], u: Sequence[Tensor]) -> tuple:
+        """P_Y(m) = m − Y sym(Σ_ranks Y_iᵀm_i) into m; for a lazy Y = A H, YᵀM = H (AᵀM)."""
+        m, yy = u[0].contiguous(), y[0]
+        m3 = self._flat(m)
+        if isinstance(yy, LazyProduct):
+            basis, h3 = self._flat(yy.a), self._flat(yy.h)
+            c = h3 @ sym(h3 @ self._inner(basis, m3))
+        else:
+            basis = self._flat(yy)
+            c = sym(self._inner(basis, m3))
+        if not bool(torch.isfinite(c).all()):
+            raise ValueError(f"Yᵀm of a row-sharded frame is not finite in {m.dtype}")
+        m3.baddbmm_(basis, c, alpha=-1.0)
+        return (m,)
 
 
 def local_heads(name: str, row: Tensor, col: Tensor, n_heads: int, n_kv_heads: int) -> tuple:
@@ -80,7 +180,15 @@ def wrap(like: Tensor, value: Tensor) -> Tensor:
     """``value`` (a local tensor whose leading dims follow ``like``'s local shard) as a DTensor
     on ``like``'s mesh and placements; its global shape sums the shards' sizes over the mesh
     (one small all-reduce, made when a state entry is created)."""
-    mesh, placements = like.device_mesh, like.placements
+    mesh = like.device_mesh
+    # A per-frame scalar (no row or column dims) of a row-sharded frame is the same on every
+    # rank: replicated over that mesh dimension.
+    placements = [
+        Replicate()
+        if isinstance(pl, Shard) and pl.dim >= like.ndim - 2 and value.ndim < like.ndim
+        else pl
+        for pl in like.placements
+    ]
     shape = list(value.shape)
     for mesh_dim, placement in enumerate(placements):
         if isinstance(placement, Shard):

@@ -60,7 +60,7 @@ class StateChecks:
         key = (
             point.gi,
             point.geometry.name,
-            tuple(tuple(p.shape) for p in point.params),
+            tuple(tuple(sharding.local(p).shape) for p in point.params),  # a rank's shards
             group.get("moment"),
             group.get("gradient"),
         )
