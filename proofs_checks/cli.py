@@ -12,7 +12,7 @@ from proofs_checks.certificate import certify, check_destination, resolve_ids, s
 from proofs_checks.rank import add_rank_arguments, run_rank_command
 from proofs_checks.registry import REGISTRY
 
-BENCHMARKS = ("stiefel", "geometries", "port", "audit")
+BENCHMARKS = ("stiefel", "geometries", "port", "model", "audit")
 
 #: ``--seeds`` must lie in 0 ≤ s < SEED_LIMIT = 2**32, the seed range of NumPy's legacy
 #: ``np.random.seed`` / ``RandomState``; larger values overflow where a run uses them.
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port and audit)",
+        help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port, model, audit)",
     )
     bench.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
@@ -346,6 +346,16 @@ def run_bench(args: argparse.Namespace) -> int:
         repeats = 5 if args.repeats is None else args.repeats
         result = bench_port(d=args.d, r=args.r, repeats=repeats, progress=not args.json)
         print(json.dumps(result, indent=2) if args.json else format_port(result))
+        return 0
+
+    if args.name == "model":
+        from proofs_checks.bench.model import bench_model, check_model_memory, format_model
+
+        check_model_memory(("float32", "float64"))  # before torch is imported
+        _require_torch("rattn bench model")
+        repeats = 5 if args.repeats is None else args.repeats
+        result = bench_model(repeats=repeats, progress=not args.json)
+        print(json.dumps(result, indent=2) if args.json else format_model(result))
         return 0
 
     if args.name == "audit":

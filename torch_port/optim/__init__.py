@@ -31,8 +31,9 @@ A parameter group names its geometry (``GEOMETRIES``, the ten design points and 
   vectors have their own layout).
 
 Groups without a geometry hold plain parameters and are updated, in the same optimizer, by AdamW
-with decoupled decay in torch's convention and torch's arithmetic (``torch.optim.AdamW``,
-single-tensor path), with that group's lr, betas, eps and weight_decay.
+with decoupled decay in torch's convention and torch's arithmetic (``torch.optim.adamw.adamw``
+with foreach, bitwise the single-tensor path's), with that group's lr, betas, eps and
+weight_decay.
 
 State. A Stiefel parameter keeps "step", "exp_avg" (the first moment, a tangent vector at the
 current frame) and "sqrt_v" (√v, one scalar per frame: shape (...,) for a batch (..., d, r);

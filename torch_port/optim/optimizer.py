@@ -5,7 +5,8 @@ Riemannian gradients (or the gradients themselves, for ``"gradient": "euclidean"
 chain (``rule(group)``, a ``torch_port.optim.transforms.Transform``), the step ξ = c·u frame by
 frame, the retraction, and the transport of the chain's tangent state. Groups without a
 geometry hold plain parameters, updated in the same optimizer by AdamW with decoupled decay in
-torch's convention and torch's arithmetic (``torch.optim.AdamW``, single-tensor path).
+torch's convention and torch's arithmetic (``torch.optim.adamw.adamw``, foreach, whose
+results equal the single-tensor path's bitwise).
 
 Every step validates before it writes: each gradient finite (or the whole step skipped with
 ``skip_nonfinite=True``), each new point on its manifold, each stored state of the layout the
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.optim.adamw import adamw as torch_adamw
 
 from torch_port.geometries import GEOMETRIES
 from torch_port.linalg import Tensor
@@ -314,11 +316,10 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             state.update(new)
             for p in point.params[1:]:  # the other factors carry the point's step only
                 self.state[p] = {"step": state["step"]}
-        # Plain parameters: AdamW, in place, with torch's arithmetic.
-        for gi, _, p in items:
-            group = self.param_groups[gi]
+        # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
+        for gi, group in enumerate(self.param_groups):
             if group.get("geometry") is None:
-                self._adamw(group, p)
+                self._adamw(group, [p for g, _, p in items if g == gi])
         return loss
 
     def _point_update(self, point: Point) -> tuple[tuple[Any, ...], dict]:
@@ -353,28 +354,41 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         new["step"] = torch.full_like(stored["step"], t)
         return point.unpack(y), new
 
-    # -- AdamW (torch.optim.AdamW, single-tensor path, decoupled decay) -----------------------
-    def _adamw(self, group: dict[str, Any], p: Tensor) -> None:
-        state = self.state[p]
-        if len(state) == 0:
-            state["step"] = self._new_step()
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        grad, exp_avg, exp_avg_sq = p.grad, state["exp_avg"], state["exp_avg_sq"]
-        lr, (beta1, beta2) = group["lr"], group["betas"]
-        eps, weight_decay = group["eps"], group["weight_decay"]
-        state["step"] += 1
-        if weight_decay != 0:
-            p.mul_(1 - lr * weight_decay)
-        exp_avg.lerp_(grad, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = state["step"].item()
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-        step_size = lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2**0.5
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        p.addcdiv_(exp_avg, denom, value=-step_size)
+    # -- AdamW (torch.optim.AdamW's functional form, foreach, decoupled decay) -----------------
+    def _adamw(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        """torch's AdamW on the plain parameters of a group that have a gradient, by
+        ``torch.optim.adamw.adamw`` with ``foreach=True`` (its arithmetic equals the
+        single-tensor path's bitwise; sharded and plain tensors in separate calls)."""
+        for part in (
+            [p for p in params if sharding.is_sharded(p)],
+            [p for p in params if not sharding.is_sharded(p)],
+        ):
+            if not part:
+                continue
+            for p in part:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = self._new_step()
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            states = [self.state[p] for p in part]
+            beta1, beta2 = group["betas"]
+            torch_adamw(
+                part,
+                [p.grad for p in part],
+                [st["exp_avg"] for st in states],
+                [st["exp_avg_sq"] for st in states],
+                [],
+                [st["step"] for st in states],
+                foreach=True,
+                amsgrad=False,
+                beta1=beta1,
+                beta2=beta2,
+                lr=group["lr"],
+                weight_decay=group["weight_decay"],
+                eps=group["eps"],
+                maximize=False,
+            )
 
     # -- state ---------------------------------------------------------------------------------
     def _init_point_state(self, group: dict[str, Any], point: Point) -> dict:

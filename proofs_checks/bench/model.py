@@ -1,0 +1,180 @@
+"""The optimizer step of a whole model (``rattn bench model``).
+
+``bench_model`` times one step of ``torch_port.RiemannianAdam`` over the parameters of the 12
+blocks of GPT-2 small (85 M parameters: W_Q and W_K as 24 frame tensors (12 heads, 768, 64) on
+St(768, 64), everything else plain, AdamW in the same optimizer) against ``torch.optim.AdamW``
+(foreach) over the same parameters, all plain. Only the parameters' shapes are built (no
+forward); the embeddings are left out (plain in both, their AdamW step is the same). torch and
+torch_port are imported inside the functions (``rattn certify`` runs without torch).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from proofs_checks.bench.timing import (
+    _check_repeats,
+    _interleaved_rounds,
+    _iqr,
+    machine_environment,
+)
+from proofs_checks.memory import require_memory
+
+#: GPT-2 small: 12 blocks of width 768, 12 heads of 64, MLP width 3072.
+GPT2_SMALL = {"layers": 12, "d": 768, "heads": 12, "mlp": 3072}
+#: The target: the whole model's step at most this many times AdamW's.
+MODEL_TARGET_VS_ADAMW = 1.05
+PORT_ROW = "torch_port RiemannianAdam (frames on W_Q, W_K)"
+ADAMW_ROW = "torch AdamW (foreach, all plain)"
+LR = 1e-3
+
+
+def model_shapes(c: dict[str, int] = GPT2_SMALL) -> tuple[list[tuple], list[tuple]]:
+    """(frame shapes, plain shapes) of the blocks: per block W_Q, W_K (heads, d, d/heads) and
+    the rest of GPT-2's block — LayerNorm gains and biases, W_V (d, d), the q/k/v bias (3d),
+    the attention output (d, d) and its bias, the MLP (d, mlp), (mlp,), (mlp, d), (d,)."""
+    d, h, m = c["d"], c["heads"], c["mlp"]
+    frames, plain = [], []
+    for _ in range(c["layers"]):
+        frames += [(h, d, d // h)] * 2
+        plain += [(d,), (d,), (d, d), (3 * d,), (d, d), (d,), (d,), (d,)]
+        plain += [(d, m), (m,), (m, d), (d,)]
+    return frames, plain
+
+
+def _entries(shapes: list[tuple]) -> int:
+    return sum(int(np.prod(s)) for s in shapes)
+
+
+def check_model_memory(dtypes: tuple[str, ...]) -> None:
+    """Refuse, before torch is imported, a run whose estimate exceeds the memory limit: per
+    optimizer its parameters, gradients and two state tensors of every entry (8 copies)."""
+    frames, plain = model_shapes()
+    widest = 8 if "float64" in dtypes else 4
+    require_memory("bench model", 8 * widest * (_entries(frames) + _entries(plain)))
+
+
+def _candidates(dtype: Any, seed: int) -> dict[str, tuple[Any, list[Any]]]:
+    """name -> (optimizer, parameters), each on its own copy of the same values and gradients
+    (left attached, so that every call is a full step)."""
+    import torch
+
+    import torch_port as tp
+
+    gen = torch.Generator().manual_seed(seed)
+    frame_shapes, plain_shapes = model_shapes()
+    frames = [tp.Stiefel(s[-2], s[-1]).random_point(gen, s[:-2], dtype=dtype) for s in frame_shapes]
+    plain = [
+        0.02 * torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in plain_shapes
+    ]
+    grads = [
+        torch.randn(t.shape, generator=gen, dtype=torch.float64).to(dtype) for t in frames + plain
+    ]
+
+    def params() -> list[Any]:
+        ps = [torch.nn.Parameter(t.clone()) for t in frames + plain]
+        for p, g in zip(ps, grads, strict=True):
+            p.grad = g.clone()
+        return ps
+
+    port = params()
+    groups = [
+        {"params": port[: len(frames)], "geometry": "stiefel"},
+        {"params": port[len(frames) :], "weight_decay": 1e-2},
+    ]
+    adamw = params()
+    return {
+        PORT_ROW: (tp.RiemannianAdam(groups, lr=LR), port),
+        ADAMW_ROW: (torch.optim.AdamW(adamw, lr=LR, foreach=True), adamw),
+    }
+
+
+def bench_model(
+    repeats: int = 5,
+    seed: int = 0,
+    *,
+    progress: bool = True,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+) -> dict[str, Any]:
+    """Time the two optimizers' steps, interleaved round by round (``_interleaved_rounds``), in
+    each dtype; returns ``{"rows": [{"dtype", "name", "median_s", "iqr_s", "ratio_to_adamw"}],
+    "targets": [{"dtype", "port_over_adamw", "met"}], "parameters", "frame_parameters",
+    "notes", "environment"}``."""
+    _check_repeats(repeats)
+    check_model_memory(dtypes)
+    import torch
+
+    names = {"float32": torch.float32, "float64": torch.float64}
+    bad = [t for t in dtypes if t not in names]
+    if bad:
+        raise ValueError(f"bench model dtypes are float32 and float64, got {bad}")
+    rows, targets = [], []
+    for dt in dtypes:
+        cands = _candidates(names[dt], seed)
+        fns = {name: opt.step for name, (opt, _) in cands.items()}
+        _, samples = _interleaved_rounds(fns, repeats, desc=f"bench model {dt}", progress=progress)
+        adamw = float(np.median(samples[ADAMW_ROW]))
+        for name in cands:
+            med = float(np.median(samples[name]))
+            rows.append(
+                {
+                    "dtype": dt,
+                    "name": name,
+                    "median_s": med,
+                    "iqr_s": _iqr(samples[name]),
+                    "ratio_to_adamw": med / adamw,
+                }
+            )
+        ratio = rows[-2]["median_s"] / adamw
+        targets.append(
+            {"dtype": dt, "port_over_adamw": ratio, "met": ratio <= MODEL_TARGET_VS_ADAMW}
+        )
+        del cands, fns
+    frames, plain = model_shapes()
+    return {
+        "dtypes": list(dtypes),
+        "repeats": int(repeats),
+        "parameters": _entries(frames) + _entries(plain),
+        "frame_parameters": _entries(frames),
+        "rows": rows,
+        "targets": targets,
+        "notes": [
+            f"lr {LR:g} for both; AdamW weight_decay 1e-2 on the plain parameters of both "
+            "(torch's default); the frames with the port's defaults (moment='frame', polar "
+            "retraction, no decay)."
+        ],
+        "environment": machine_environment(
+            "torch",
+            loadavg_at_end=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+            torch_threads=torch.get_num_threads(),
+        ),
+    }
+
+
+def format_model(result: dict[str, Any]) -> str:
+    """Markdown for a ``bench_model`` result."""
+    lines = [
+        f"Optimizer step of GPT-2 small's 12 blocks ({result['parameters'] / 1e6:.1f} M "
+        f"parameters, {result['frame_parameters'] / 1e6:.1f} M of them in frames), "
+        f"{result['repeats']} interleaved rounds:",
+        "",
+        "| dtype | optimizer | median (ms) | IQR (ms) | × AdamW |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for x in result["rows"]:
+        lines.append(
+            f"| {x['dtype']} | {x['name']} | {1e3 * x['median_s']:.1f} | {1e3 * x['iqr_s']:.1f} "
+            f"| {x['ratio_to_adamw']:.2f} |"
+        )
+    lines.append("")
+    for t in result["targets"]:
+        verdict = "met" if t["met"] else "NOT met"
+        lines.append(
+            f"- {t['dtype']}: port / AdamW = {t['port_over_adamw']:.2f} "
+            f"(target ≤ {MODEL_TARGET_VS_ADAMW:g}: {verdict})"
+        )
+    lines += ["", *result["notes"]]
+    return "\n".join(lines)
