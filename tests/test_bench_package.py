@@ -3,6 +3,7 @@ the single module had; sizes are refused from the memory estimate before any tim
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,27 @@ def test_the_audit_benchmark_runs_at_a_small_size_and_says_what_it_measured() ->
     assert result["sizes"]["frames"] == 16 and result["fraction_of_frames"] == 0.5
     # x, g, exp_avg, y: 4 frames of 16·4 float32 values; √v: 1 float32 (a zip adds headers)
     assert result["bytes_per_recorded_step"] >= 8 * (4 * 64 * 4 + 4)
+
+
+def test_the_model_benchmark_counts_gpt2_small_and_runs_at_a_small_size() -> None:
+    """GPT-2 small's 12 blocks hold 85.1 M parameters (7.09 M a block), 14.2 M of them in
+    W_Q and W_K; a one-block model of width 16 runs both optimizers and forms the ratio from
+    its rows."""
+    from proofs_checks.bench.model import bench_model, format_model, model_shapes
+
+    frames, plain = model_shapes()
+    count = sum(math.prod(s) for s in frames + plain)
+    assert len(frames) == 24 and all(s == (12, 768, 64) for s in frames)
+    # W_Q, W_K, W_V, the output (4·768²), the MLP (2·768·3072), two LayerNorms and the
+    # output and MLP-output biases (6·768), the q/k/v bias (2304), the MLP bias (3072)
+    assert count == 12 * (4 * 768 * 768 + 2 * 768 * 3072 + 6 * 768 + 2304 + 3072) == 85_054_464
+    pytest.importorskip("torch")
+    result = bench_model(
+        repeats=2, progress=False, config={"layers": 1, "d": 16, "heads": 2, "mlp": 32}
+    )
+    ratio = {t["dtype"]: t["port_over_adamw"] for t in result["targets"]}
+    for row in result["rows"]:
+        if row["name"].startswith("torch_port"):
+            assert row["ratio_to_adamw"] == pytest.approx(ratio[row["dtype"]], rel=1e-12)
+    assert result["frame_parameters"] == 2 * 16 * 8 * 2
+    assert "target ≤ 1.05" in format_model(result)

@@ -32,10 +32,11 @@ ADAMW_ROW = "torch AdamW (foreach, all plain)"
 LR = 1e-3
 
 
-def model_shapes(c: dict[str, int] = GPT2_SMALL) -> tuple[list[tuple], list[tuple]]:
+def model_shapes(c: dict[str, int] | None = None) -> tuple[list[tuple], list[tuple]]:
     """(frame shapes, plain shapes) of the blocks: per block W_Q, W_K (heads, d, d/heads) and
     the rest of GPT-2's block — LayerNorm gains and biases, W_V (d, d), the q/k/v bias (3d),
     the attention output (d, d) and its bias, the MLP (d, mlp), (mlp,), (mlp, d), (d,)."""
+    c = GPT2_SMALL if c is None else c
     d, h, m = c["d"], c["heads"], c["mlp"]
     frames, plain = [], []
     for _ in range(c["layers"]):
@@ -49,15 +50,17 @@ def _entries(shapes: list[tuple]) -> int:
     return sum(int(np.prod(s)) for s in shapes)
 
 
-def check_model_memory(dtypes: tuple[str, ...]) -> None:
+def check_model_memory(dtypes: tuple[str, ...], config: dict[str, int] | None = None) -> None:
     """Refuse, before torch is imported, a run whose estimate exceeds the memory limit: per
     optimizer its parameters, gradients and two state tensors of every entry (8 copies)."""
-    frames, plain = model_shapes()
+    frames, plain = model_shapes(config)
     widest = 8 if "float64" in dtypes else 4
     require_memory("bench model", 8 * widest * (_entries(frames) + _entries(plain)))
 
 
-def _candidates(dtype: Any, seed: int) -> dict[str, tuple[Any, list[Any]]]:
+def _candidates(
+    dtype: Any, seed: int, config: dict[str, int] | None
+) -> dict[str, tuple[Any, list[Any]]]:
     """name -> (optimizer, parameters), each on its own copy of the same values and gradients
     (left attached, so that every call is a full step)."""
     import torch
@@ -65,7 +68,7 @@ def _candidates(dtype: Any, seed: int) -> dict[str, tuple[Any, list[Any]]]:
     import torch_port as tp
 
     gen = torch.Generator().manual_seed(seed)
-    frame_shapes, plain_shapes = model_shapes()
+    frame_shapes, plain_shapes = model_shapes(config)
     frames = [tp.Stiefel(s[-2], s[-1]).random_point(gen, s[:-2], dtype=dtype) for s in frame_shapes]
     plain = [
         0.02 * torch.randn(s, generator=gen, dtype=torch.float64).to(dtype) for s in plain_shapes
@@ -98,13 +101,15 @@ def bench_model(
     *,
     progress: bool = True,
     dtypes: tuple[str, ...] = ("float32", "float64"),
+    config: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Time the two optimizers' steps, interleaved round by round (``_interleaved_rounds``), in
-    each dtype; returns ``{"rows": [{"dtype", "name", "median_s", "iqr_s", "ratio_to_adamw"}],
-    "targets": [{"dtype", "port_over_adamw", "met"}], "parameters", "frame_parameters",
-    "notes", "environment"}``."""
+    each dtype, on GPT-2 small's blocks (or ``config``: layers, d, heads, mlp); returns
+    ``{"rows": [{"dtype", "name", "median_s", "iqr_s", "ratio_to_adamw"}], "targets":
+    [{"dtype", "port_over_adamw", "met"}], "parameters", "frame_parameters", "notes",
+    "environment"}``."""
     _check_repeats(repeats)
-    check_model_memory(dtypes)
+    check_model_memory(dtypes, config)
     import torch
 
     names = {"float32": torch.float32, "float64": torch.float64}
@@ -113,7 +118,7 @@ def bench_model(
         raise ValueError(f"bench model dtypes are float32 and float64, got {bad}")
     rows, targets = [], []
     for dt in dtypes:
-        cands = _candidates(names[dt], seed)
+        cands = _candidates(names[dt], seed, config)
         fns = {name: opt.step for name, (opt, _) in cands.items()}
         _, samples = _interleaved_rounds(fns, repeats, desc=f"bench model {dt}", progress=progress)
         adamw = float(np.median(samples[ADAMW_ROW]))
@@ -133,7 +138,7 @@ def bench_model(
             {"dtype": dt, "port_over_adamw": ratio, "met": ratio <= MODEL_TARGET_VS_ADAMW}
         )
         del cands, fns
-    frames, plain = model_shapes()
+    frames, plain = model_shapes(config)
     return {
         "dtypes": list(dtypes),
         "repeats": int(repeats),
