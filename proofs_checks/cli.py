@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port, model, audit)",
     )
+    bench.add_argument("--device", default="cpu", help="port: cpu (default) or cuda")
+    bench.add_argument(
+        "--dtype", default=None, help="port: float32,float64 (default), bfloat16 too"
+    )
     bench.add_argument("--json", action="store_true", help="print one JSON document")
     return parser
 
@@ -344,7 +348,15 @@ def run_bench(args: argparse.Namespace) -> int:
         check_port_sizes(args.d, args.r)  # sizes and memory, before torch is imported
         _require_torch("rattn bench port")
         repeats = 5 if args.repeats is None else args.repeats
-        result = bench_port(d=args.d, r=args.r, repeats=repeats, progress=not args.json)
+        dtypes = tuple(args.dtype.split(",")) if args.dtype else ("float32", "float64")
+        result = bench_port(
+            d=args.d,
+            r=args.r,
+            repeats=repeats,
+            progress=not args.json,
+            dtypes=dtypes,
+            device=args.device,
+        )
         print(json.dumps(result, indent=2) if args.json else format_port(result))
         return 0
 

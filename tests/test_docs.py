@@ -59,6 +59,9 @@ def test_every_rattn_command_in_the_docs_parses() -> None:
     from proofs_checks.cli import _UsageError, build_parser
 
     commands = [c for p in FILES for c in rattn_commands(p)]
+    script = (ROOT / "docs" / "gpu_check.sh").read_text(encoding="utf-8")  # the GPU script
+    shell = [c.strip() for line in script.splitlines() for c in re.split(r"&&|;|>", line)]
+    commands += [c for c in shell if c.startswith("rattn ")]
     assert len(commands) >= 15  # the scan finds them
     parser = build_parser()
     for command in commands:
@@ -68,3 +71,21 @@ def test_every_rattn_command_in_the_docs_parses() -> None:
             raise AssertionError(f"{command!r} does not parse: {e}") from None
     with pytest.raises(_UsageError):  # control: a misspelt option is caught
         parser.parse_args(["certify", "--quik"])
+
+
+def test_the_gpu_compile_check_runs_on_the_cpu() -> None:
+    """docs/gpu_compile_check.py (part of docs/gpu_check.sh) runs as written: on the CPU its
+    compiled step equals the eager one bitwise."""
+    pytest.importorskip("torch")
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "docs/gpu_compile_check.py", "cpu"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["compiled_equals_eager_bitwise"] is True and report["device"] == "cpu"

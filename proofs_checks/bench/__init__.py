@@ -6,7 +6,10 @@
 - ``peers``: pymanopt and geoopt, imported only when asked, never failing a benchmark;
 - ``stiefel``: ``bench_stiefel``, ``format_bench`` (projection and retractions of St(d, r));
 - ``geometries``: ``bench_geometries``, ``format_geometries`` (one step of each of the ten);
-- ``port``: ``bench_port``, ``format_port`` (the port's optimizer step; torch imported lazily).
+- ``port``: ``bench_port``, ``format_port`` (the port's optimizer step; torch imported lazily);
+- ``profile``: where one port step spends its time (``port_attribution``);
+- ``model``: ``bench_model``, ``format_model`` (a whole model's step against AdamW);
+- ``audit``: ``bench_audit`` (the recorder's overhead).
 
 Every name below stays importable from ``proofs_checks.bench``.
 """
@@ -33,11 +36,11 @@ from proofs_checks.bench.port import (
     PORT_TARGET_STATE,
     PORT_TARGET_VS_ADAMW,
     PORT_TARGET_VS_GEOOPT,
-    PROFILE_TOP,
     bench_port,
     check_port_sizes,
     format_port,
 )
+from proofs_checks.bench.profile import PROFILE_TOP
 from proofs_checks.bench.stiefel import (
     GRAM_ROW,
     STEP_NORM,

@@ -9,17 +9,15 @@ the functions: ``rattn certify`` and the other benchmarks must work without torc
 
 from __future__ import annotations
 
-import linecache
 import math
 import os
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from proofs_checks.bench.peers import _import_geoopt
+from proofs_checks.bench.profile import port_attribution
 from proofs_checks.bench.timing import (
     _check_repeats,
     _interleaved_rounds,
@@ -42,9 +40,6 @@ PORT_TARGET_STATE = 0.5
 
 #: Learning rate of every optimizer in the benchmark (Gaussian gradients of unit entries).
 PORT_LR = 1e-3
-
-#: Rows of the profile tables kept.
-PROFILE_TOP = 12
 
 
 def _port_sizes(d: int, r: int) -> list[dict[str, Any]]:
@@ -87,21 +82,24 @@ def _state_bytes(opt: Any) -> int:
     )
 
 
-def _port_inputs(size: dict[str, Any], dtype: Any, seed: int) -> tuple[list[Any], list[Any]]:
-    """The frames (``torch_port.Stiefel.random_point``) and Gaussian gradients of a size."""
+def _port_inputs(
+    size: dict[str, Any], dtype: Any, seed: int, device: str = "cpu"
+) -> tuple[list[Any], list[Any]]:
+    """The frames (``torch_port.Stiefel.random_point``) and Gaussian gradients of a size, drawn
+    on the CPU in float64 (the same values on every device), then cast and moved."""
     import torch
 
     import torch_port as tp
 
     gen = torch.Generator().manual_seed(seed)
     st = tp.Stiefel(size["d"], size["r"])
-    points = [st.random_point(gen, size["batch"], dtype=dtype) for _ in range(size["params"])]
-    grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64).to(dtype) for p in points]
-    return points, grads
+    points = [st.random_point(gen, size["batch"]) for _ in range(size["params"])]
+    grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in points]
+    return [t.to(device, dtype) for t in points], [t.to(device, dtype) for t in grads]
 
 
 def _port_candidates(
-    size: dict[str, Any], dtype: Any, seed: int, geoopt: Any
+    size: dict[str, Any], dtype: Any, seed: int, geoopt: Any, device: str = "cpu"
 ) -> dict[str, tuple[Any, list[Any]]]:
     """name -> (optimizer, its parameters), each on its own copy of the same frames with the
     same gradients attached (``step`` does not clear them, so every call steps again)."""
@@ -109,7 +107,7 @@ def _port_candidates(
 
     import torch_port as tp
 
-    points, grads = _port_inputs(size, dtype, seed)
+    points, grads = _port_inputs(size, dtype, seed, device)
 
     def params(make: Callable[[Any], Any]) -> list[Any]:
         ps = [make(p.clone()) for p in points]
@@ -122,7 +120,7 @@ def _port_candidates(
     out[PORT_ROW] = (tp.RiemannianAdam([{"params": ps, "geometry": "stiefel"}], lr=PORT_LR), ps)
     ps = params(torch.nn.Parameter)
     out[ADAMW_ROW] = (torch.optim.AdamW(ps, lr=PORT_LR, foreach=True), ps)
-    if geoopt is not None:
+    if geoopt is not None and dtype != torch.bfloat16:  # its QR retraction has no bfloat16
         stiefel = geoopt.EuclideanStiefel()
         ps = params(lambda t: geoopt.ManifoldParameter(t, manifold=stiefel))
         out[GEOOPT_ROW] = (geoopt.optim.RiemannianAdam(ps, lr=PORT_LR), ps)
@@ -136,7 +134,9 @@ def _port_candidates(
         def __init__(self, ps: list[Any]) -> None:
             self.ps, self.state = ps, {}
             self.small = [
-                torch.eye(p.shape[-1], dtype=p.dtype).expand(*p.shape[:-2], -1, -1).contiguous()
+                torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+                .expand(*p.shape[:-2], -1, -1)
+                .contiguous()
                 for p in ps
             ]
 
@@ -153,83 +153,6 @@ def _port_candidates(
     return out
 
 
-def _port_attribution(size: dict[str, Any], dtype: Any, seed: int) -> dict[str, Any]:
-    """Where one ``RiemannianAdam`` step spends its time, by source line of ``torch_port`` and
-    by torch operator.
-
-    After two warm-up steps, one step runs under a ``TorchDispatchMode`` that times every
-    operator call (CPU operators are synchronous, so the wall time around the call is its
-    cost) and charges it to the innermost ``torch_port`` source line on the Python stack. This
-    instruments the real step, whatever its code is at the time, not a replica; the overhead is
-    a few µs per operator call (the step makes a few hundred). Returns ``{"step_s" (the same
-    step uninstrumented), "instrumented_s", "ops_s" (sum of the timed operator calls),
-    "sites": [{"site", "calls", "seconds", "share"}], "operators": [...]}``, each list sorted
-    by time and cut at PROFILE_TOP."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    import torch_port as tp
-
-    class _Timer(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sites: dict[str, list[float]] = {}
-            self.ops: dict[str, list[float]] = {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-            frame, site = sys._getframe(1), "outside torch_port"
-            while frame is not None:
-                path = frame.f_code.co_filename.replace("\\", "/")
-                if "/torch_port/" in path:
-                    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-                    site = (
-                        f"torch_port/{path.rsplit('/torch_port/', 1)[1]}:{frame.f_lineno} "
-                        f"({frame.f_code.co_name}) `{code[:70]}`"
-                    )
-                    break
-                frame = frame.f_back
-            start = time.perf_counter()
-            out = func(*args, **(kwargs or {}))
-            spent = time.perf_counter() - start
-            for table, key in ((self.sites, site), (self.ops, str(func.overloadpacket))):
-                entry = table.setdefault(key, [0, 0.0])
-                entry[0] += 1
-                entry[1] += spent
-            return out
-
-    points, grads = _port_inputs(size, dtype, seed)
-    ps = [torch.nn.Parameter(p) for p in points]
-    for p, g in zip(ps, grads, strict=True):
-        p.grad = g
-    opt = tp.RiemannianAdam([{"params": ps, "geometry": "stiefel"}], lr=PORT_LR)
-    opt.step()
-    opt.step()
-    start = time.perf_counter()
-    opt.step()
-    plain = time.perf_counter() - start
-    timer = _Timer()
-    start = time.perf_counter()
-    with timer:
-        opt.step()
-    instrumented = time.perf_counter() - start
-    total = sum(v[1] for v in timer.sites.values()) or 1.0
-
-    def rows(table: dict[str, list[float]], label: str) -> list[dict[str, Any]]:
-        ranked = sorted(table.items(), key=lambda kv: kv[1][1], reverse=True)[:PROFILE_TOP]
-        return [
-            {label: k, "calls": int(c), "seconds": float(t), "share": float(t / total)}
-            for k, (c, t) in ranked
-        ]
-
-    return {
-        "step_s": plain,
-        "instrumented_s": instrumented,
-        "ops_s": total,
-        "sites": rows(timer.sites, "site"),
-        "operators": rows(timer.ops, "op"),
-    }
-
-
 def bench_port(
     d: int = 512,
     r: int = 64,
@@ -240,6 +163,7 @@ def bench_port(
     dtypes: tuple[str, ...] = ("float32", "float64"),
     sizes: list[dict[str, Any]] | None = None,
     profile: bool = True,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Time one optimizer step of ``torch_port.RiemannianAdam`` against ``torch.optim.AdamW``
     (foreach=True) and, when geoopt is importable, geoopt's ``RiemannianAdam`` on
@@ -258,7 +182,7 @@ def bench_port(
     reach on that machine for this algorithm with torch's batched matmul, however the rest of the
     step is written. Rows report the median and IQR of seconds per step, ``ratio_to_adamw`` and
     ``state_bytes`` (after the warm-up steps). With ``profile``, one port step on the last
-    size is attributed to source lines and operators (``_port_attribution``), for each dtype.
+    size is attributed to source lines and operators (``port_attribution``), for each dtype.
 
     Returns ``{"rows": [{"size", "label", "dtype", "name", "median_s", "iqr_s",
     "ratio_to_adamw", "state_bytes", "param_bytes", "calls_per_sample"}], "targets": [...],
@@ -269,17 +193,26 @@ def bench_port(
     check_port_sizes(d, r, sizes)
     import torch
 
-    names = {"float32": torch.float32, "float64": torch.float64}
+    names = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
     bad = [t for t in dtypes if t not in names]
     if bad:
-        raise ValueError(f"bench port dtypes are float32 and float64, got {bad}")
+        raise ValueError(f"bench port dtypes are float32, float64 and bfloat16, got {bad}")
+    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
+        raise ValueError(f"bench port runs on cpu or cuda (when available), got {device!r}")
     notes: list[str] = []
     geoopt = _import_geoopt(notes)
     rows: list[dict[str, Any]] = []
+
+    def synced(step: Callable[[], Any]) -> Callable[[], None]:
+        """A step that returns when the device has finished it (CUDA runs asynchronously)."""
+        if device == "cpu":
+            return step
+        return lambda: (step(), torch.cuda.synchronize())
+
     for size in sizes:
         for dt in dtypes:
-            cands = _port_candidates(size, names[dt], seed, geoopt)
-            fns = {name: opt.step for name, (opt, _) in cands.items()}
+            cands = _port_candidates(size, names[dt], seed, geoopt, device)
+            fns = {name: synced(opt.step) for name, (opt, _) in cands.items()}
             numbers, samples = _interleaved_rounds(
                 fns, repeats, desc=f"bench port {size['key']} {dt}", progress=progress
             )
@@ -327,14 +260,16 @@ def bench_port(
             )
             targets.append(t)
     profile_rows: dict[str, Any] = {}
-    if profile:
+    if profile and device != "cpu":
+        notes.append("No profile on CUDA: operators run asynchronously there.")
+    if profile and device == "cpu":
         big = sizes[-1]
         for dt in dtypes:
-            profile_rows[dt] = _port_attribution(big, names[dt], seed)
+            profile_rows[dt] = port_attribution(big, names[dt], seed)
         notes.append(
             f"Profile on size ({big['key']}): one port step after two warm-up steps, every torch "
             "operator call timed under a TorchDispatchMode and charged to the innermost "
-            "torch_port source line (``_port_attribution``); 'step' is the same step "
+            "torch_port source line (``port_attribution``); 'step' is the same step "
             "uninstrumented."
         )
     notes.append(
@@ -351,6 +286,7 @@ def bench_port(
         torch_threads=torch.get_num_threads(),
     )
     return {
+        "device": device,
         "dtypes": list(dtypes),
         "repeats": int(repeats),
         "seed": int(seed),
