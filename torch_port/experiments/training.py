@@ -95,10 +95,14 @@ class Task:
     y_val: Tensor
     batch_size: int | None = None
     readout: str = "last"
+    #: Read-out "last" through ``Transformer.forward(last_only=True)`` (one-layer models).
+    last_only: bool = False
 
 
 def logits_of(task: Task, model: nn.Module, x: Tensor) -> Tensor:
     """(B, n_classes) logits of ``model`` on inputs ``x`` with the task's read-out."""
+    if task.last_only:
+        return model(x, last_only=True)[:, -1]
     out = model(x)
     return out[:, -1] if task.readout == "last" else out.mean(dim=1)
 
