@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from proofs_checks.certificate import certify, check_destination, resolve_ids, summary_table
 from proofs_checks.rank import add_rank_arguments, run_rank_command
@@ -148,6 +149,14 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", default=None, help="patches: a local CIFAR-10 directory")
     parser.add_argument("--corpus", default=None, help="lm: a text file (default: stdlib sources)")
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace an entry of the preset's configuration (VALUE as JSON, else a string; "
+        "e.g. --set lr=1e-3 --set init=torch); repeatable",
+    )
+    parser.add_argument(
         "--no-resume", action="store_true", help="start afresh, ignoring checkpoints"
     )
     parser.add_argument(
@@ -180,10 +189,29 @@ def parse_seeds(text: str | None) -> tuple[int, ...] | None:
     return seeds
 
 
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` entries as a dict: VALUE read as JSON (numbers, lists, true, null),
+    else kept as a string; a malformed or repeated entry is refused, naming it."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key = key.strip()
+        if key in out:
+            raise ValueError(f"--set {key} given twice")
+        try:
+            out[key] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key] = text
+    return out
+
+
 def run_experiment(args: argparse.Namespace) -> int:
     """``rattn experiment NAME``: bad usage (bad seeds, unknown name, no torch or matplotlib,
     CUDA missing, bad paths) exits 2 before the run; the run's summary is printed."""
     seeds = parse_seeds(args.seeds)  # first: needs neither torch nor the experiment
+    overrides = parse_overrides(args.set)
     try:
         from torch_port import experiments
         from torch_port.experiments.common import RunOptions, require_matplotlib, resolve_device
@@ -205,6 +233,7 @@ def run_experiment(args: argparse.Namespace) -> int:
         corpus=None if args.corpus is None else Path(args.corpus),
         progress=not args.json,
         resume=not args.no_resume,
+        overrides=overrides,
     )
     document = module.run(options)
     if args.json:

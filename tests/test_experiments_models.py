@@ -50,3 +50,49 @@ def test_the_grokking_task_reads_through_it_and_deeper_models_are_refused():
     deep = Transformer(TokenEmbedding(12, 16), 16, 2, 2, 32, 11, 3)
     with pytest.raises(ValueError, match="one layer only, this model has 2"):
         deep(torch.zeros(1, 3, dtype=torch.long), last_only=True)
+
+
+def test_the_torch_initialisation_is_pytorchs_own_and_paired_by_seed():
+    def make(init, seed=0, geometry=None):
+        emb = TokenEmbedding(60, 128)
+        return Transformer(emb, 128, 1, 4, 512, 59, 3, seed=seed, qk_geometry=geometry, init=init)
+
+    torch_init, scaled = make("torch"), make("scaled")
+    # N(0, 1) embedding rows against N(0, 1/d): 7680 entries estimate the std to ~1%
+    assert abs(float(torch_init.embed.weight.std()) - 1.0) < 0.05
+    assert abs(float(scaled.embed.weight.std()) * 128**0.5 - 1.0) < 0.05
+    # nn.Linear's Kaiming-uniform: |w| ≤ 1/sqrt(fan_in), and its bias uniform, not zero
+    fc = torch_init.blocks[0].mlp[0]
+    assert float(fc.weight.abs().max()) <= 1 / 128**0.5 and float(fc.bias.abs().max()) > 0
+    # the attention's plain projections as nn.MultiheadAttention's (Xavier over (3d, d))
+    xavier = (6 / (4 * 128)) ** 0.5
+    assert xavier / 128**0.5 < float(torch_init.blocks[0].attn.w_q.abs().max()) <= xavier
+    again = make("torch")
+    assert all(torch.equal(a, b) for a, b in zip(torch_init.parameters(), again.parameters()))
+    frames = make("torch", geometry="stiefel")  # paired: the same non-attention weights
+    assert torch.equal(frames.embed.weight, torch_init.embed.weight)
+    assert not torch.equal(make("torch", seed=1).embed.weight, torch_init.embed.weight)
+    with pytest.raises(ValueError, match="init must be one of"):
+        make("xavier")
+
+
+def test_set_overrides_reach_the_experiment(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    import json
+
+    from proofs_checks.cli import main, parse_overrides
+
+    assert parse_overrides(["lr=1e-3", "init=torch", "betas=[0.9, 0.95]"]) == {
+        "lr": 1e-3,
+        "init": "torch",
+        "betas": [0.9, 0.95],
+    }
+    for bad, message in ((["lr"], "KEY=VALUE"), (["lr=1", "lr=2"], "given twice")):
+        with pytest.raises(ValueError, match=message):
+            parse_overrides(bad)
+    argv = ["experiment", "grokking", "--preset", "smoke", "--out", str(tmp_path), "--json"]
+    assert main([*argv, "--set", "init=torch", "--set", "steps=8"]) == 0
+    config = json.loads((tmp_path / "grokking" / "results.json").read_text())["config"]
+    assert config["init"] == "torch" and config["steps"] == 8
+    assert main([*argv, "--set", "nope=1"]) == 2  # unknown keys are refused, named

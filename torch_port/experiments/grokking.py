@@ -26,13 +26,16 @@ import torch
 
 from torch_port.experiments import common, runs
 from torch_port.experiments.arms import ARMS, check_arms
-from torch_port.experiments.models import TokenEmbedding, Transformer
+from torch_port.experiments.models import INITS, TokenEmbedding, Transformer
 from torch_port.experiments.training import Task, check_training_config, train_cells
 
 NAME = "grokking"
 
 _MODEL = dict(d_model=128, n_heads=4, d_mlp=512)
 _OPTIM = dict(betas=[0.9, 0.98], weight_decay=1.0, trust_tau=0.1)
+#: "scaled" (N(0, 1/fan-in) weights, N(0, 1/d) embeddings; the tables of docs/results.md) or
+#: "torch" (PyTorch's own initialisations); ``--set init=torch`` selects the second.
+_INIT = dict(init="scaled")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
@@ -44,6 +47,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         d_mlp=64,
         lr=3e-3,
         **_OPTIM,
+        **_INIT,
         eval_every=4,
         checkpoint_every=8,
         threshold=0.95,
@@ -60,6 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_MODEL,
         lr=3e-3,
         **_OPTIM,
+        **_INIT,
         eval_every=20,
         checkpoint_every=250,
         threshold=0.95,
@@ -74,6 +79,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         **_MODEL,
         lr=1e-3,
         **_OPTIM,
+        **_INIT,
         eval_every=10,
         checkpoint_every=500,
         threshold=0.95,
@@ -98,6 +104,8 @@ def check_task(config: dict[str, Any]) -> None:
             f"train_fraction must lie in (0, 1) and leave both splits non-empty, got {f!r}"
         )
     check_training_config(config, ("d_model", "n_heads", "d_mlp"))
+    if config.get("init", "scaled") not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {config.get('init')!r}")
 
 
 def check_config(config: dict[str, Any]) -> None:
@@ -134,6 +142,7 @@ def make_task(config: dict[str, Any], seed: int, device: torch.device | str = "c
             seed=model_seed,
             qk_geometry=qk_geometry,
             layernorm=False,
+            init=config.get("init", "scaled"),
         ).to(device)
 
     dev = torch.device(device)

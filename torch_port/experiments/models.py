@@ -17,6 +17,9 @@ from torch_port.nn import RiemannianMultiheadAttention
 
 Tensor = torch.Tensor
 
+#: The initialisations of ``Transformer``'s plain weights.
+INITS = ("scaled", "torch")
+
 
 class TokenEmbedding(nn.Embedding):
     """Integer tokens (B, T) → vectors (B, T, d_model)."""
@@ -60,7 +63,10 @@ class Transformer(nn.Module):
     that differ only in their geometries share every non-attention weight exactly (paired
     comparisons), whatever ran before. Plain weights: N(0, 1/fan_in) for linear maps,
     N(0, 1/d_model) for embedding tables, N(0, 0.02²) for the positional table, zero biases,
-    unit LayerNorm gains. Inputs longer than ``max_len`` are refused."""
+    unit LayerNorm gains ("scaled", the default, with the attention's plain projections uniform
+    in ±1/sqrt(fan-in)); ``init="torch"`` keeps PyTorch's own initialisations instead
+    (``_draw_torch``; the attention's plain projections as ``nn.MultiheadAttention``'s). Inputs
+    longer than ``max_len`` are refused."""
 
     def __init__(
         self,
@@ -79,8 +85,11 @@ class Transformer(nn.Module):
         block: bool = False,
         layernorm: bool = True,
         causal: bool = False,
+        init: str = "scaled",
     ):
         super().__init__()
+        if init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {init!r}")
         self.embed = embed
         self.pos = nn.Parameter(torch.zeros(max_len, d_model))
         attention_stream = torch.Generator().manual_seed(seed + 2**31)
@@ -96,7 +105,7 @@ class Transformer(nn.Module):
                     vo_geometry=vo_geometry,
                     block=block,
                     generator=attention_stream,
-                    plain_init="linear",  # the setup of docs/results.md
+                    plain_init="linear" if init == "scaled" else "multihead",
                 ),
                 layernorm=layernorm,
                 causal=causal,
@@ -105,7 +114,26 @@ class Transformer(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model) if layernorm else nn.Identity()
         self.head = nn.Linear(d_model, n_out)
-        self._draw_plain(torch.Generator().manual_seed(seed))
+        if init == "scaled":
+            self._draw_plain(torch.Generator().manual_seed(seed))
+        else:
+            self._draw_torch(seed)
+
+    @torch.no_grad()
+    def _draw_torch(self, seed: int) -> None:
+        """PyTorch's own initialisation of every non-attention module (``reset_parameters``:
+        N(0, 1) embedding tables, ``nn.Linear``'s Kaiming-uniform weights and uniform biases),
+        drawn from the global generator seeded with ``seed`` and restored afterwards; the
+        positional table N(0, 0.02²) as for "scaled"."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            for name, module in self.named_modules():
+                if ".attn" in f".{name}" or not hasattr(module, "reset_parameters"):
+                    continue
+                if not any(True for _ in module.parameters(recurse=False)):
+                    continue
+                module.reset_parameters()
+            self.pos.copy_(torch.randn(self.pos.shape) * 0.02)
 
     @torch.no_grad()
     def _draw_plain(self, gen: torch.Generator) -> None:
