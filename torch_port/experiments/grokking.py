@@ -36,6 +36,10 @@ _OPTIM = dict(betas=[0.9, 0.98], weight_decay=1.0, trust_tau=0.1)
 #: "scaled" (N(0, 1/fan-in) weights, N(0, 1/d) embeddings; the tables of docs/results.md) or
 #: "torch" (PyTorch's own initialisations); ``--set init=torch`` selects the second.
 _INIT = dict(init="scaled")
+#: Read the logits through the exact last-position forward (``Transformer.forward(last_only=
+#: True)``, 2.1–2.3 × faster). Off in these presets: equal to rounding, it still changes a long
+#: run's trajectory in its last bits, and the tables of docs/results.md are bit-for-bit reruns.
+_FAST = dict(last_only=False)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
@@ -48,6 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr=3e-3,
         **_OPTIM,
         **_INIT,
+        **_FAST,
         eval_every=4,
         checkpoint_every=8,
         threshold=0.95,
@@ -65,6 +70,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr=3e-3,
         **_OPTIM,
         **_INIT,
+        **_FAST,
         eval_every=20,
         checkpoint_every=250,
         threshold=0.95,
@@ -80,6 +86,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr=1e-3,
         **_OPTIM,
         **_INIT,
+        **_FAST,
         eval_every=10,
         checkpoint_every=500,
         threshold=0.95,
@@ -153,7 +160,7 @@ def make_task(config: dict[str, Any], seed: int, device: torch.device | str = "c
         y[tr].to(dev),
         x[va].to(dev),
         y[va].to(dev),
-        last_only=True,  # one layer read at "=": the exact last-position forward
+        last_only=bool(config.get("last_only", False)),  # one layer read at "="
     )
 
 
