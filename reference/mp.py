@@ -120,3 +120,62 @@ def adam_trajectory(
         out.steps.append(xi)
         out.m_hats.append(m_hat)
     return out
+
+
+def _capped(xi: Array, radius: float | None) -> Array:
+    """ξ·min(1, Δ/‖ξ‖) (no cap for Δ None)."""
+    if radius is None:
+        return xi
+    n = frobenius(xi)
+    return xi * (mpmath.mpf(radius) / n) if n > radius else xi
+
+
+def momentum_trajectory(
+    w0: Array, egrads: Sequence[Array], lr: float, beta: float = 0.9, c: float = 1.0
+) -> Trajectory:
+    """The trajectory of ``reference.optim.riemannian_momentum`` on St(d, r), transcribed from
+    DESIGN §5 at the working precision: g = P_W(G); M ← β M + (1 − β) g;
+    ξ = −lr·M/max(‖M‖, c); W ← polar(W + ξ); M ← P_W(M). ``m_hats`` holds each step's M."""
+    b, lr, c = mpmath.mpf(beta), mpmath.mpf(lr), mpmath.mpf(c)
+    w = to_mp(w0)
+    m = w * 0
+    out = Trajectory([w], [], [])
+    for egrad in egrads:
+        m = b * m + (1 - b) * proj(w, to_mp(egrad))
+        xi = -lr * m / max(frobenius(m), c)
+        w_next = polar(w + xi)
+        out.m_hats.append(m)
+        m = proj(w_next, m)
+        w = w_next
+        out.points.append(w)
+        out.steps.append(xi)
+    return out
+
+
+def rsgd_trajectory(
+    w0: Array, egrads: Sequence[Array], lr: float, trust_radius: float | None = None
+) -> Trajectory:
+    """``reference.optim.rsgd``: ξ = −lr·P_W(G), capped at Δ; W ← polar(W + ξ)."""
+    w = to_mp(w0)
+    out = Trajectory([w], [], [])
+    for egrad in egrads:
+        xi = _capped(-mpmath.mpf(lr) * proj(w, to_mp(egrad)), trust_radius)
+        w = polar(w + xi)
+        out.points.append(w)
+        out.steps.append(xi)
+    return out
+
+
+def normalized_rsgd_trajectory(w0: Array, egrads: Sequence[Array], lr: float) -> Trajectory:
+    """``reference.optim.normalized_rsgd``: ξ = −lr·g/RMS(g), g = P_W(G), RMS(g) =
+    ‖g‖/sqrt(d·r) (0/0 := 0); W ← polar(W + ξ)."""
+    w = to_mp(w0)
+    out = Trajectory([w], [], [])
+    for egrad in egrads:
+        g = proj(w, to_mp(egrad))
+        rms = frobenius(g) / mpmath.sqrt(g.size)
+        xi = g * 0 if rms == 0 else -mpmath.mpf(lr) * g / rms
+        w = polar(w + xi)
+        out.points.append(w)
+        out.steps.append(xi)
+    return out

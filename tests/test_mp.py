@@ -158,3 +158,38 @@ def test_adam_trajectory_first_step_closed_form():
         assert mp.frobenius(traj.m_hats[0] - g) < mpmath.mpf("1e-27")
         w1 = traj.points[1]
         assert mp.frobenius(w1.T @ w1 - mp.eye(2)) < mpmath.mpf("1e-27")
+
+
+def test_the_other_rules_transcriptions_hold_their_own_formulas():
+    """Properties read off the formulas, not from the reference: every new point on St(6, 3) to
+    the working precision; RSGD's capped steps of length ≤ Δ, its first uncapped step −lr·g;
+    the normalised steps of length lr·sqrt(d·r); the momentum's first step −lr·(1−β)·g/c when
+    ‖(1 − β)g‖ < c."""
+    rng = np.random.default_rng(3)
+    w0 = Stiefel(6, 3).random_point(rng)
+    grads = [rng.standard_normal((6, 3)) for _ in range(4)]
+    with mpmath.workdps(40):
+        eye = mp.eye(3)
+        for traj in (
+            mp.momentum_trajectory(w0, grads, 0.05, 0.9, 2.0),
+            mp.rsgd_trajectory(w0, grads, 0.05, 0.1),
+            mp.normalized_rsgd_trajectory(w0, grads, 0.05),
+        ):
+            for w in traj.points[1:]:  # W0 is the float64 draw itself
+                assert mp.frobenius(w.T @ w - eye) < mpmath.mpf(10) ** -35
+        g1 = mp.proj(mp.to_mp(w0), mp.to_mp(grads[0]))
+        capped = mp.rsgd_trajectory(w0, grads, 0.05, 0.1).steps
+        assert all(
+            mp.frobenius(xi) <= mpmath.mpf(0.1) * (1 + mpmath.mpf(10) ** -30) for xi in capped
+        )
+        free = mp.rsgd_trajectory(w0, grads, 0.05).steps[0]
+        assert mp.frobenius(free + mpmath.mpf(0.05) * g1) < mpmath.mpf(10) ** -35
+        for xi in mp.normalized_rsgd_trajectory(w0, grads, 0.05).steps:
+            assert (
+                abs(mp.frobenius(xi) - mpmath.mpf(0.05) * mpmath.sqrt(18)) < mpmath.mpf(10) ** -35
+            )
+        first = mp.momentum_trajectory(w0, grads, 0.05, 0.9, 2.0).steps[0]
+        assert (
+            mp.frobenius(first + mpmath.mpf(0.05) * (1 - mpmath.mpf(0.9)) * g1 / 2)
+            < mpmath.mpf(10) ** -35
+        )

@@ -17,4 +17,5 @@ from proofs_checks.propositions import eb_native
 from proofs_checks.propositions import eb_pooled
 from proofs_checks.propositions import eb_softmax
 from proofs_checks.propositions import ref_adam
+from proofs_checks.propositions import ref_rules
 from proofs_checks.propositions import port
