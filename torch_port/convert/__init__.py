@@ -135,7 +135,6 @@ class _Plan:
     kinds: dict[str, tuple[str, ...]]  # product -> factor kinds
     biases: dict[str, tuple[Slot, Tensor]]  # role -> (slot, its new float64 bias (n, k))
     geometries: dict[str, str | None]
-    block: dict[str, bool]
 
 
 def _check_tensors(name: str, att: Attention, roles: set[str]) -> None:
@@ -222,7 +221,7 @@ def _plan(
         else:
             b = map_bias(b, old[factor].reshape(g, p * d, k), new[factor].reshape(g, p * d, k))
         mapped[role] = (slot, b)
-    return _Plan(name, module, att, dtype, old, sources, kinds, mapped, geometries, block)
+    return _Plan(name, module, att, dtype, old, sources, kinds, mapped, geometries)
 
 
 def _apply(plan: _Plan) -> Conversion:
