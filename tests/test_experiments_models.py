@@ -99,3 +99,18 @@ def test_set_overrides_reach_the_experiment(tmp_path):
     config = json.loads((tmp_path / "grokking" / "results.json").read_text())["config"]
     assert config["init"] == "torch" and config["steps"] == 8
     assert main([*argv, "--set", "nope=1"]) == 2  # unknown keys are refused, named
+
+
+@pytest.mark.parametrize("arm", ["A", "B", "C", "D", "E", "F", "H"])
+def test_frames_take_their_own_learning_rate(arm):
+    from torch_port.experiments.arms import arm_geometry, make_optimizer, prepare_model
+
+    task = grokking.make_task(dict(grokking.PRESETS["smoke"]), 0)
+    model = prepare_model(arm, task.make_model(0, arm_geometry(arm)))
+    common = dict(lr=1e-3, betas=(0.9, 0.98), weight_decay=1.0, trust_radius=0.5)
+    opt = make_optimizer(arm, model, frame_lr=3e-2, **common)
+    lrs = {g.get("geometry"): g["lr"] for g in opt.param_groups}
+    assert lrs[None] == 1e-3
+    assert lrs.get("stiefel", 3e-2) == 3e-2 and ("stiefel" in lrs) == (arm != "A")
+    same = make_optimizer(arm, model, **common)
+    assert {g["lr"] for g in same.param_groups} == {1e-3}

@@ -93,6 +93,7 @@ def make_optimizer(
     weight_decay: float,
     eps: float = 1e-8,
     trust_radius: float | None = None,
+    frame_lr: float | None = None,
 ) -> torch.optim.Optimizer:
     """The arm's optimizer: AdamW (lr, betas, eps, decoupled ``weight_decay``) on every non-frame
     weight, the arm's rule (same lr; no decay) on W_Q, W_K (module docstring): a preset on the
@@ -101,12 +102,15 @@ def make_optimizer(
     projection or transport, and the Stiefel polar retraction puts the frames back): E with one
     second moment per frame and the cap, H with one per entry (AdamW's update without decay).
     The trust radius Δ caps the steps of C, E and F only (B is plain fixed-step RSGD, D is scale
-    free)."""
+    free). ``frame_lr`` gives the frames their own learning rate (arms B–F, H; default ``lr``,
+    as for every other weight; A's W_Q, W_K are plain weights and keep ``lr``)."""
     check_arms([arm])
     # no_decay=False: the experiments decay every plain weight, biases and embeddings too, as
     # their papers' setups do (build_optimizer's usual rule would keep those out).
     common = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, no_decay=False)
-    frame = {"trust_radius": trust_radius}
+    frame: dict[str, Any] = {"trust_radius": trust_radius}
+    if frame_lr is not None:
+        frame["lr"] = frame_lr
     if arm in ("E", "H"):
         qk = qk_parameters(model)
         ids = {id(p) for p in qk.values()}
@@ -119,18 +123,20 @@ def make_optimizer(
             "moment": "frame" if arm == "E" else "elementwise",
             "weight_decay": 0.0,
             "trust_radius": trust_radius if arm == "E" else None,
+            **({} if frame_lr is None else {"lr": frame_lr}),
         }
         plain = {"params": [p for _, p in rest], "param_names": [n for n, _ in rest]}
         common.pop("no_decay")
         return RiemannianAdam([frames, plain], **common)
+    lr_only = {k: v for k, v in frame.items() if k == "lr"}  # A, B, D, G: no cap
     if arm in ("A", "G"):
-        return build_optimizer(model, RiemannianAdam, **common)
+        return build_optimizer(model, RiemannianAdam, frame_options=lr_only, **common)
     if arm == "B":
-        return build_optimizer(model, RSGD, **common)
+        return build_optimizer(model, RSGD, frame_options=lr_only, **common)
     if arm == "C":
         return build_optimizer(model, RiemannianAdam, frame_options=frame, **common)
     if arm == "D":
-        return build_optimizer(model, NormalizedRSGD, **common)
+        return build_optimizer(model, NormalizedRSGD, frame_options=lr_only, **common)
     options = {**frame, "moment": "elementwise"}  # F
     return build_optimizer(model, RiemannianAdam, frame_options=options, **common)
 
@@ -142,6 +148,8 @@ def check_optimizer_config(config: dict[str, Any]) -> None:
     checks.betas(config["betas"])
     checks.nonnegative("weight_decay", config["weight_decay"])
     checks.positive("trust_tau", config["trust_tau"])
+    if config.get("frame_lr") is not None:
+        checks.positive("frame_lr", config["frame_lr"])
 
 
 def trust_radius(config: dict[str, Any]) -> float:

@@ -32,7 +32,7 @@ from torch_port.experiments.training import Task, check_training_config, train_c
 NAME = "grokking"
 
 _MODEL = dict(d_model=128, n_heads=4, d_mlp=512)
-_OPTIM = dict(betas=[0.9, 0.98], weight_decay=1.0, trust_tau=0.1)
+_OPTIM = dict(betas=[0.9, 0.98], weight_decay=1.0, trust_tau=0.1, frame_lr=None)
 #: "scaled" (N(0, 1/fan-in) weights, N(0, 1/d) embeddings; the tables of docs/results.md) or
 #: "torch" (PyTorch's own initialisations); ``--set init=torch`` selects the second.
 _INIT = dict(init="scaled")

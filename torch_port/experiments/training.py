@@ -184,6 +184,7 @@ def train_run(
     betas: tuple[float, float],
     weight_decay: float,
     trust_radius: float | None = None,
+    frame_lr: float | None = None,
     eval_every: int = 10,
     track_movement: bool = False,
     checkpoint: Checkpoint | None = None,
@@ -206,7 +207,13 @@ def train_run(
     check_arms([arm])
     model = prepare_model(arm, task.make_model(seed, arm_geometry(arm)))
     opt = make_optimizer(
-        arm, model, lr=lr, betas=betas, weight_decay=weight_decay, trust_radius=trust_radius
+        arm,
+        model,
+        lr=lr,
+        betas=betas,
+        weight_decay=weight_decay,
+        trust_radius=trust_radius,
+        frame_lr=frame_lr,
     )
     gen = generator(seed + 7919)
     init = _frame_snapshot(model)
@@ -298,8 +305,9 @@ def train_run(
 
 
 def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: Any) -> Any:
-    """``train_run`` with a task configuration's steps, lr, betas, decay, evaluation and
-    checkpoint intervals and trust radius Δ = τ·√d_head (``trust_radius``)."""
+    """``train_run`` with a task configuration's steps, lr (and ``frame_lr``, the frames' own,
+    when the configuration has one), betas, decay, evaluation and checkpoint intervals and trust
+    radius Δ = τ·√d_head (``trust_radius``)."""
     return train_run(
         task,
         arm,
@@ -309,6 +317,7 @@ def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: An
         betas=tuple(config["betas"]),
         weight_decay=config["weight_decay"],
         trust_radius=trust_radius(config),
+        frame_lr=config.get("frame_lr"),
         eval_every=config["eval_every"],
         checkpoint_every=config["checkpoint_every"],
         **kw,
