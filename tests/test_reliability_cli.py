@@ -252,6 +252,9 @@ def test_real_sigint_during_certify(tmp_path):
         [sys.executable, "-m", "proofs_checks", "--out", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        # a suite started in the background by a shell inherits SIGINT ignored, and so would
+        # the child: give it the default disposition, as a terminal's foreground job has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         seen = b""
