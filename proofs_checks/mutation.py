@@ -37,6 +37,7 @@ JUDGES: dict[str, list[str]] = {
         "tests/test_mp.py",
         "tests/test_cross_checks.py",
         "tests/test_reliability_reference.py",
+        "tests/test_reference_defaults.py",
     ],
     "reference/stiefel.py": [
         "tests/test_stiefel.py",
