@@ -62,6 +62,11 @@ def polar(a: Array) -> Array:
     return a @ inv_sqrt_spd(a.T @ a)
 
 
+def _ratio(num: Array, den: Array) -> Array:
+    """num/den entry by entry with 0/0 := 0 (a zero gradient entry gives a zero step)."""
+    return np.vectorize(lambda a, b: a * 0 if b == 0 else a / b, otypes=[object])(num, den)
+
+
 class Trajectory(NamedTuple):
     points: list  # W_0, W_1, …, W_T
     steps: list  # ξ_1, …, ξ_T (after the trust region)
@@ -84,8 +89,8 @@ def adam_trajectory(
     m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2)·s(g) with s(g) = ‖g‖²/(entries) ("mean") or
     ‖g‖² ("sum"); ξ = −lr·m̂/(√v̂ + ε), m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t);
     ξ ← ξ·min(1, Δ/‖ξ‖); W ← polar(W + ξ); m ← P_W(m). ``moment="elementwise"`` keeps one v per
-    entry and projects the direction (the ablation arm). v itself is kept, not √v, and with no
-    rescaling: the reference's overflow-safe route is not transcribed.
+    entry (0/0 := 0 in its ratio) and projects the direction (the ablation arm). v itself is
+    kept, not √v, and with no rescaling: the reference's overflow-safe route is not transcribed.
     """
     if moment not in ("frame", "elementwise"):
         raise ValueError(f"unknown moment {moment!r}; choose 'frame' or 'elementwise'")
@@ -104,7 +109,7 @@ def adam_trajectory(
         if moment == "elementwise":
             v = b2 * v + (1 - b2) * g * g
             root = np.vectorize(mpmath.sqrt, otypes=[object])(v / (1 - b2**t))
-            xi = proj(w, -lr * m_hat / (root + eps))
+            xi = proj(w, -lr * _ratio(m_hat, root + eps))
         else:
             s = frobenius(g) ** 2
             v = b2 * v + (1 - b2) * (s / g.size if reduction == "mean" else s)
