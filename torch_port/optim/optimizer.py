@@ -149,7 +149,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             and group.get("gradient", "riemannian") == "riemannian"
         )
         for pi, p in enumerate(group["params"]):
-            sharding.check_whole_frames(self._param_name(gi, pi, p), p, rows=rows)
+            sharding.check_placements(self._param_name(gi, pi, p), p, rows=rows)
         self.rule(group)  # the group's chain can be built from its hyperparameters
         if name not in GEOMETRIES:
             raise ValueError(

@@ -59,7 +59,7 @@ def row_group(p: Tensor) -> Any:
     return None
 
 
-def check_whole_frames(name: str, p: Tensor, rows: bool = False) -> None:
+def check_placements(name: str, p: Tensor, rows: bool = False) -> None:
     """Refuse a DTensor parameter whose placements the optimizer cannot step: anything but
     Replicate and Shard(i) with i < ndim − 2 (or i = ndim − 2 with ``rows``, a Stiefel frame
     under the polar retraction and the embedded metric)."""
