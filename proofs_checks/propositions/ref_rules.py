@@ -49,8 +49,10 @@ RULES: dict[str, tuple[Callable, Callable]] = {
 }
 
 
-def _cap_doubled(original):
-    return lambda c: original(2.0 * c)
+def _times(k: float) -> Callable:
+    """The transformation built with its one argument multiplied by k (the cap c, the trust
+    radius Δ, the step's factor −lr)."""
+    return lambda original: lambda value: original(k * value)
 
 
 def _untransported(original):
@@ -59,10 +61,6 @@ def _untransported(original):
         return inner._replace(transport=lambda geometry, x, y, s: s)
 
     return variant
-
-
-def _radius_doubled(original):
-    return lambda radius: original(2.0 * radius)
 
 
 def _rms_over_dimension(original):
@@ -131,7 +129,7 @@ register(
             Check(
                 "float64",
                 "the momentum's cap",
-                rule_check("momentum", "normalize_by_max", _cap_doubled),
+                rule_check("momentum", "normalize_by_max", _times(2.0)),
                 "the cap c doubled",
             ),
             Check(
@@ -143,13 +141,13 @@ register(
             Check(
                 "float64",
                 "the fixed step",
-                rule_check("rsgd", "scale", lambda original: lambda f: original(1.01 * f)),
+                rule_check("rsgd", "scale", _times(1.01)),
                 "the step 1% longer",
             ),
             Check(
                 "float64",
                 "the trust radius",
-                rule_check("rsgd with Δ", "trust_region", _radius_doubled),
+                rule_check("rsgd with Δ", "trust_region", _times(2.0)),
                 "the trust radius doubled",
             ),
             Check(
