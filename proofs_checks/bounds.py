@@ -110,3 +110,43 @@ def relative_tolerance(d: int, r: int, spread: float = 1.0, u: float = FLOAT64_U
     2·(spread·(2γ_d + 2γ_r)·√r + 6u).
     """
     return 2 * (spread * (2 * gamma(d, u) + 2 * gamma(r, u)) * np.sqrt(r) + 6 * u)
+
+
+def adam_ratio_bound(steps: int, b2: float) -> float:
+    """ρ_T = sqrt(T/β2^{T−1}) ≥ |m̂_t/(√v̂_t + ε)| for every entry and t ≤ T.
+
+    m̂_t is a convex combination of g_1 … g_t (weights (1 − β1)β1^{t−k}/(1 − β1^t)), so
+    |m̂_t| ≤ max_k |g_k| = |g_{k*}|, while v̂_t ≥ (1 − β2)β2^{t−k*} g_{k*}²/(1 − β2^t) and
+    (1 − β2^t)/(1 − β2) = Σ_{j<t} β2^j ≤ t.
+    """
+    return float(np.sqrt(steps / b2 ** (steps - 1)))
+
+
+def adamw_tolerance(
+    n: int,
+    steps: int,
+    x0_norm: float,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    u: float = FLOAT64_U,
+) -> float:
+    """Bound on ‖x_T − x_T^exact‖ for T steps of elementwise AdamW on n entries along fixed
+    gradients (x ← x − lr·(m̂/(√v̂ + ε) + λx)).
+
+    Per entry, the computed ratio m̂/(√v̂ + ε) has relative error at most
+    κ = γ_{3T} (m's three operations a step) + γ_{4T} (√v's four) + 2u/(1 − β1) + u/(1 − β2)
+    (the bias corrections 1 − β^t, whose power is within 2u and whose subtraction then cancels)
+    + 6u (the divisions, the square root, + ε), and the ratio is at most ρ_T
+    (``adam_ratio_bound``). Forming x − lr·(ratio + λx) adds 4u·(|x| + lr·ρ_T + lr·λ|x|). The
+    gradients are fixed, so an error in x is only multiplied by 1 − lr·λ ≤ 1 afterwards. Over
+    the n entries and T steps, with X = ‖x_0‖ + T·lr·√n·ρ_T ≥ max_t ‖x_t‖:
+    T·(4u·(1 + lr·λ)·X + lr·√n·ρ_T·(κ + 4u)).
+    """
+    b1, b2 = betas
+    rho = adam_ratio_bound(steps, b2)
+    kappa = gamma(3 * steps, u) + gamma(4 * steps, u) + 2 * u / (1 - b1) + u / (1 - b2) + 6 * u
+    x_max = x0_norm + steps * lr * np.sqrt(n) * rho
+    return steps * (
+        4 * u * (1 + lr * weight_decay) * x_max + lr * np.sqrt(n) * rho * (kappa + 4 * u)
+    )

@@ -191,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="at most N mutants per file")
     parser.add_argument("--out", default="mutation.json", help="where to write the results")
     parser.add_argument(
-        "--rejudge", default=None, help="judge again only the survivors of this earlier result"
+        "--rejudge",
+        default=None,
+        help="judge again only the mutants of this earlier result that certify did not kill",
     )
     args = parser.parse_args(argv)
     unknown = [f for f in args.files if f not in JUDGES]
@@ -204,12 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             step = len(found) / args.limit  # evenly spread over the file
             found = [found[int(i * step)] for i in range(args.limit)]
         selected += found
-    if args.rejudge is not None:  # every mutant of the files, then only the earlier survivors
+    if args.rejudge is not None:  # after the checks changed: does certify now kill them?
         earlier = json.loads(Path(args.rejudge).read_text(encoding="utf-8"))
         keep = {
             (r["file"], r["line"], r["function"], r["change"])
             for r in earlier
-            if r["verdict"] == "survived"
+            if r["verdict"] != "killed by certify"
         }
         selected = [
             (m, t)

@@ -184,3 +184,34 @@ def normalized_rsgd_trajectory(w0: Array, egrads: Sequence[Array], lr: float) ->
         out.points.append(w)
         out.steps.append(xi)
     return out
+
+
+def adamw_trajectory(
+    x0: Array,
+    egrads: Sequence[Array],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> Trajectory:
+    """torch's AdamW on a plain array, transcribed from its documentation at the working
+    precision, entry by entry: x ← x − lr·λ·x; m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2) g²;
+    x ← x − lr·m̂/(√v̂ + ε) with m̂ = m/(1 − β1^t), v̂ = v/(1 − β2^t). ``steps`` holds each
+    x_t − x_{t−1}, ``m_hats`` each m̂."""
+    b1, b2 = mpmath.mpf(betas[0]), mpmath.mpf(betas[1])
+    lr, eps, lam = mpmath.mpf(lr), mpmath.mpf(eps), mpmath.mpf(weight_decay)
+    sqrt = np.vectorize(mpmath.sqrt, otypes=[object])
+    x = to_mp(x0)
+    m, v = x * 0, x * 0
+    out = Trajectory([x], [], [])
+    for t, egrad in enumerate(egrads, start=1):
+        g = to_mp(egrad)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        m_hat = m / (1 - b1**t)
+        x_next = x * (1 - lr * lam) - lr * m_hat / (sqrt(v / (1 - b2**t)) + eps)
+        out.points.append(x_next)
+        out.steps.append(x_next - x)
+        out.m_hats.append(m_hat)
+        x = x_next
+    return out

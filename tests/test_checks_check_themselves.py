@@ -54,6 +54,8 @@ GEO_LAWS = {
     "projection": "proj_tangent",
     "constraints": "retract",
     "quotient": "inner",
+    "validation": "check_tangent",
+    "nearest point": "project_point",
 }
 
 #: Checks whose claim is about mathematics evaluated in the check itself, not about the

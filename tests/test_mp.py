@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 from conftest import U
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference import linalg, mp, optim
 from reference.stiefel import Stiefel
@@ -193,3 +195,51 @@ def test_the_other_rules_transcriptions_hold_their_own_formulas():
             mp.frobenius(first + mpmath.mpf(0.05) * (1 - mpmath.mpf(0.9)) * g1 / 2)
             < mpmath.mpf(10) ** -35
         )
+
+
+def test_the_adamw_transcription_is_torchs_adamw():
+    """``mp.adamw_trajectory`` against torch's own ``torch.optim.AdamW`` (float64, its
+    documented defaults, fixed gradients spanning 10^-10 … 10): within ``adamw_tolerance``,
+    the rounding bound of one float64 AdamW trajectory, since torch's run is one."""
+    torch = pytest.importorskip("torch")
+    from proofs_checks.bounds import adamw_tolerance
+
+    rng = np.random.default_rng(4)
+    x0 = rng.standard_normal((6, 3))
+    grads = [rng.standard_normal((6, 3)) * 10.0 ** rng.uniform(-10, 1, (6, 3)) for _ in range(4)]
+    p = torch.nn.Parameter(torch.tensor(x0, dtype=torch.float64))
+    opt = torch.optim.AdamW([p])  # lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2
+    with mpmath.workdps(50):
+        exact = mp.adamw_trajectory(x0, grads, 1e-3, (0.9, 0.999), 1e-8, 1e-2).points[1:]
+        for g, want in zip(grads, exact, strict=True):
+            p.grad = torch.tensor(g, dtype=torch.float64)
+            opt.step()
+            dev = float(mp.frobenius(mp.to_mp(p.detach().numpy()) - want))
+            bound = adamw_tolerance(18, 4, float(np.linalg.norm(x0)), 1e-3, (0.9, 0.999), 1e-2)
+            assert dev <= bound, (dev, bound)
+    # ε matters at these sizes: the transcription with ε = 2e-8 is far from torch's run.
+    with mpmath.workdps(50):
+        other = mp.adamw_trajectory(x0, grads, 1e-3, (0.9, 0.999), 2e-8, 1e-2).points[-1]
+        assert float(mp.frobenius(mp.to_mp(p.detach().numpy()) - other)) > 1e3 * bound
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=8),
+    st.floats(0.0, 0.99),
+    st.floats(0.5, 0.9999),
+)
+def test_the_adam_ratio_bound_holds(gs, b1, b2):
+    """|m̂_t/√v̂_t| ≤ ρ_T = sqrt(T/β2^{T−1}) (``bounds.adam_ratio_bound``) for every t ≤ T, any
+    gradient sequence and betas, at 40 digits (0/0 := 0)."""
+    from proofs_checks.bounds import adam_ratio_bound
+
+    with mpmath.workdps(40):
+        m = v = mpmath.mpf(0)
+        b1m, b2m = mpmath.mpf(b1), mpmath.mpf(b2)
+        for t, g in enumerate(gs, start=1):
+            m = b1m * m + (1 - b1m) * g
+            v = b2m * v + (1 - b2m) * mpmath.mpf(g) ** 2
+            root = mpmath.sqrt(v / (1 - b2m**t))
+            ratio = 0 if root == 0 else abs(m / (1 - b1m**t)) / root
+            assert ratio <= adam_ratio_bound(len(gs), b2) * (1 + mpmath.mpf(10) ** -30)

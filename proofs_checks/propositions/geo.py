@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,9 @@ import numpy as np
 import reference as ref
 from proofs_checks import geometry_laws as law
 from proofs_checks.bounds import frame_error
+from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference.linalg import frobenius
 
 #: Sizes: St(7, 3); plain (m, n, r) = (6, 5, 2); block variants (3, 4, 2) with two query heads
 #: sharing one key head (stacked 6×4), so that the block variant differs from the plain one.
@@ -220,15 +223,187 @@ def check_retraction(case: Case) -> Callable[[Context, bool], Outcome]:
                 if order == 2
                 else _broken(case, "retract", "not_a_retraction")
             )
-        s1, s2, zero, detail = law.retraction_slopes(geo, x, ctx.seed)
-        shortfall = max(0.0, 1.9 - s1) if s1 is not None else 0.0
-        if order == 2 and s2 is not None:
-            shortfall = max(shortfall, 2.9 - s2)
-        if zero > law.law_tolerance(geo, x):
-            shortfall = np.inf
+        shortfall, detail = _retraction_shortfall(geo, x, order, ctx.seed)
         return Outcome.bound(shortfall, 0.0, f"claimed order {order}; {detail}")
 
     return run
+
+
+def _retraction_shortfall(geo: Any, x: Any, order: int, seed: int) -> tuple[float, str]:
+    """How far the measured slopes fall short of a retraction of ``order`` (0: none short; inf
+    when R_x(0) ≠ x beyond ``law_tolerance``)."""
+    s1, s2, zero, detail = law.retraction_slopes(geo, x, seed)
+    shortfall = max(0.0, 1.9 - s1) if s1 is not None else 0.0
+    if order == 2 and s2 is not None:
+        shortfall = max(shortfall, 2.9 - s2)
+    if zero > law.law_tolerance(geo, x):
+        shortfall = np.inf
+    return shortfall, detail
+
+
+def _exp_with_plus_s(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Edelman–Arias–Smith's geodesic with +S where −S belongs: R(0) = x and first order hold,
+    second order does not."""
+    a, s = x.T @ u, u.T @ u
+    block = np.block([[a, s], [np.eye(self.r), a]])
+    return np.hstack([x, u]) @ ref.linalg.expm(block)[:, : self.r] @ ref.linalg.expm(-a)
+
+
+def every_stiefel_retraction(ctx: Context, wrong: bool) -> Outcome:
+    """Each retraction of ``reference.stiefel.RETRACTIONS`` (polar, its SVD route, sign-fixed
+    QR, the exponential map) at St(7, 3): R_x(0) = x and the slopes of the order each claims
+    (``retraction_order``: 1 for QR, 2 for the others), as the retraction check; R_{−x}(0) = −x;
+    and R_x(ξ) on St(7, 3) for a unit ξ (‖RᵀR − I‖ ≤ ``law_tolerance``: each map ends in an
+    orthonormal factor or, for exp, a product of an orthonormal [W, ξ]-basis map and orthogonal
+    exponentials). Residual: the worst shortfall, or inf off the manifold, tolerance 0.
+    Control: the exponential map with +S in its block matrix (first order, tangentially second
+    order, but off the manifold at second order)."""
+    worst, details = 0.0, []
+    for name in ref.stiefel.RETRACTIONS:
+        geo = ref.Stiefel(*STIEFEL, retraction=name)
+        if wrong and name == "exp":
+            geo = law.patched(geo, exp=_exp_with_plus_s)
+        rng = np.random.default_rng(ctx.seed)
+        x = geo.random_point(rng)
+        shortfall, _ = _retraction_shortfall(geo, x, geo.retraction_order, ctx.seed)
+        off = geo.residual(geo.retract(x, geo.random_tangent(x, rng)))
+        # R(0) = x at −x too: the Householder QR of x or of −x has a negative diagonal entry
+        # (their signs are opposite), which only the sign fix undoes.
+        zero = frobenius(geo.retract(-x, np.zeros_like(x)) + x)
+        if max(off, zero) > law.law_tolerance(geo, x):
+            shortfall = np.inf
+        worst = max(worst, shortfall)
+        details.append(f"{name} (order {geo.retraction_order}): {shortfall:.2f}, off {off:.1e}")
+    return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
+
+
+#: The validators' cases: (kind, size multiplier k, ‖ξ‖): a defect of k × the tolerance
+#: (atol for a point, atol·max(1, ‖ξ‖) for a tangent), refused for k > 1 and accepted for k < 1,
+#: at ‖ξ‖ below and above 1 (where max(1, ‖ξ‖) switches).
+VALIDATION_CASES = [
+    (kind, k, n) for kind in ("tangent",) for k in (0.99, 1.01) for n in (0.5, 3.0)
+] + [("point", k, 1.0) for k in (0.99, 1.01)]
+
+
+def _refused(fn: Callable, *args: Any) -> bool:
+    try:
+        fn(*args)
+    except ValueError:
+        return True
+    return False
+
+
+def stiefel_validation(ctx: Context, wrong: bool) -> Outcome:
+    """``check_point`` and ``check_tangent`` of St(7, 3) refuse exactly beyond their stated
+    tolerances (``DEFAULT_ATOL`` = sqrt(ε)): with S = σD (D a unit symmetric direction), the
+    point W(I + S) has ‖(I + S)² − I‖ = ‖2S + S²‖ = 2σ(1 + O(σ)), and the vector u = ξ + W·S
+    (ξ tangent, ⊥ W·S) has ‖Wᵀu + uᵀW‖ = ‖2S‖ = 2σ and ‖u‖ = ‖ξ‖(1 + O(σ²)); σ is set so that
+    the defect is k × the tolerance (atol, or atol·max(1, ‖u‖)) for k = 0.99 and 1.01. σ ≈ 1e-8,
+    so the O(σ) terms and the 1e-15 rounding of the defects are far below the 1% margins.
+    Residual: the number of wrong decisions, tolerance 0. Control: both tolerances doubled."""
+    atol = ref.stiefel.DEFAULT_ATOL
+    geo = ref.Stiefel(*STIEFEL)
+    rng = np.random.default_rng([ctx.seed, 5])
+    w = geo.random_point(rng)
+    if wrong:
+        geo = law.patched(
+            geo,
+            check_point=lambda self, x: type(self).check_point(self, x, 2 * atol),
+            check_tangent=lambda self, x, u: type(self).check_tangent(self, x, u, 2 * atol),
+        )
+    c = rng.standard_normal((STIEFEL[1], STIEFEL[1]))
+    direction = (c + c.T) / frobenius(c + c.T)
+    wrong_calls = []
+    for kind, k, size in VALIDATION_CASES:
+        sigma = k * atol * max(1.0, size) / 2
+        if kind == "tangent":
+            xi = geo.random_tangent(w, rng)
+            xi = xi * (size / frobenius(xi))
+            refused = _refused(geo.check_tangent, w, xi + w @ (sigma * direction))
+        else:
+            refused = _refused(geo.check_point, w @ (np.eye(STIEFEL[1]) + sigma * direction))
+        if refused != (k > 1):
+            wrong_calls.append(f"{kind} k={k} ‖ξ‖={size}: {'refused' if refused else 'accepted'}")
+    return Outcome(
+        not wrong_calls,
+        float(len(wrong_calls)),
+        0.0,
+        f"wrong decisions: {wrong_calls or 'none'} of {len(VALIDATION_CASES)}",
+    )
+
+
+#: The scalings of the nearest-point check: exact powers of two, far from 1 both ways.
+SCALES = (2.0**-600, 2.0**600)
+
+
+def _rank_test_matrix(sigma_sq: float) -> np.ndarray:
+    """A 7×3 matrix with max entry 1 and the exactly diagonal Gram diag(2, 1, σ²) (columns
+    e_1 + e_4, e_2, σ·e_3; σ a power of two): its Gram and eigenvalues are computed exactly, so
+    the rank test sees λ_min/λ_max = σ²/2 with no rounding."""
+    a = np.zeros(STIEFEL)
+    a[0, 0] = a[3, 0] = a[1, 1] = 1.0
+    a[2, 2] = np.sqrt(sigma_sq)
+    return a
+
+
+def stiefel_nearest_point(ctx: Context, wrong: bool) -> Outcome:
+    """``project_point`` (the polar factor) of St(7, 3), on what its docstring claims:
+
+    - a stack of three matrices (W + 0.3·Gaussian, κ about 2 to 3) is factored slice by
+      slice: each slice within 2κ·``frame_error``(7, 3, κ) of the SVD route's U Vᵀ of that
+      slice (each route's forward error is at most κ × its orthonormality bound: the inverse
+      square root of a Gram of condition κ² amplifies the Gram's relative error by ≤ κ²/2 and
+      A adds κ);
+    - polar(sA) = polar(A) bit for bit for s = 2^±600 (A is divided by its largest entry, an
+      exact operation for a power-of-two s, before the Gram is formed, which would overflow or
+      underflow otherwise);
+    - the rank test refuses λ_min ≤ ε·λ_max·d and accepts above it: on exact Grams (see
+      ``_rank_test_matrix``) with λ_max = 2, d = 7, σ² = 2^-49 (below 2·7ε = 3.1e-15) is
+      refused and σ² = 2^-47 (7.1e-15) accepted.
+
+    Residual: the worst stack deviation relative to its bound, plus the number of inexact
+    scalings and wrong rank decisions, tolerance 1. Control: the polar factor without its
+    prescaling (substituted into ``reference.linalg``)."""
+    geo = ref.Stiefel(*STIEFEL)
+    rng = np.random.default_rng([ctx.seed, 6])
+    stack = np.stack([geo.random_point(rng) + 0.3 * rng.standard_normal(STIEFEL) for _ in range(3)])
+    kappas = [float(np.linalg.cond(a)) for a in stack]
+    original = ref.linalg.polar
+
+    def unscaled(a):
+        lam, q = np.linalg.eigh(ref.linalg.sym(ref.linalg.transpose(a) @ a))
+        if np.any(lam[..., 0] <= np.finfo(np.float64).eps * lam[..., -1] * a.shape[-2]):
+            raise ValueError("polar factor of a rank-deficient matrix")
+        return a @ ((q / np.sqrt(lam)[..., None, :]) @ ref.linalg.transpose(q))
+
+    with substituted(ref.linalg, "polar", unscaled) if wrong else contextlib.nullcontext():
+        with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+            stacked = geo.project_point(stack)
+            worst = max(
+                frobenius(q - ref.linalg.polar_svd(a)) / (2 * k * frame_error(*STIEFEL, kappa=k))
+                for q, a, k in zip(stacked, stack, kappas, strict=True)
+            )
+            a = stack[0]
+            inexact = sum(
+                not np.array_equal(_or_nan(geo.project_point, s * a), original(a)) for s in SCALES
+            )
+        decisions = sum(
+            _refused(geo.project_point, _rank_test_matrix(sigma_sq)) != refuse
+            for sigma_sq, refuse in ((2.0**-49, True), (2.0**-47, False))
+        )
+    return Outcome.bound(
+        float(worst + inexact + decisions),
+        1.0,
+        f"stack: {worst:.2e} of its bound (κ ≤ {max(kappas):.2f}); inexact scalings "
+        f"{inexact} of {len(SCALES)}; wrong rank decisions {decisions} of 2",
+    )
+
+
+def _or_nan(fn: Callable, a: np.ndarray) -> np.ndarray:
+    try:
+        return fn(a)
+    except ValueError:
+        return np.full_like(a, np.nan)
 
 
 def check_transport(case: Case) -> Callable[[Context, bool], Outcome]:
@@ -281,6 +456,29 @@ def check_constraints(case: Case) -> Callable[[Context, bool], Outcome]:
     return run
 
 
+#: GEO-stiefel's checks of what the other Stiefel geometries build on.
+STIEFEL_ONLY = [
+    Check(
+        "float64",
+        "every retraction: R(0) = x and its claimed order",
+        every_stiefel_retraction,
+        "the exponential map with +S (first order only)",
+    ),
+    Check(
+        "float64",
+        "validation: refused exactly beyond the stated tolerances",
+        stiefel_validation,
+        "both tolerances doubled",
+    ),
+    Check(
+        "float64",
+        "nearest point: stacks, scales 2^±600, the rank test",
+        stiefel_nearest_point,
+        "the polar factor without its prescaling",
+    ),
+]
+
+
 def _register(name: str) -> None:
     case = _case(name)
     geo = case.make()
@@ -313,6 +511,8 @@ def _register(name: str) -> None:
             "float64", "transport lands in the tangent space", check_transport(case), "no transport"
         ),
     ]
+    if name == "stiefel":
+        checks += STIEFEL_ONLY
     if getattr(geo, "quotient", False):
         checks.append(
             Check(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import mpmath
 import numpy as np
 import sympy as sp
@@ -16,6 +18,7 @@ from proofs_checks.harness import (
     seeds,
     shape_corners,
     shapes,
+    substituted,
     vanishes,
 )
 from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, D, R
@@ -122,6 +125,121 @@ def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+#: The ends of float64's range: gradients scaled by 2^-1060 (their entries subnormal) and by
+#: 2^1000, and two frames whose gradients are 2^1100 apart (2^1000 and 2^-100).
+SUBNORMAL, HUGE, APART = 2.0**-1060, 2.0**1000, (2.0**1000, 2.0**-100)
+#: St(8, 3): the frames start at W_0 = [I; 0].
+END_D, END_R = 8, 3
+#: The degree-zero rules at the ends of the range.
+ZERO_DEGREE = {
+    "riemannian_adam": lambda: ref.optim.riemannian_adam(LR, eps=0.0),
+    "normalized_rsgd": lambda: ref.optim.normalized_rsgd(LR),
+}
+TINY_STEP = 2.0**-1074  # the spacing of the subnormal grid
+
+
+def _tangent_at_corner(rng: np.random.Generator) -> np.ndarray:
+    """A Gaussian G whose top r×r block is exactly skew: at W_0 = [I; 0], WᵀG is that block and
+    sym(WᵀG) = 0 bit for bit, so P_W(G) = G with no rounding at any scale (rounding c·G keeps
+    the block skew: round to nearest is symmetric in sign)."""
+    g = rng.standard_normal((END_D, END_R))
+    g[:END_R] = 0.5 * (g[:END_R] - g[:END_R].T)
+    return g
+
+
+def _one_step(make, geometry, x, g) -> tuple:
+    opt = make()
+    return ref.geometry.parts(opt.update(geometry, x, g, opt.init(geometry, x))[0])
+
+
+def _frame_gaps(make, geometry, x, g, g_scaled) -> float:
+    """max over frames of ‖ξ_k(scaled) − ξ_k(G)‖/‖ξ_k(G)‖."""
+    a, b = _one_step(make, geometry, x, g), _one_step(make, geometry, x, g_scaled)
+    return max(frobenius(q - p) / frobenius(p) for p, q in zip(a, b, strict=True))
+
+
+def subnormal_tolerance(rule: str, g: np.ndarray, c: float) -> float:
+    """Bound on a degree-zero rule's relative gap ‖ξ(cG) − ξ(G)‖/‖ξ(G)‖ where cG is subnormal.
+
+    Operations whose results are normal round as at any scale (``relative_tolerance(d, r, 0)``:
+    the products of P_W are exact here). Each whose result is subnormal adds up to half the grid
+    spacing η = 2^-1074, relative to its value: the RMS s·‖g/s‖/√n itself (both rules), and for
+    Adam (t = 1) also the n entries of m = (1 − β1)cg, relative to ‖m‖, √(1 − β2)·RMS and
+    √v/c2 ≈ RMS: δ = η/2·(1/RMS) or η/2·(√n/((1 − β1)‖cg‖) + 2/RMS + 1/(√(1 − β2)·RMS)),
+    with η/(c·x) computed as (η/c)/x so that nothing overflows; a relative error δ in the
+    denominator moves the step by |δ/(1 + δ)| ≤ δ/(1 − δ). The normalised rule reaches 0.99 of
+    its bound on some seeds: its one subnormal rounding can take the whole half spacing.
+    """
+    n = g.size
+    h = 0.5 * (TINY_STEP / c)  # η/2 in units of the scale c (η/2 itself rounds to 0)
+    norm = frobenius(g)
+    rms = norm / np.sqrt(n)
+    if rule == "normalized_rsgd":
+        grid = h / rms
+    else:
+        b1, b2 = BETAS
+        grid = h * (np.sqrt(n) / ((1 - b1) * norm) + 2 / rms + 1 / (np.sqrt(1 - b2) * rms))
+    return grid / (1 - grid) + relative_tolerance(END_D, END_R, 0.0)  # |δ/(1 + δ)|, |δ| ≤ grid
+
+
+def subnormal_degree(ctx: Context, wrong: bool) -> Outcome:
+    """One step of each degree-zero rule at W_0 = [I; 0] on G' = fl(2^-1060·G)/2^-1060 (exactly
+    the gradient whose 2^-1060 multiple is the subnormal fl(2^-1060·G)) and on that subnormal
+    gradient: relative gap ≤ ``subnormal_tolerance`` (the rounding of its subnormal values on
+    the subnormal grid; about 2e-3 for Adam and 2e-5 for the normalised rule). Here num/den
+    overflows, so ``_ratio_scaler`` takes its p/den·num route. Control (``wrong``): that
+    route removed, p·(num/den) at every size."""
+    geometry = ref.Stiefel(END_D, END_R)
+    x = np.eye(END_D, END_R)
+    g_sub = SUBNORMAL * _tangent_at_corner(np.random.default_rng([ctx.seed, 7]))
+    g = g_sub / SUBNORMAL  # exact: a power-of-two scaling back into the normal range
+    tolerances = {name: subnormal_tolerance(name, g, SUBNORMAL) for name in ZERO_DEGREE}
+    naive = substituted(
+        ref.optim, "_ratio_scaler", lambda num, den: lambda p: p * ref.optim._safe_ratio(num, den)
+    )
+    with naive if wrong else contextlib.nullcontext(), np.errstate(over="ignore", invalid="ignore"):
+        ratios = {
+            name: _frame_gaps(make, geometry, x, g, g_sub) / tolerances[name]
+            for name, make in ZERO_DEGREE.items()
+        }
+    worst = max(ratios, key=lambda k: ratios[k] if np.isfinite(ratios[k]) else np.inf)
+    return Outcome.bound(
+        float(ratios[worst]) if np.isfinite(ratios[worst]) else np.inf,
+        1.0,
+        f"gap / bound: {', '.join(f'{k} {v:.3e}' for k, v in ratios.items())}",
+    )
+
+
+def apart_degree(ctx: Context, wrong: bool) -> Outcome:
+    """One step of each degree-zero rule on St(8, 3) × St(8, 3) at ([I; 0], [I; 0]), with the
+    frames' gradients (G_A, G_B) and (2^1000·G_A, 2^-100·G_B): per frame, relative gap ≤
+    ``relative_tolerance(8, 3, 0)`` (every value stays normal, and each frame's RMS is its own).
+    max|g_B|/max|g_A| = 2^-1100 is below the smallest normal ratio, so dividing both frames by
+    one scale would leave g_B/s subnormal. Control (``wrong``): ``_frame_rms`` with one scale
+    for all frames."""
+    x0 = np.eye(END_D, END_R)
+    geometry = ref.Product(ref.Stiefel(END_D, END_R), ref.Stiefel(END_D, END_R))
+    rng = np.random.default_rng([ctx.seed, 8])
+    g = (_tangent_at_corner(rng), _tangent_at_corner(rng))
+    g_apart = tuple(c * gi for c, gi in zip(APART, g, strict=True))
+    worst = 0.0
+    with substituted(ref.optim, "_frame_rms", _one_scale) if wrong else contextlib.nullcontext():
+        for make in ZERO_DEGREE.values():
+            worst = max(worst, _frame_gaps(make, geometry, (x0, x0), g, g_apart))
+    return Outcome.bound(
+        worst, relative_tolerance(END_D, END_R, 0.0), "per-frame gap at scales 2^1000, 2^-100"
+    )
+
+
+def _one_scale(geometry, x, u) -> list[float]:
+    """RMS(g_k) = s·‖g_k/s‖/sqrt(entries) with one s = max|g| over all frames."""
+    s = ref.optim._max_abs(u)
+    v = ref.optim._map_groups(geometry, u, [lambda p: p / s] * len(geometry.moment_groups))
+    norms = ref.optim._frame_norms(geometry, x, v)
+    sizes = ref.optim._frame_sizes(geometry, u)
+    return [s * (nk / np.sqrt(k)) for nk, k in zip(norms, sizes, strict=True)]
+
+
 def property_degree(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds and c = 10^[-100, 100] (St(1, 1) excluded: its
     only tangent vector is 0): relative gap ≤ ``relative_tolerance(d, r)``."""
@@ -158,6 +276,18 @@ register(
             Check("float64", "measured degrees at c = 1e±3", float64_degree, CONTROL),
             Check("mpmath", "degree gap falls with precision", mpmath_degree, CONTROL),
             Check("property", "degrees over shapes, seeds and c", property_degree, CONTROL),
+            Check(
+                "float64",
+                "degree zero for subnormal gradients",
+                subnormal_degree,
+                "the ratio's route for an overflowing num/den removed",
+            ),
+            Check(
+                "float64",
+                "degree zero per frame, frames 2^1100 apart",
+                apart_degree,
+                "one scale for all frames in the RMS",
+            ),
         ),
     )
 )

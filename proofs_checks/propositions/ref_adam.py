@@ -42,6 +42,18 @@ OPTIONS = (
     (None, "elementwise", "mean", 1e-8, 1e-12),
     (None, "elementwise", "mean", 0.0, 0.0),
 )
+#: DESIGN §5's defaults, written here and not read from the code.
+DEFAULT_BETAS, DEFAULT_EPS = (0.9, 0.999), 1e-8
+#: The runs with the defaults take gradients of this size, where RMS(g) and ε are alike: a
+#: changed default ε moves the step by a third.
+DEFAULT_SCALE = 1e-8
+#: Built with the defaults: the preset, and a chain of the transformation itself.
+DEFAULT_RUNS = {
+    "riemannian_adam(lr)": lambda: ro.riemannian_adam(LR),
+    "chain(scale_by_adam(), scale(−lr))": lambda: ro.Optimizer(
+        ro.chain(ro.scale_by_adam(), ro.scale(-LR)), LR
+    ),
+}
 
 
 def _shifted_count(shift: int) -> Callable:
@@ -103,38 +115,55 @@ def _at_the_corner(prob, entry: float):
 
 def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
-        """For each of ``OPTIONS``: ``STEPS`` steps of ``riemannian_adam`` (float64) and of
-        ``mp.adam_trajectory`` (50 digits) from one point along one sequence of gradients
-        (seed ``ctx.seed``); residual the largest ‖W_t − W_t^mp‖ over options and steps, against
+        """For each of ``OPTIONS`` and ``DEFAULT_RUNS``: ``STEPS`` steps of the optimizer
+        (float64) and of ``mp.adam_trajectory`` (50 digits) from one point along one sequence of
+        gradients (seed ``ctx.seed``; times ``DEFAULT_SCALE`` for the runs with the defaults);
+        residual the largest ‖W_t − W_t^mp‖ over runs and steps, against
         ``trajectory_tolerance(6, 3, 4)`` (float64 rounding of one trajectory, doubled: the
         mpmath one rounds 10^-34 times less). The control substitutes the variant named below
         into ``reference.optim``."""
         prob = frame_problem(SIZE_D, SIZE_R, STEPS, ctx.seed)
         worst, where = 0.0, ""
-        wrong_adam = substituted(ro, "scale_by_adam", variant(ro.scale_by_adam))
-        with wrong_adam if wrong else contextlib.nullcontext():
-            for radius, moment, reduction, eps, entry in OPTIONS:
-                w0, grads = (prob.w0, prob.grads) if entry is None else _at_the_corner(prob, entry)
-                opt = ro.riemannian_adam(
-                    LR, BETAS, eps, trust_radius=radius, moment=moment, reduction=reduction
-                )
+        runs = [
+            (
+                f"Δ={radius}, {moment}, {reduction}, ε={eps}, {entry}",
+                lambda r=radius, m=moment, red=reduction, e=eps: ro.riemannian_adam(
+                    LR, BETAS, e, trust_radius=r, moment=m, reduction=red
+                ),
+                (prob.w0, prob.grads) if entry is None else _at_the_corner(prob, entry),
+                (BETAS, eps, radius, moment, reduction),
+            )
+            for radius, moment, reduction, eps, entry in OPTIONS
+        ] + [
+            (
+                label,
+                make,
+                (prob.w0, [DEFAULT_SCALE * g for g in prob.grads]),
+                (DEFAULT_BETAS, DEFAULT_EPS, None, "frame", "mean"),
+            )
+            for label, make in DEFAULT_RUNS.items()
+        ]
+        for label, make, (w0, grads), exact_args in runs:
+            with (
+                substituted(ro, "scale_by_adam", variant(ro.scale_by_adam))
+                if wrong
+                else contextlib.nullcontext()
+            ):
+                opt = make()
                 state, w, points = opt.init(prob.geometry, w0), w0, []
                 for g in grads:
                     w, state = opt.step(prob.geometry, w, g, state)
                     points.append(w)
-                with mpmath.workdps(DIGITS):
-                    exact = mp.adam_trajectory(
-                        w0, grads, LR, BETAS, eps, radius, moment, reduction
-                    ).points[1:]
-                    for t, (a, b) in enumerate(zip(points, exact, strict=True), start=1):
-                        dev = float(mp.frobenius(mp.to_mp(a) - b))
-                        if dev > worst:
-                            worst = dev
-                            where = f"Δ={radius}, {moment}, {reduction}, ε={eps}, {entry}, t={t}"
+            with mpmath.workdps(DIGITS):
+                exact = mp.adam_trajectory(w0, grads, LR, *exact_args).points[1:]
+                for t, (a, b) in enumerate(zip(points, exact, strict=True), start=1):
+                    dev = float(mp.frobenius(mp.to_mp(a) - b))
+                    if dev > worst:
+                        worst, where = dev, f"{label}, t={t}"
         return Outcome.bound(
             worst,
             trajectory_tolerance(SIZE_D, SIZE_R, STEPS),
-            f"max_t ‖W_t − W_t^mp‖ over {len(OPTIONS)} option sets; worst at {where}",
+            f"max_t ‖W_t − W_t^mp‖ over {len(runs)} runs; worst at {where}",
         )
 
     return run
@@ -152,11 +181,14 @@ register(
             r"$v_t=\beta_2v_{t-1}+(1-\beta_2)s(g_t)$, "
             r"$\xi_t=-\eta\,\hat m_t/(\sqrt{\hat v_t}+\varepsilon)$ with "
             r"$\hat m_t=m_t/(1-\beta_1^t)$, $\hat v_t=v_t/(1-\beta_2^t)$, capped at $\Delta$, "
-            r"$W_t=\mathrm{polar}(W_{t-1}+\xi_t)$, $m_t\leftarrow P_{W_t}(m_t)$."
+            r"$W_t=\mathrm{polar}(W_{t-1}+\xi_t)$, $m_t\leftarrow P_{W_t}(m_t)$; built with "
+            r"its defaults (the preset, and a chain of \texttt{scale\_by\_adam()}), the rule "
+            r"is the one with $\beta=(0.9,0.999)$, $\varepsilon=10^{-8}$."
         ),
         hypotheses=(
             "the exact rule transcribed independently in mpmath (reference.mp), 50 digits",
             "St(6, 3), 4 steps, lr·sqrt(d·r) ≤ 1/2",
+            "the runs with the defaults on gradients of size 1e-8, where ε matters",
         ),
         checks=(
             Check(

@@ -1,12 +1,15 @@
-"""REF-2: the reference's momentum, fixed-step and normalised rules are their rules, to float64
-rounding.
+"""REF-2: the reference's momentum, fixed-step, normalised and AdamW rules are their rules, to
+float64 rounding.
 
-As REF-1 for Adam: ``reference.optim.riemannian_momentum``, ``rsgd`` (with and without its trust
-region) and ``normalized_rsgd`` in float64 against the independent mpmath transcriptions of
-``reference.mp`` at 50 digits. Each control substitutes into ``reference.optim`` a transformation
-wrong by little (so the preset builds its chain from it): the momentum's cap at 2c, its
-momentum left untransported, the trust radius doubled, the RMS taken over the manifold's
-dimension d·r − r(r + 1)/2 instead of the d·r entries.
+As REF-1 for Adam: ``reference.optim.riemannian_momentum`` (with explicit arguments and with its
+defaults), ``rsgd`` (with and without its trust region), ``normalized_rsgd`` and ``adamw`` (with
+all of its defaults, on a plain array) in float64 against the independent mpmath transcriptions
+of ``reference.mp`` at 50 digits. The defaults are DESIGN §5's (β = 0.9, c = 1) and torch's
+documented AdamW ones (lr 1e-3, betas (0.9, 0.999), ε 1e-8, λ 1e-2), written here and not read
+from the code. Each control substitutes into ``reference.optim`` a transformation wrong by little
+(so the preset builds its chain from it): the momentum's cap at 2c, its momentum left
+untransported, the trust radius doubled, the RMS taken over the manifold's dimension
+d·r − r(r + 1)/2 instead of the d·r entries, AdamW's weight decay 1% larger.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import mpmath
+import numpy as np
 
-from proofs_checks.bounds import trajectory_tolerance
+import reference as ref
+from proofs_checks.bounds import adamw_tolerance, trajectory_tolerance
 from proofs_checks.harness import frame_problem, substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -30,21 +36,76 @@ LR = 0.05
 #: the trust radius binds (‖lr·g‖ ≈ 0.2 > Δ).
 BETA, CAP, RADIUS = 0.9, 0.5, 0.1
 DIGITS = 50
+#: The defaults the presets document: riemannian_momentum's (DESIGN §5) and torch's AdamW's.
+MOMENTUM_DEFAULTS = {"beta": 0.9, "c": 1.0}
+ADAMW_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
 
-#: name -> (the reference's optimizer, the transcription's trajectory).
-RULES: dict[str, tuple[Callable, Callable]] = {
-    "momentum": (
-        lambda: ro.riemannian_momentum(LR, BETA, CAP),
-        lambda w0, gs: mp.momentum_trajectory(w0, gs, LR, BETA, CAP),
+
+class Rule(NamedTuple):
+    """A rule's runs, each (the reference's optimizer, the transcription's trajectory), on one
+    problem (geometry, start, gradients from a seed) with the bound of its float64 trajectory."""
+
+    runs: tuple[tuple[Callable, Callable], ...]
+    problem: Callable[[int], tuple]
+    tolerance: Callable[[tuple], float]
+
+
+def _frames(seed: int) -> tuple:
+    prob = frame_problem(SIZE_D, SIZE_R, STEPS, seed)
+    return prob.geometry, prob.w0, prob.grads
+
+
+def _plain(seed: int) -> tuple:
+    """A plain (6, 3) array and gradients whose entries range over 10^-10 … 10 (each a
+    Gaussian times 10^U(−10, 1)), so that ε = 1e-8 is neither negligible nor dominant for some
+    entries of √v̂ + ε."""
+    rng = np.random.default_rng([seed, 2])
+    shape = (SIZE_D, SIZE_R)
+    grads = [rng.standard_normal(shape) * 10.0 ** rng.uniform(-10, 1, shape) for _ in range(STEPS)]
+    return ref.Euclidean(*shape), rng.standard_normal(shape), grads
+
+
+def _frame_bound(problem: tuple) -> float:
+    return trajectory_tolerance(SIZE_D, SIZE_R, STEPS)
+
+
+def _adamw_bound(problem: tuple) -> float:
+    _, x0, _ = problem
+    d = ADAMW_DEFAULTS
+    return adamw_tolerance(
+        x0.size, STEPS, float(np.linalg.norm(x0)), d["lr"], d["betas"], d["weight_decay"]
+    )
+
+
+def _on_frames(*runs: tuple[Callable, Callable]) -> Rule:
+    return Rule(runs, _frames, _frame_bound)
+
+
+RULES: dict[str, Rule] = {
+    "momentum": _on_frames(
+        (
+            lambda: ro.riemannian_momentum(LR, BETA, CAP),
+            lambda w0, gs: mp.momentum_trajectory(w0, gs, LR, BETA, CAP),
+        ),
+        (
+            lambda: ro.riemannian_momentum(LR),
+            lambda w0, gs: mp.momentum_trajectory(w0, gs, LR, **MOMENTUM_DEFAULTS),
+        ),
     ),
-    "rsgd": (lambda: ro.rsgd(LR), lambda w0, gs: mp.rsgd_trajectory(w0, gs, LR)),
-    "rsgd with Δ": (
-        lambda: ro.rsgd(LR, RADIUS),
-        lambda w0, gs: mp.rsgd_trajectory(w0, gs, LR, RADIUS),
+    "rsgd": _on_frames((lambda: ro.rsgd(LR), lambda w0, gs: mp.rsgd_trajectory(w0, gs, LR))),
+    "rsgd with Δ": _on_frames(
+        (lambda: ro.rsgd(LR, RADIUS), lambda w0, gs: mp.rsgd_trajectory(w0, gs, LR, RADIUS))
     ),
-    "normalized_rsgd": (
-        lambda: ro.normalized_rsgd(LR),
-        lambda w0, gs: mp.normalized_rsgd_trajectory(w0, gs, LR),
+    "normalized_rsgd": _on_frames(
+        (
+            lambda: ro.normalized_rsgd(LR),
+            lambda w0, gs: mp.normalized_rsgd_trajectory(w0, gs, LR),
+        )
+    ),
+    "adamw": Rule(
+        ((lambda: ro.adamw(), lambda x0, gs: mp.adamw_trajectory(x0, gs, **ADAMW_DEFAULTS)),),
+        _plain,
+        _adamw_bound,
     ),
 }
 
@@ -83,26 +144,37 @@ def _rms_over_dimension(original):
 
 def rule_check(rule: str, name: str, variant: Callable) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
-        """``STEPS`` steps of one rule (float64) and of its mpmath transcription (50 digits)
-        from one point along one sequence of gradients (seed ``ctx.seed``); residual the
-        largest ‖W_t − W_t^mp‖, against ``trajectory_tolerance(6, 3, 4)``. The control
-        substitutes the wrong transformation named below into ``reference.optim``."""
-        make, exact_of = RULES[rule]
-        prob = frame_problem(SIZE_D, SIZE_R, STEPS, ctx.seed)
-        wrong_part = substituted(ro, name, variant(getattr(ro, name)))
-        with wrong_part if wrong else contextlib.nullcontext():
-            opt = make()
-            state, w, points = opt.init(prob.geometry, prob.w0), prob.w0, []
-            for g in prob.grads:
-                w, state = opt.step(prob.geometry, w, g, state)
-                points.append(w)
-        with mpmath.workdps(DIGITS):
-            exact = exact_of(prob.w0, prob.grads).points[1:]
-            worst = max(
-                float(mp.frobenius(mp.to_mp(a) - b)) for a, b in zip(points, exact, strict=True)
-            )
+        """For each run of one rule: ``STEPS`` steps (float64) and its mpmath transcription
+        (50 digits) from one point along one sequence of gradients (seed ``ctx.seed``);
+        residual the largest ‖W_t − W_t^mp‖, against the rule's bound
+        (``trajectory_tolerance(6, 3, 4)`` on frames, ``adamw_tolerance`` on a plain array).
+        The control substitutes the wrong transformation named below into
+        ``reference.optim``."""
+        rule_ = RULES[rule]
+        geometry, x0, grads = problem = rule_.problem(ctx.seed)
+        worst = 0.0
+        for make, exact_of in rule_.runs:
+            with (
+                substituted(ro, name, variant(getattr(ro, name)))
+                if wrong
+                else (contextlib.nullcontext())
+            ):
+                opt = make()
+                state, w, points = opt.init(geometry, x0), x0, []
+                for g in grads:
+                    w, state = opt.step(geometry, w, g, state)
+                    points.append(w)
+            with mpmath.workdps(DIGITS):
+                exact = exact_of(x0, grads).points[1:]
+                worst = max(
+                    worst,
+                    *(
+                        float(mp.frobenius(mp.to_mp(a) - b))
+                        for a, b in zip(points, exact, strict=True)
+                    ),
+                )
         return Outcome.bound(
-            worst, trajectory_tolerance(SIZE_D, SIZE_R, STEPS), f"max_t ‖W_t − W_t^mp‖, {rule}"
+            worst, rule_.tolerance(problem), f"max_t ‖W_t − W_t^mp‖ over {rule}'s runs"
         )
 
     return run
@@ -111,7 +183,7 @@ def rule_check(rule: str, name: str, variant: Callable) -> Callable[[Context, bo
 register(
     Proposition(
         id="REF-2",
-        title="The reference's momentum, fixed-step and normalised rules are their rules",
+        title="The reference's momentum, fixed-step, normalised and AdamW rules are their rules",
         statement=(
             r"$T$ steps from $W_0$ along $G_1,\dots,G_T$ of \texttt{riemannian\_momentum} "
             r"($M_t=\beta M_{t-1}+(1-\beta)g_t$, $\xi_t=-\eta M_t/\max(\|M_t\|,c)$, "
@@ -119,11 +191,14 @@ register(
             r"$\Delta$) and \texttt{normalized\_rsgd} ($\xi_t=-\eta g_t/\mathrm{RMS}(g_t)$, "
             r"$\mathrm{RMS}(g)=\|g\|/\sqrt{dr}$), each with $W_t=\mathrm{polar}(W_{t-1}+\xi_t)$ "
             r"and $g_t=P_{W_{t-1}}(G_t)$, stay within the float64 trajectory bound of the exact "
-            r"rules."
+            r"rules; so do $T$ steps of \texttt{adamw} with its defaults on a plain array "
+            r"($x_t=(1-\eta\lambda)x_{t-1}-\eta\,\hat m_t/(\sqrt{\hat v_t}+\varepsilon)$, "
+            r"per entry, $\eta=10^{-3}$, $\beta=(0.9,0.999)$, $\varepsilon=10^{-8}$, "
+            r"$\lambda=10^{-2}$), and the momentum rule with its defaults $\beta=0.9$, $c=1$."
         ),
         hypotheses=(
             "the exact rules transcribed independently in mpmath (reference.mp), 50 digits",
-            "St(6, 3), 4 steps, lr·sqrt(d·r) ≤ 1/2",
+            "St(6, 3) (AdamW: a 6×3 array), 4 steps, lr·sqrt(d·r) ≤ 1/2",
         ),
         checks=(
             Check(
@@ -155,6 +230,12 @@ register(
                 "the RMS's count",
                 rule_check("normalized_rsgd", "normalize_by_rms", _rms_over_dimension),
                 "the RMS over the manifold's dimension instead of the entries",
+            ),
+            Check(
+                "float64",
+                "AdamW with its defaults",
+                rule_check("adamw", "add_decayed_weights", _times(1.01)),
+                "the weight decay 1% larger",
             ),
         ),
     )
