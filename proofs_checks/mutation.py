@@ -66,6 +66,7 @@ class Mutant:
     line: int
     function: str
     change: str
+    col: int = -1  # the node's (col_offset, end_col_offset) as col·1000 + end: one per node
 
 
 def _sites(tree: ast.AST) -> Iterator[tuple[ast.AST, str, str]]:
@@ -128,7 +129,8 @@ def mutants(file: str) -> list[tuple[Mutant, str]]:
         node, function, change = list(_sites(tree))[k]
 
         mutated = ast.unparse(ast.fix_missing_locations(_Replace(node).visit(tree)))
-        out.append((Mutant(file, node.lineno, function, change), mutated))
+        col = node.col_offset * 1000 + (node.end_col_offset or 0)
+        out.append((Mutant(file, node.lineno, function, change, col), mutated))
     return out
 
 
@@ -185,6 +187,24 @@ def judge(selected: list[tuple[Mutant, str]], progress: bool = True) -> list[dic
     return rows
 
 
+def to_rejudge(files: list[str], earlier: list[dict]) -> list[tuple[Mutant, str]]:
+    """The mutants of ``files`` that an earlier result did not have killed by certify (the
+    tests' kills and the survivors): after the checks changed, does certify now kill them?"""
+
+    def same(m: Mutant, r: dict) -> bool:  # results written before ``col`` match on the rest
+        return (m.file, m.line, m.function, m.change) == (
+            r["file"],
+            r["line"],
+            r["function"],
+            r["change"],
+        ) and r.get("col", m.col) == m.col
+
+    let_through = [r for r in earlier if r["verdict"] != "killed by certify"]
+    return [
+        (m, t) for file in files for m, t in mutants(file) if any(same(m, r) for r in let_through)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", default=list(JUDGES), help="sources (default: all)")
@@ -206,19 +226,9 @@ def main(argv: list[str] | None = None) -> int:
             step = len(found) / args.limit  # evenly spread over the file
             found = [found[int(i * step)] for i in range(args.limit)]
         selected += found
-    if args.rejudge is not None:  # after the checks changed: does certify now kill them?
+    if args.rejudge is not None:
         earlier = json.loads(Path(args.rejudge).read_text(encoding="utf-8"))
-        keep = {
-            (r["file"], r["line"], r["function"], r["change"])
-            for r in earlier
-            if r["verdict"] != "killed by certify"
-        }
-        selected = [
-            (m, t)
-            for file in args.files
-            for m, t in mutants(file)
-            if (m.file, m.line, m.function, m.change) in keep
-        ]
+        selected = to_rejudge(args.files, earlier)
     rows = judge(selected)
     Path(args.out).write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
     for verdict in ("killed by certify", "killed by the tests", "survived"):

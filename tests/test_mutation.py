@@ -30,3 +30,25 @@ def test_a_mutant_changes_exactly_the_node_it_names() -> None:
         (a, b) for a, b in zip(original.splitlines(), text.splitlines(), strict=True) if a != b
     ]
     assert len(changed) == 1 and "-" in changed[0][1]
+
+
+def test_a_rejudge_takes_what_certify_let_through() -> None:
+    file = "reference/linalg.py"
+    found = mutation.mutants(file)
+    row = {"file": file, "certify_exit": 0}
+    earlier = [
+        {**row, **_key(found[0][0]), "verdict": "killed by certify"},
+        {**row, **_key(found[1][0]), "verdict": "killed by the tests"},
+        {**row, **_key(found[2][0]), "verdict": "survived"},
+    ]
+    again = {m for m, _ in mutation.to_rejudge([file], earlier)}
+    assert found[0][0] not in again and {found[1][0], found[2][0]} <= again
+
+
+def _key(m: mutation.Mutant) -> dict:
+    return {"line": m.line, "function": m.function, "change": m.change, "col": m.col}
+
+
+def test_every_mutant_of_a_file_has_its_own_key() -> None:
+    found = [m for m, _ in mutation.mutants("reference/linalg.py")]
+    assert len(set(found)) == len(found)

@@ -13,10 +13,11 @@ reference preset's, so that float64 trajectories agree with the reference to rou
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from torch_port.optim import checks, transforms
+from torch_port.linalg import Tensor
+from torch_port.optim import capturable, checks, transforms
 from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.transforms import Transform
 
@@ -50,6 +51,12 @@ class RiemannianAdam(ChainOptimizer):
         reduction: "mean" (RMS, default) or "sum" (‖g‖) for the frame moment.
         skip_nonfinite: skip a step whose gradients have NaN/inf entries (with a warning)
             instead of raising ValueError.
+        capturable: a step with no host synchronisation, for ``torch.compile(fullgraph=True)``
+            and CUDA graphs (``torch_port.optim.capturable``): Stiefel frames (polar
+            retraction, embedded metric, frame moment, mean reduction) with a trust radius
+            Δ ≤ 0.7 and ε > 0, and plain parameters, all on one device. A step with a
+            non-finite gradient changes nothing and is counted in ``skipped_on_device``
+            (a device tensor) instead of raising or warning.
     """
 
     def __init__(
@@ -63,11 +70,18 @@ class RiemannianAdam(ChainOptimizer):
         moment: str = "frame",
         reduction: str = "mean",
         skip_nonfinite: bool = False,
+        capturable: bool = False,
     ):
         super().__init__(params, **hyperparameters(locals()))
+        #: Steps skipped for a non-finite gradient or frame (capturable=True), on the device.
+        self.skipped_on_device: Tensor | None = None
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
+        if group["capturable"] != self.param_groups[0]["capturable"]:
+            raise ValueError("capturable must be the same for every parameter group")
+        if group["capturable"]:
+            capturable.check_group(group)
         if group["moment"] not in transforms.MOMENTS:
             raise ValueError(
                 f"unknown moment {group['moment']!r}; choose one of {transforms.MOMENTS}"
@@ -76,6 +90,13 @@ class RiemannianAdam(ChainOptimizer):
             raise ValueError(
                 f"unknown reduction {group['reduction']!r}; choose one of {transforms.REDUCTIONS}"
             )
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update (``ChainOptimizer.step``), or with ``capturable=True`` the step of
+        ``torch_port.optim.capturable``, which ``torch.compile`` traces as one graph."""
+        if not (self.param_groups and self.param_groups[0]["capturable"]):
+            return super().step(closure)
+        return capturable.step(self, closure)
 
     def rule(self, group: dict[str, Any]) -> Transform:
         b1, b2 = checks.betas(group["betas"])

@@ -1,0 +1,251 @@
+"""``RiemannianAdam(capturable=True)``: the step with no host synchronisation.
+
+Its frames follow the eager step (and so the reference) to float64 rounding, ``torch.compile``
+traces it as one graph (``fullgraph=True`` fails on any graph break, so on any host
+synchronisation) whose steps equal the eager ones to rounding, a non-finite gradient changes
+nothing, float32 frames keep on St(d, r), and what it cannot take it refuses by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import reference as ref  # noqa: E402
+import torch_port as tp  # noqa: E402
+from proofs_checks.bounds import step_error  # noqa: E402
+from torch_port.optim import capturable  # noqa: E402
+
+D, R, RADIUS, LR = 16, 4, 0.5, 1e-2
+
+
+def _model(dtype=torch.float64, seed: int = 0) -> list:
+    """Two frame parameters of one shape (batched together), one of another, a plain one."""
+    g = torch.Generator().manual_seed(seed)
+    st = tp.Stiefel(D, R)
+    return [
+        torch.nn.Parameter(st.random_point(g, (3,), dtype=dtype)),
+        torch.nn.Parameter(st.random_point(g, (2, 2), dtype=dtype)),
+        torch.nn.Parameter(tp.Stiefel(D, 2).random_point(g, (2,), dtype=dtype)),
+        torch.nn.Parameter(torch.randn(5, 3, generator=g, dtype=dtype)),
+    ]
+
+
+def _optimizer(params: list, cap: bool, **kw):
+    return tp.RiemannianAdam(
+        [{"params": params[:3], "geometry": "stiefel"}, {"params": params[3:]}],
+        lr=LR,
+        trust_radius=RADIUS,
+        weight_decay=0.01,
+        capturable=cap,
+        **kw,
+    )
+
+
+def _grads(params: list, k: int) -> None:
+    g = torch.Generator().manual_seed(100 + k)
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+
+
+def _run(cap: bool, steps: int, compiled: bool = False) -> tuple[list, object]:
+    params = _model()
+    opt = _optimizer(params, cap)
+    step = torch.compile(opt.step, fullgraph=True) if compiled else opt.step
+    for k in range(steps):
+        _grads(params, k)
+        step()
+    return params, opt
+
+
+def test_the_capturable_step_is_the_eager_step_in_float64():
+    """100 steps: frames within 100·step_error(16, 4) of the eager step's (the per-step
+    rounding bound of both, accumulated without amplification: 1.2e-11; measured ~1e-15),
+    plain parameters within 100 steps of a few ulps of AdamW's (1e-13)."""
+    eager, _ = _run(False, 100)
+    fused, opt = _run(True, 100)
+    for a, b in zip(eager[:3], fused[:3], strict=True):
+        assert (a - b).abs().max().item() <= 100 * step_error(D, R)
+    assert (eager[3] - fused[3]).abs().max().item() <= 1e-13
+    assert int(opt.skipped_on_device) == 0
+    assert int(opt.state[fused[0]]["step"]) == 100
+
+
+def test_the_capturable_step_follows_the_reference():
+    """One frame, 20 steps, against ``reference.optim.riemannian_adam`` with the same trust
+    radius: within 20·step_error(16, 4)."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.nn.Parameter(tp.Stiefel(D, R).random_point(g, dtype=torch.float64))
+    x = w.detach().numpy().copy()
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}], lr=LR, trust_radius=0.05, capturable=True
+    )
+    ro = ref.optim.riemannian_adam(LR, trust_radius=0.05)
+    geo = ref.Stiefel(D, R)
+    state = ro.init(geo, x)
+    for k in range(20):
+        grad = torch.randn(D, R, generator=torch.Generator().manual_seed(k), dtype=torch.float64)
+        w.grad = grad
+        opt.step()
+        x, state = ro.step(geo, x, grad.numpy(), state)
+    assert np.abs(w.detach().numpy() - x).max() <= 20 * step_error(D, R)
+
+
+def test_torch_compile_traces_the_step_as_one_graph():
+    """``torch.compile(opt.step, fullgraph=True)`` (fails on a graph break, hence on a host
+    synchronisation): 3 compiled steps equal 3 eager capturable steps within 3·step_error."""
+    compiled, _ = _run(True, 3, compiled=True)
+    eager, _ = _run(True, 3)
+    for a, b in zip(eager, compiled, strict=True):
+        assert (a - b).abs().max().item() <= 3 * step_error(D, R)
+
+
+def test_a_non_finite_gradient_changes_nothing():
+    params = _model()
+    opt = _optimizer(params, True)
+    _grads(params, 0)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    states = {i: {k: v.clone() for k, v in opt.state[p].items()} for i, p in enumerate(params)}
+    _grads(params, 1)
+    params[1].grad[0, 1, 2, 3] = float("nan")
+    opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, params, strict=True))
+    for i, p in enumerate(params):
+        assert all(torch.equal(v, opt.state[p][k]) for k, v in states[i].items())
+    assert int(opt.skipped_on_device) == 1
+    _grads(params, 2)
+    opt.step()  # the next finite step proceeds
+    assert not torch.equal(before[0], params[0]) and int(opt.state[params[0]]["step"]) == 2
+
+
+def test_float32_frames_stay_on_the_manifold():
+    """2000 steps of float32 frames: ‖WᵀW − I‖ ≤ 5e-6 (the Gram is formed in float64 and the
+    series truncates below float64's rounding, so the drift is the float32 rounding of one
+    step, not a sum over steps)."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.nn.Parameter(tp.Stiefel(64, 16).random_point(g, (4,), dtype=torch.float32))
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}], lr=LR, trust_radius=RADIUS, capturable=True
+    )
+    for _ in range(2000):
+        w.grad = torch.randn(w.shape, generator=g)
+        opt.step()
+    assert tp.linalg.orthonormality_residual(w.detach()).max().item() <= 5e-6
+
+
+def test_the_state_moves_between_the_capturable_and_the_eager_step():
+    """The same state layout: 5 capturable steps, then the state loaded into an eager
+    optimizer, then 5 more steps, equal 10 capturable steps to rounding."""
+    params, opt = _run(True, 5)
+    eager_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    eager = _optimizer(eager_params, False)
+    sd = opt.state_dict()
+    for group in sd["param_groups"]:
+        group["capturable"] = False
+    eager.load_state_dict(sd)
+    for k in range(5, 10):
+        _grads(eager_params, k)
+        eager.step()
+    straight, _ = _run(True, 10)
+    for a, b in zip(eager_params[:3], straight[:3], strict=True):
+        assert (a - b).abs().max().item() <= 10 * step_error(D, R)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"trust_radius": None}, "needs trust_radius"),
+        ({"trust_radius": 0.8}, "0 < Δ ≤ 0.7"),
+        ({"eps": 0.0}, "needs eps > 0"),
+        ({"moment": "elementwise"}, "moment='frame'"),
+        ({"reduction": "sum"}, "reduction='mean'"),
+    ],
+)
+def test_what_the_capturable_step_cannot_take_is_refused(options, message):
+    params = _model()
+    kw = {"lr": LR, "trust_radius": RADIUS, "capturable": True, **options}
+    with pytest.raises(ValueError, match=message):
+        tp.RiemannianAdam([{"params": params[:1], "geometry": "stiefel"}], **kw)
+
+
+def test_other_geometries_and_mixed_groups_are_refused():
+    g = torch.Generator().manual_seed(0)
+    u, s, v = tp.GEOMETRIES["fixed_rank_embedded"](6, 5, 2).random_point(g)
+    factors = [torch.nn.Parameter(t) for t in (u, s, v)]
+    with pytest.raises(ValueError, match="geometry='stiefel'"):
+        tp.RiemannianAdam(
+            [{"params": factors, "geometry": "fixed_rank_embedded"}],
+            trust_radius=RADIUS,
+            capturable=True,
+        )
+    params = _model()
+    opt = tp.RiemannianAdam(
+        [{"params": params[:1], "geometry": "stiefel"}], trust_radius=RADIUS, capturable=True
+    )
+    with pytest.raises(ValueError, match="the same for every parameter group"):
+        opt.add_param_group({"params": params[1:2], "geometry": "stiefel", "capturable": False})
+
+
+def test_the_series_degree_truncates_below_float64_rounding():
+    """At ‖E‖₂ = δ = Δ² + η for Δ = 0.7 (the largest radius taken): A = W Q diag(√μ) Qᵀ with
+    the eigenvalues μ of AᵀA spread over [1 − δ, 1 + δ] (so α = 1 and E's eigenvalues reach
+    ±δ). The degree k of ``taylor_degree`` gives polar(A) within 1e-14 of the
+    eigendecomposition's (truncation ≤ 1e-17, the rest float64 rounding at κ = 1.7); half
+    that degree leaves a truncation |c_{k/2+1}|·δ^{k/2+1} ≈ 1e-10 (the control)."""
+    g = torch.Generator().manual_seed(5)
+    w = tp.Stiefel(D, R).random_point(g, (4,), dtype=torch.float64)
+    delta = 0.7**2 + capturable.DRIFT_SLACK
+    q = torch.linalg.qr(torch.randn(4, R, R, generator=g, dtype=torch.float64))[0]
+    mu = torch.linspace(1.0 - delta, 1.0 + delta, R, dtype=torch.float64)
+    a = w @ (q * torch.sqrt(mu)) @ q.transpose(-1, -2)
+    exact = tp.linalg.polar(a)
+    k = capturable.taylor_degree(0.7)
+    assert (capturable.polar_fixed(a, k) - exact).abs().max().item() <= 1e-14
+    assert (capturable.polar_fixed(a, k // 2) - exact).abs().max().item() > 1e-12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_step_is_captured_in_a_cuda_graph():
+    """Warm-up steps on a side stream, one captured step, three replays: the step count and
+    the frames of three more eager capturable steps."""
+    params = [torch.nn.Parameter(p.detach().cuda()) for p in _model()]
+    twin = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref_opt = _optimizer(params, True), _optimizer(twin, True)
+    for p in params + twin:
+        p.grad = torch.zeros_like(p)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            for p, t in zip(params, twin, strict=True):
+                p.grad.normal_()
+                t.grad.copy_(p.grad)
+            opt.step()
+            ref_opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for _ in range(3):
+        for p, t in zip(params, twin, strict=True):
+            p.grad.normal_()
+            t.grad.copy_(p.grad)
+        graph.replay()
+        ref_opt.step()
+    torch.cuda.synchronize()
+    assert int(opt.state[params[0]]["step"]) == 6
+    for a, b in zip(params, twin, strict=True):
+        assert (a - b).abs().max().item() <= 6 * step_error(D, R)
+
+
+def test_fullgraph_catches_a_step_that_synchronises():
+    """The criterion has teeth: the eager step (host checks, ``torch.compiler.disable``) is
+    refused by ``fullgraph=True``."""
+    params = _model()
+    opt = _optimizer(params, False)
+    _grads(params, 0)
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        torch.compile(opt.step, fullgraph=True)()
