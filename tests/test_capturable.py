@@ -8,10 +8,14 @@ nothing, float32 frames keep on St(d, r), and what it cannot take it refuses by 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
@@ -241,11 +245,39 @@ def test_the_step_is_captured_in_a_cuda_graph():
         assert (a - b).abs().max().item() <= 6 * step_error(D, R)
 
 
-def test_fullgraph_catches_a_step_that_synchronises():
-    """The criterion has teeth: the eager step (host checks, ``torch.compiler.disable``) is
-    refused by ``fullgraph=True``."""
+class _NoHostReads(TorchDispatchMode):
+    """Raises on every read of a tensor's value by the host: ``.item()``, ``float(t)``,
+    ``bool(t)`` and a Python ``if`` on a tensor all dispatch ``aten._local_scalar_dense``."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise AssertionError("the step read a tensor's value on the host")
+        return func(*args, **(kwargs or {}))
+
+
+def _step_reads_the_host(opt) -> bool:
+    try:
+        with _NoHostReads():
+            opt.step()
+    except AssertionError:
+        return True
+    return False
+
+
+def test_the_step_never_reads_a_tensor_on_the_host(monkeypatch):
+    """Three steps from a fresh optimizer (the first creates the state) under a dispatch mode that
+    refuses host reads; ``.tolist()`` does not dispatch, so the module is also free of it.
+    Control: the same step reading its step count with ``.item()``, as the eager step does."""
     params = _model()
-    opt = _optimizer(params, False)
-    _grads(params, 0)
-    with pytest.raises(torch._dynamo.exc.Unsupported):
-        torch.compile(opt.step, fullgraph=True)()
+    opt = _optimizer(params, True)
+    for k in range(3):
+        _grads(params, k)
+        assert not _step_reads_the_host(opt)
+    assert ".tolist(" not in Path(capturable.__file__).read_text(encoding="utf-8")
+    real = capturable.adam_frames
+
+    def reads_the_count(w, grad, exp_avg, sqrt_v, t, **kw):
+        return real(w, grad, exp_avg, sqrt_v, torch.full_like(t, t.item()), **kw)
+
+    monkeypatch.setattr(capturable, "adam_frames", reads_the_count)
+    assert _step_reads_the_host(opt)

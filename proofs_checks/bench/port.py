@@ -30,6 +30,11 @@ PORT_ROW = "torch_port RiemannianAdam"
 ADAMW_ROW = "torch AdamW (foreach)"
 GEOOPT_ROW = "geoopt RiemannianAdam (EuclideanStiefel)"
 FLOOR_ROW = "floor: 6 batched products, 3 XᵀG (r×d·d×r) + 3 X·S (d×r·r×r)"
+CAPTURABLE_ROW = "torch_port RiemannianAdam, capturable (Δ = 0.5)"
+COMPILED_ROW = "torch_port RiemannianAdam, capturable, torch.compile(fullgraph=True)"
+#: The capturable rows' trust radius: above every step of the benchmark (‖ξ‖ ≈ lr·sqrt(d·r)
+#: ≤ 0.23), so they take the same steps as the port's row.
+CAPTURABLE_RADIUS = 0.5
 
 #: Issue 4's targets for size (b): the port's step at most this many times AdamW's ...
 PORT_TARGET_VS_ADAMW = 2.0
@@ -98,6 +103,17 @@ def _port_inputs(
     return [t.to(device, dtype) for t in points], [t.to(device, dtype) for t in grads]
 
 
+class _Compiled:
+    """An optimizer whose ``step`` is ``torch.compile(opt.step, fullgraph=True)`` (compiled at
+    the first call, a warm-up call of the benchmark)."""
+
+    def __init__(self, opt: Any) -> None:
+        import torch
+
+        self.state = opt.state
+        self.step = torch.compile(opt.step, fullgraph=True)
+
+
 def _port_candidates(
     size: dict[str, Any], dtype: Any, seed: int, geoopt: Any, device: str = "cpu"
 ) -> dict[str, tuple[Any, list[Any]]]:
@@ -118,6 +134,15 @@ def _port_candidates(
     out: dict[str, tuple[Any, list[Any]]] = {}
     ps = params(torch.nn.Parameter)
     out[PORT_ROW] = (tp.RiemannianAdam([{"params": ps, "geometry": "stiefel"}], lr=PORT_LR), ps)
+    for row, compiled in ((CAPTURABLE_ROW, False), (COMPILED_ROW, True)):
+        ps = params(torch.nn.Parameter)
+        opt = tp.RiemannianAdam(
+            [{"params": ps, "geometry": "stiefel"}],
+            lr=PORT_LR,
+            trust_radius=CAPTURABLE_RADIUS,
+            capturable=True,
+        )
+        out[row] = (_Compiled(opt) if compiled else opt, ps)
     ps = params(torch.nn.Parameter)
     out[ADAMW_ROW] = (torch.optim.AdamW(ps, lr=PORT_LR, foreach=True), ps)
     if geoopt is not None and dtype != torch.bfloat16:  # its QR retraction has no bfloat16

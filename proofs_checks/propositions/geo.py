@@ -249,31 +249,46 @@ def _exp_with_plus_s(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.hstack([x, u]) @ ref.linalg.expm(block)[:, : self.r] @ ref.linalg.expm(-a)
 
 
+#: The order of each Stiefel retraction (DESIGN §4.0: polar and exp second order; QR first
+#: order for r ≥ 2, and the polar map itself for r = 1), by (retraction, r = 1).
+STIEFEL_ORDERS = {
+    ("polar", False): 2,
+    ("polar_svd", False): 2,
+    ("qr", False): 1,
+    ("exp", False): 2,
+    ("qr", True): 2,
+}
+
+
 def every_stiefel_retraction(ctx: Context, wrong: bool) -> Outcome:
     """Each retraction of ``reference.stiefel.RETRACTIONS`` (polar, its SVD route, sign-fixed
-    QR, the exponential map) at St(7, 3): R_x(0) = x and the slopes of the order each claims
-    (``retraction_order``: 1 for QR, 2 for the others), as the retraction check; R_{−x}(0) = −x;
-    and R_x(ξ) on St(7, 3) for a unit ξ (‖RᵀR − I‖ ≤ ``law_tolerance``: each map ends in an
-    orthonormal factor or, for exp, a product of an orthonormal [W, ξ]-basis map and orthogonal
-    exponentials). Residual: the worst shortfall, or inf off the manifold, tolerance 0.
-    Control: the exponential map with +S in its block matrix (first order, tangentially second
-    order, but off the manifold at second order)."""
+    QR, the exponential map) at St(7, 3), and QR at St(7, 1), where it is the polar map: the
+    geometry claims the order of ``STIEFEL_ORDERS`` (``retraction_order``), and R_x(0) = x and
+    the slopes of that order hold, as in the retraction check; R_{−x}(0) = −x; and R_x(ξ) is
+    on St(d, r) for a unit ξ (‖RᵀR − I‖ ≤ ``law_tolerance``: each map ends in an orthonormal
+    factor or, for exp, a product of an orthonormal [W, ξ]-basis map and orthogonal
+    exponentials). Residual: the worst shortfall, or inf for a wrong claim or a point off the
+    manifold, tolerance 0. Control: the exponential map with +S in its block matrix (first
+    order, tangentially second order, but off the manifold at second order)."""
     worst, details = 0.0, []
-    for name in ref.stiefel.RETRACTIONS:
-        geo = ref.Stiefel(*STIEFEL, retraction=name)
+    for (name, single), order in STIEFEL_ORDERS.items():
+        shape = (STIEFEL[0], 1) if single else STIEFEL
+        geo = ref.Stiefel(*shape, retraction=name)
         if wrong and name == "exp":
             geo = law.patched(geo, exp=_exp_with_plus_s)
         rng = np.random.default_rng(ctx.seed)
         x = geo.random_point(rng)
-        shortfall, _ = _retraction_shortfall(geo, x, geo.retraction_order, ctx.seed)
+        shortfall, _ = _retraction_shortfall(geo, x, order, ctx.seed)
         off = geo.residual(geo.retract(x, geo.random_tangent(x, rng)))
         # R(0) = x at −x too: the Householder QR of x or of −x has a negative diagonal entry
         # (their signs are opposite), which only the sign fix undoes.
         zero = frobenius(geo.retract(-x, np.zeros_like(x)) + x)
-        if max(off, zero) > law.law_tolerance(geo, x):
+        if max(off, zero) > law.law_tolerance(geo, x) or geo.retraction_order != order:
             shortfall = np.inf
         worst = max(worst, shortfall)
-        details.append(f"{name} (order {geo.retraction_order}): {shortfall:.2f}, off {off:.1e}")
+        details.append(
+            f"{name} {shape} (order {geo.retraction_order}): {shortfall:.2f}, off {off:.1e}"
+        )
     return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
 
 

@@ -34,7 +34,7 @@ from torch_port import linalg
 from torch_port.linalg import Tensor, sym, transpose
 from torch_port.optim import sharding, transforms
 
-#: Above this trust radius the fixed-degree series needs too many terms (Δ = 0.7: degree 56).
+#: Above this trust radius the fixed-degree series needs too many terms (Δ = 0.7: degree 55).
 MAX_RADIUS = 0.7
 #: The slack η added to Δ² in the bound on ‖E‖₂: ‖WᵀW − I‖ and the tangency error of ξ.
 DRIFT_SLACK = 1e-3
