@@ -220,13 +220,17 @@ def test_the_step_is_captured_in_a_cuda_graph():
     opt, ref_opt = _optimizer(params, True), _optimizer(twin, True)
     for p in params + twin:
         p.grad = torch.zeros_like(p)
+
+    def new_gradients() -> None:  # in place: the captured step reads these tensors
+        for p, t in zip(params, twin, strict=True):
+            p.grad.normal_()
+            t.grad.copy_(p.grad)
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
-            for p, t in zip(params, twin, strict=True):
-                p.grad.normal_()
-                t.grad.copy_(p.grad)
+            new_gradients()
             opt.step()
             ref_opt.step()
     torch.cuda.current_stream().wait_stream(side)
@@ -234,9 +238,7 @@ def test_the_step_is_captured_in_a_cuda_graph():
     with torch.cuda.graph(graph):
         opt.step()
     for _ in range(3):
-        for p, t in zip(params, twin, strict=True):
-            p.grad.normal_()
-            t.grad.copy_(p.grad)
+        new_gradients()
         graph.replay()
         ref_opt.step()
     torch.cuda.synchronize()
@@ -277,7 +279,38 @@ def test_the_step_never_reads_a_tensor_on_the_host(monkeypatch):
     real = capturable.adam_frames
 
     def reads_the_count(w, grad, exp_avg, sqrt_v, t, **kw):
-        return real(w, grad, exp_avg, sqrt_v, torch.full_like(t, t.item()), **kw)
+        return real(w, grad, exp_avg, sqrt_v, t + 0 * t.reshape(-1)[0].item(), **kw)
 
     monkeypatch.setattr(capturable, "adam_frames", reads_the_count)
     assert _step_reads_the_host(opt)
+
+
+def test_frames_batched_together_keep_their_own_step_counts():
+    """Two parameters of one shape, the second without a gradient for its first 3 steps: each
+    frame's bias corrections use its own count, as two separate capturable optimizers do."""
+    g = torch.Generator().manual_seed(7)
+    start = [tp.Stiefel(D, R).random_point(g, (2,), dtype=torch.float64) for _ in range(2)]
+    grads = [torch.randn(2, D, R, generator=g, dtype=torch.float64) for _ in range(12)]
+    together = [torch.nn.Parameter(s.clone()) for s in start]
+    apart = [torch.nn.Parameter(s.clone()) for s in start]
+    opt = tp.RiemannianAdam(
+        [{"params": together, "geometry": "stiefel"}], lr=LR, trust_radius=RADIUS, capturable=True
+    )
+    opts = [
+        tp.RiemannianAdam(
+            [{"params": [p], "geometry": "stiefel"}], lr=LR, trust_radius=RADIUS, capturable=True
+        )
+        for p in apart
+    ]
+    for k in range(6):
+        for i, (a, b) in enumerate(zip(together, apart, strict=True)):
+            has = i == 0 or k >= 3
+            a.grad = grads[2 * k + i].clone() if has else None
+            b.grad = grads[2 * k + i].clone() if has else None
+        opt.step()
+        for o, b in zip(opts, apart, strict=True):
+            if b.grad is not None:
+                o.step()
+    assert [int(opt.state[p]["step"]) for p in together] == [6, 3]
+    for a, b in zip(together, apart, strict=True):
+        assert (a - b).abs().max().item() <= 6 * step_error(D, R)

@@ -86,16 +86,18 @@ def adam_frames(
     radius: float,
     degree: int,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One step of frames w (..., d, r) at step number t (the new count, a 0-d tensor):
+    """One step of frames w (..., d, r) at step numbers t (the new counts, one per frame, of
+    the shape of ``sqrt_v``: parameters batched together may have taken different numbers of
+    steps):
     (new frames, new exp_avg, new sqrt_v, finite) with ``finite`` a 0-d bool tensor, false
-    when the gradient or the new frames have a non-finite entry (the caller then keeps the old
-    values). Nothing is written."""
+    when the new frames have a non-finite entry (as they do for a non-finite gradient, or one
+    whose WᵀG overflows the dtype); the caller then keeps the old values. Nothing is written."""
     b1, b2 = betas
-    wd = w.detach()
+    x = w.detach()
     rgrad = torch.baddbmm(
         grad.reshape(-1, *w.shape[-2:]),
-        wd.reshape(-1, *w.shape[-2:]),
-        sym(transpose(wd) @ grad).reshape(-1, w.shape[-1], w.shape[-1]),
+        x.reshape(-1, *w.shape[-2:]),
+        sym(transpose(x) @ grad).reshape(-1, w.shape[-1], w.shape[-1]),
         alpha=-1.0,
     ).reshape(w.shape)
     m = torch.lerp(exp_avg, rgrad.to(exp_avg.dtype), 1.0 - b1)
@@ -108,11 +110,10 @@ def adam_frames(
     coef = (-lr / c1) / den  # ξ = coef·m per frame (den ≥ ε > 0)
     norm = torch.linalg.vector_norm(m, dim=(-2, -1), dtype=torch.float64) * coef.abs()
     coef = coef * torch.where(norm > radius, radius / norm, torch.ones_like(norm))
-    a = torch.addcmul(wd, m.to(wd.dtype), coef[..., None, None].to(wd.dtype))
+    a = torch.addcmul(x, m.to(x.dtype), coef[..., None, None].to(x.dtype))
     y = polar_fixed(a, degree)
     moved = m - (y @ sym(transpose(y) @ m.to(y.dtype))).to(m.dtype)
-    finite = torch.isfinite(torch.stack([linalg.max_abs(grad).amax(), linalg.max_abs(y).amax()]))
-    return y, moved, sv, finite.all()
+    return y, moved, sv, torch.isfinite(linalg.max_abs(y).amax())
 
 
 def check_group(group: dict[str, Any]) -> None:
@@ -211,7 +212,7 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
             _batched([p.grad for p in ps], 2),
             _batched([s["exp_avg"] for s in states], 2),
             _batched([s["sqrt_v"] for s in states], 0),
-            states[0]["step"] + 1,
+            _batched([(s["step"] + 1).expand(s["sqrt_v"].shape) for s in states], 0),
             lr=lr,
             betas=(b1, b2),
             eps=eps,
