@@ -70,26 +70,34 @@ class Mutant:
 
 
 def _sites(tree: ast.AST) -> Iterator[tuple[ast.AST, str, str]]:
-    """(node, enclosing function, description) of every mutable node inside a function."""
-    for func in ast.walk(tree):
-        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+    """(node, innermost enclosing function, description) of every mutable node inside a
+    function, each node once (a nested function's nodes belong to it, not to its parent)."""
+    owner: dict[int, str] = {}
+    for func in ast.walk(tree):  # outer functions first: inner ones overwrite their nodes
+        if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(func):
+                owner[id(node)] = func.name
+    for node in ast.walk(tree):
+        name = owner.get(id(node))
+        if name is None:
             continue
-        for node in ast.walk(func):
-            if isinstance(node, ast.BinOp) and type(node.op) in _SWAP:
-                new = _SWAP[type(node.op)].__name__
-                yield node, func.name, f"{type(node.op).__name__} -> {new}"
-            elif isinstance(node, ast.Compare) and type(node.ops[0]) in _COMPARE:
-                new = _COMPARE[type(node.ops[0])].__name__
-                yield node, func.name, f"{type(node.ops[0]).__name__} -> {new}"
-            elif (
-                isinstance(node, ast.Constant)
-                and isinstance(node.value, int | float)
-                and not isinstance(node.value, bool)
-                and node.value not in (0, 1)
-            ):
-                yield node, func.name, f"constant {node.value!r} -> {_bumped(node.value)!r}"
-            elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-                yield node, func.name, "unary minus dropped"
+        if isinstance(node, ast.BinOp) and type(node.op) in _SWAP:
+            yield node, name, f"{type(node.op).__name__} -> {_SWAP[type(node.op)].__name__}"
+        elif isinstance(node, ast.Compare) and type(node.ops[0]) in _COMPARE:
+            yield (
+                node,
+                name,
+                f"{type(node.ops[0]).__name__} -> {_COMPARE[type(node.ops[0])].__name__}",
+            )
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, int | float)
+            and not isinstance(node.value, bool)
+            and node.value not in (0, 1)
+        ):
+            yield node, name, f"constant {node.value!r} -> {_bumped(node.value)!r}"
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            yield node, name, "unary minus dropped"
 
 
 def _bumped(v: int | float) -> int | float:

@@ -159,10 +159,16 @@ def _frame_gaps(make, geometry, x, g, g_scaled) -> float:
 
 
 def subnormal_tolerance(rule: str, g: np.ndarray, c: float) -> float:
-    """Bound on a degree-zero rule's relative gap ‖ξ(cG) − ξ(G)‖/‖ξ(G)‖ where cG is subnormal.
+    """``subnormal_grid`` plus the rounding of the normal-range operations,
+    ``relative_tolerance(8, 3, 0)`` (the products of P_W are exact here)."""
+    return subnormal_grid(rule, g, c) + relative_tolerance(END_D, END_R, 0.0)
 
-    Operations whose results are normal round as at any scale (``relative_tolerance(d, r, 0)``:
-    the products of P_W are exact here). Each whose result is subnormal adds up to half the grid
+
+def subnormal_grid(rule: str, g: np.ndarray, c: float) -> float:
+    """Bound on the relative change ‖ξ(cG) − ξ(G)‖/‖ξ(G)‖ of one step of a degree-zero rule
+    (Adam with ε = 0, t = 1, or the normalised rule) that the subnormal values of cG add.
+
+    Each operation whose result is subnormal adds up to half the grid
     spacing η = 2^-1074, relative to its value: the RMS s·‖g/s‖/√n itself (both rules), and for
     Adam (t = 1) also the n entries of m = (1 − β1)cg, relative to ‖m‖, √(1 − β2)·RMS and
     √v/c2 ≈ RMS: δ = η/2·(1/RMS) or η/2·(√n/((1 − β1)‖cg‖) + 2/RMS + 1/(√(1 − β2)·RMS)),
@@ -179,7 +185,7 @@ def subnormal_tolerance(rule: str, g: np.ndarray, c: float) -> float:
     else:
         b1, b2 = BETAS
         grid = h * (np.sqrt(n) / ((1 - b1) * norm) + 2 / rms + 1 / (np.sqrt(1 - b2) * rms))
-    return grid / (1 - grid) + relative_tolerance(END_D, END_R, 0.0)  # |δ/(1 + δ)|, |δ| ≤ grid
+    return grid / (1 - grid)  # |δ/(1 + δ)| for |δ| ≤ grid
 
 
 def subnormal_degree(ctx: Context, wrong: bool) -> Outcome:
