@@ -39,6 +39,10 @@ point (``step_bound``, ``Elements.conditioning``):
   second-order terms (γ_k = k·u/(1 − k·u)) and the float64 parts (Gram, eigendecomposition)
   that are ≥ 2^29 times smaller in float32.
 
+- For the elementwise moment, κ is at least the entrywise amplification a of
+  ``elementwise_amplification`` (its direction is scale-free entry by entry, so a small entry of
+  the gradient carries a large relative rounding error into its step), and a·δ is added.
+
 The state is checked too: when the step before was recorded, the state the port recorded
 before this step (its moments after the last step, transported) is compared with the
 reference's state after that step, entry by entry (``state_bound``; for the geometries
@@ -283,6 +287,43 @@ def step_bound(
     return LIPSCHITZ * delta + SAFETY * u * (kappa * inner * step + (r + 4) * size)
 
 
+def elementwise_amplification(
+    geometry: Any,
+    x: Any,
+    g: Any,
+    lr: float,
+    t: int,
+    b2: float,
+    length: float,
+    n: int,
+    r: int,
+    dtype: str,
+) -> float:
+    """The amplification a of the direction's relative error for ``moment="elementwise"``.
+
+    That direction is m̂_ij/(√v̂_ij + ε) entry by entry, of degree zero in each entry's own
+    history, so a relative error ε_ij of the entry ḡ_ij of this step's Riemannian gradient moves
+    it by at most 2ρ_t·ε_ij (ρ_t = ``bounds.adam_ratio_bound``). Rounding bounds the entries'
+    absolute errors relative to ‖ḡ‖, not to each entry: |δḡ_ij| ≤ (n + r)·u·‖ḡ‖, so
+    ε_ij ≤ (n + r)·u·‖ḡ‖/|ḡ_ij| (at most 1 where the entry is itself at that level, τ). The
+    step, lr times the (non-expansively projected) direction, then errs by
+    lr·2ρ_t·(n + r)·u·‖ḡ‖·sqrt(Σ_ij 1/max(|ḡ_ij|, τ)²), which is a·(n + r)·u·Δ with
+    a = 2ρ_t·lr·‖ḡ‖·sqrt(Σ_ij 1/max(|ḡ_ij|, τ)²)/Δ. A point off by δ changes ḡ's entries by
+    ≤ 2δ‖G‖ likewise, hence the a·δ term of the bound (Δ ≤ 1/2)."""
+    from proofs_checks.bounds import adam_ratio_bound
+    from reference.geometry import parts
+
+    if length == 0.0:
+        return 0.0
+    rg = np.concatenate([np.ravel(a) for a in parts(geometry.egrad_to_rgrad(x, g))])
+    norm = float(np.linalg.norm(rg))
+    if norm == 0.0:
+        return 0.0
+    tau = (n + r) * _roundoff(dtype) * norm
+    total = float(np.sqrt(np.sum(1.0 / np.maximum(np.abs(rg), tau) ** 2)))
+    return 2 * adam_ratio_bound(t, b2) * lr * norm * total / length
+
+
 def _dims(spec: dict[str, Any]) -> tuple[int, int]:
     """(n, r): the largest matrix dimension and the rank of one element."""
     s = spec["sizes"]
@@ -506,7 +547,18 @@ def _replay_record(
         deviation = float(np.linalg.norm(el.compared(y) - c_ref))
         length = float(np.linalg.norm(c_ref - c_x))
         kappa = max(el.conditioning(xp), el.conditioning(y_ref))
-        bound = step_bound(dtype, delta, length, float(np.linalg.norm(c_ref)), n, r, kappa)
+        h = step["hyperparameters"]
+        amplification = 0.0
+        if h.get("moment") == "elementwise":
+            amplification = elementwise_amplification(
+                el.geometry, xp, g, h["lr"], step["step"], h["betas"][1], length, n, r, dtype
+            )
+        bound = (
+            step_bound(
+                dtype, delta, length, float(np.linalg.norm(c_ref)), n, r, max(kappa, amplification)
+            )
+            + amplification * delta
+        )
         row.update(
             projection=delta,
             conditioning=kappa,
