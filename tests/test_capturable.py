@@ -314,3 +314,26 @@ def test_frames_batched_together_keep_their_own_step_counts():
     assert [int(opt.state[p]["step"]) for p in together] == [6, 3]
     for a, b in zip(together, apart, strict=True):
         assert (a - b).abs().max().item() <= 6 * step_error(D, R)
+
+
+def test_a_state_of_the_wrong_layout_is_refused_before_anything_changes():
+    """A plain parameter's moment replaced by one of another shape (the second plain
+    parameter, so the first would already have been written by a step that checked as it
+    went): ValueError naming the layout, and every parameter and state as it was."""
+    params = _model()
+    extra = torch.nn.Parameter(torch.randn(4, dtype=torch.float64))
+    opt = tp.RiemannianAdam(
+        [{"params": params[:3], "geometry": "stiefel"}, {"params": [params[3], extra]}],
+        lr=LR,
+        trust_radius=RADIUS,
+        capturable=True,
+    )
+    for k in range(2):
+        _grads([*params, extra], k)
+        opt.step()
+    opt.state[extra]["exp_avg"] = torch.zeros(5, dtype=torch.float64)
+    before = [p.detach().clone() for p in params]
+    _grads([*params, extra], 2)
+    with pytest.raises(ValueError, match="capturable=True expects"):
+        opt.step()
+    assert all(torch.equal(a, p) for a, p in zip(before, params, strict=True))

@@ -155,7 +155,9 @@ def check_group(group: dict[str, Any]) -> None:
 
 def _state(opt: Any, p: Tensor, frame: bool) -> dict:
     """The parameter's state, created on its device when it has none (a frame's: "step",
-    "exp_avg", "sqrt_v"; a plain parameter's: torch AdamW's)."""
+    "exp_avg", "sqrt_v"; a plain parameter's: torch AdamW's). An existing state must have that
+    layout (shapes and devices: metadata, read with no synchronisation); else ValueError,
+    raised before the step writes anything."""
     state = opt.state[p]
     if not state:
         state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
@@ -164,6 +166,15 @@ def _state(opt: Any, p: Tensor, frame: bool) -> dict:
             state["sqrt_v"] = p.new_zeros(p.shape[:-2], dtype=transforms.sqrt_v_dtype(p.dtype))
         else:
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+    layout = {"step": (), "exp_avg": tuple(p.shape)}
+    layout.update({"sqrt_v": tuple(p.shape[:-2])} if frame else {"exp_avg_sq": tuple(p.shape)})
+    got = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, Tensor)}
+    if got != layout or any(v.device != p.device for v in state.values()):
+        raise ValueError(
+            f"the state of a parameter of shape {tuple(p.shape)} has entries {got} (devices "
+            f"{sorted({str(v.device) for v in state.values()})}); capturable=True expects "
+            f"{layout} on {p.device}; no parameter or state was changed"
+        )
     return state
 
 
@@ -203,10 +214,15 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     devices = {p.device for p in every}
     if len(devices) > 1:
         raise ValueError(f"capturable=True needs every parameter on one device, got {devices}")
+    frame_states = {key: [_state(opt, p, frame=True) for p in ps] for key, ps in frames.items()}
+    for _, ps in plain:  # every layout checked before anything is computed or written
+        for p in ps:
+            _state(opt, p, frame=False)
     finite = [torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in every], math.inf)))]
     updates = []
-    for (_, _, lr, b1, b2, eps, radius), ps in frames.items():
-        states = [_state(opt, p, frame=True) for p in ps]
+    for key, ps in frames.items():
+        _, _, lr, b1, b2, eps, radius = key
+        states = frame_states[key]
         y, m, sv, ok = adam_frames(
             _batched(ps, 2),
             _batched([p.grad for p in ps], 2),
