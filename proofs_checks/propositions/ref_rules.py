@@ -142,6 +142,35 @@ def _rms_over_dimension(original):
     return variant
 
 
+#: (check, rule, the transformation substituted, its variant, the control's description).
+CONTROLS = (
+    ("the momentum's cap", "momentum", "normalize_by_max", _times(2.0), "the cap c doubled"),
+    (
+        "the momentum's transport",
+        "momentum",
+        "trace",
+        _untransported,
+        "the momentum not transported to the new point",
+    ),
+    ("the fixed step", "rsgd", "scale", _times(1.01), "the step 1% longer"),
+    ("the trust radius", "rsgd with Δ", "trust_region", _times(2.0), "the trust radius doubled"),
+    (
+        "the RMS's count",
+        "normalized_rsgd",
+        "normalize_by_rms",
+        _rms_over_dimension,
+        "the RMS over the manifold's dimension instead of the entries",
+    ),
+    (
+        "AdamW with its defaults",
+        "adamw",
+        "add_decayed_weights",
+        _times(1.01),
+        "the weight decay 1% larger",
+    ),
+)
+
+
 def rule_check(rule: str, name: str, variant: Callable) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """For each run of one rule: ``STEPS`` steps (float64) and its mpmath transcription
@@ -200,43 +229,9 @@ register(
             "the exact rules transcribed independently in mpmath (reference.mp), 50 digits",
             "St(6, 3) (AdamW: a 6×3 array), 4 steps, lr·sqrt(d·r) ≤ 1/2",
         ),
-        checks=(
-            Check(
-                "float64",
-                "the momentum's cap",
-                rule_check("momentum", "normalize_by_max", _times(2.0)),
-                "the cap c doubled",
-            ),
-            Check(
-                "float64",
-                "the momentum's transport",
-                rule_check("momentum", "trace", _untransported),
-                "the momentum not transported to the new point",
-            ),
-            Check(
-                "float64",
-                "the fixed step",
-                rule_check("rsgd", "scale", _times(1.01)),
-                "the step 1% longer",
-            ),
-            Check(
-                "float64",
-                "the trust radius",
-                rule_check("rsgd with Δ", "trust_region", _times(2.0)),
-                "the trust radius doubled",
-            ),
-            Check(
-                "float64",
-                "the RMS's count",
-                rule_check("normalized_rsgd", "normalize_by_rms", _rms_over_dimension),
-                "the RMS over the manifold's dimension instead of the entries",
-            ),
-            Check(
-                "float64",
-                "AdamW with its defaults",
-                rule_check("adamw", "add_decayed_weights", _times(1.01)),
-                "the weight decay 1% larger",
-            ),
+        checks=tuple(
+            Check("float64", name, rule_check(rule, part, variant), control)
+            for name, rule, part, variant, control in CONTROLS
         ),
     )
 )
