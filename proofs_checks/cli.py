@@ -133,13 +133,14 @@ def add_certify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "name", help="grokking, patches, lm, movement, ablation, ladder, native-rank"
+        "name", help="grokking, patches, lm, movement, ablation, trust, ladder, native-rank"
     )
     parser.add_argument(
         "--preset",
         default="quick",
-        choices=("smoke", "quick", "paper"),
-        help="smoke (seconds), quick (CPU minutes, default) or paper (the paper's scale)",
+        choices=("smoke", "quick", "long", "paper"),
+        help="smoke (seconds), quick (CPU minutes, default), long (grokking: the paper's "
+        "setting for 30 CPU minutes) or paper (the paper's scale)",
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument(

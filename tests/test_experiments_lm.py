@@ -15,6 +15,7 @@ from proofs_checks.cli import main  # noqa: E402
 from torch_port.experiments import corpus as corpus_lib  # noqa: E402
 from torch_port.experiments import lm, lm_report, runs  # noqa: E402
 from torch_port.experiments.common import Checkpoint, RunOptions, configure  # noqa: E402
+from torch_port.optim import RiemannianAdam, RiemannianMomentum  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TEXT = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400))
@@ -69,7 +70,20 @@ def test_smoke_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture) ->
             assert row["minus_adamw"] == pytest.approx(row["best_val_loss"] - adamw)
     assert doc["summary"]["corpus"]["source"] == "stdlib"
     assert doc["summary"]["corpus"]["bytes"] == cfg["corpus_bytes"]
-    assert "whole optimizer" in doc["summary"]["lr_sweep_applies_to"]
+    assert "QK and VO products" in doc["summary"]["protocol"]
+    assert "RiemannianMomentum" in doc["summary"]["protocol"]
+    # the paper's protocol: the stiefel arm's plain parameters at AdamW's best lr (per config)
+    for name in ("mha", "gqa"):
+        adamw = {
+            r["lr"]: r["val_loss"]
+            for r in doc["runs"]
+            if (r["config"], r["arm"]) == (name, "adamw")
+        }
+        best = min(adamw, key=adamw.get)
+        assert doc["summary"]["plain_lr_by_config"][name] == best
+        for r in doc["runs"]:
+            if r["config"] == name:
+                assert r["plain_lr"] == (None if r["arm"] == "adamw" else best)
     md = (directory / "results.md").read_text()
     assert "| adamw | mha |" in md and "best lr" in md
     for png in ("lr_sweep.png", "curves.png"):
@@ -117,8 +131,11 @@ def test_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
 
 
 def test_sweep_resumes_from_its_checkpoints(tmp_path: Path) -> None:
-    """A finished run's checkpoint is reused by the sweep (its record is taken as is)."""
-    config = configure(lm.PRESETS, RunOptions(preset="smoke"))
+    """A finished run's checkpoint is reused by the sweep (its record is taken as is). Under
+    the shared protocol (plain_lr null): under the paper's, AdamW's record also sets the other
+    arms' plain lr, which ``test_smoke_through_the_cli`` checks."""
+    shared = {"plain_lr": None}
+    config = configure(lm.PRESETS, RunOptions(preset="smoke", overrides=shared))
     corpus = corpus_lib.load_corpus(None, config)
     directory = tmp_path / "lm"
     directory.mkdir()
@@ -127,17 +144,17 @@ def test_sweep_resumes_from_its_checkpoints(tmp_path: Path) -> None:
     sentinel = dict(record, val_loss=1.25)
     base = lm.run_config(config, corpus)
     runs.run_cached(directory, base, spec.key, True, lambda checkpoint: sentinel)  # "finished"
-    doc = _smoke(tmp_path)
+    doc = _smoke(tmp_path, overrides=shared)
     mine = [r for r in doc["runs"] if (r["config"], r["arm"], r["lr"]) == ("mha", "adamw", spec.lr)]
     assert [r["val_loss"] for r in mine] == [1.25]
     assert not list(directory.glob("checkpoint-*"))
-    fresh = _smoke(tmp_path / "fresh", resume=False)
+    fresh = _smoke(tmp_path / "fresh", resume=False, overrides=shared)
     assert _strip(fresh["runs"])[1:] == _strip(doc["runs"])[1:]
 
 
 def test_geometries_and_gqa_refusal(tmp_path: Path) -> None:
     arms = ["fixed_rank_embedded", "block_fixed_rank_embedded", "stiefel", "stiefel_pair"]
-    doc = _smoke(tmp_path, overrides={"arms": arms, "lrs": [1e-2]})
+    doc = _smoke(tmp_path, overrides={"arms": arms, "lrs": [1e-2], "plain_lr": None})
     ran = {(r["config"], r["arm"]) for r in doc["runs"]}
     assert ran == {("mha", a) for a in arms} | {("gqa", a) for a in arms if a != arms[0]} - {
         ("gqa", "stiefel_pair")
@@ -216,7 +233,7 @@ def test_a_divergence_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "the fixed_rank_embedded point of w_q: the step leaves the rank-4 manifold: σ_r/σ_1 = 0",
         "polar factor of a rank-deficient matrix: the matrix is zero",
     ):
-        monkeypatch.setattr(lm.RiemannianAdam, "step", _fake_step(ValueError(message)))
+        monkeypatch.setattr(lm.RiemannianMomentum, "step", _fake_step(ValueError(message)))
         record = lm.train_run(spec, config, corpus, torch.device("cpu"))
         assert record["diverged"] and message in record["error"]
         assert record["steps_done"] == 0 and math.isnan(record["val_loss"])
@@ -235,7 +252,7 @@ def test_a_bug_in_a_step_propagates(
 ) -> None:
     """Any other error of an optimizer step is not a divergence: it propagates."""
     config, corpus, spec = _one_run_setup(tmp_path)
-    monkeypatch.setattr(lm.RiemannianAdam, "step", _fake_step(exc))
+    monkeypatch.setattr(lm.RiemannianMomentum, "step", _fake_step(exc))
     with pytest.raises(type(exc), match=str(exc)[:12]):
         lm.train_run(spec, config, corpus, torch.device("cpu"))
 
@@ -246,13 +263,13 @@ def test_unexpected_warnings_of_a_step_are_not_silenced(
     import warnings
 
     config, corpus, spec = _one_run_setup(tmp_path)
-    real = lm.RiemannianAdam.step
+    real = lm.RiemannianMomentum.step
 
     def step(self, closure=None):
         warnings.warn("something unexpected", RuntimeWarning, stacklevel=1)
         return real(self, closure)
 
-    monkeypatch.setattr(lm.RiemannianAdam, "step", step)
+    monkeypatch.setattr(lm.RiemannianMomentum, "step", step)
     with pytest.warns(RuntimeWarning, match="something unexpected"):
         lm.train_run(spec, config, corpus, torch.device("cpu"))
 
@@ -281,9 +298,9 @@ def test_threads_are_fixed_and_recorded(tmp_path: Path) -> None:
 def test_weight_decay_setup_is_stated(tmp_path: Path) -> None:
     assert "left off" in lm.__doc__ and "RA-5" in lm.__doc__
     doc = _smoke(tmp_path, overrides={"configs": ["mha"], "arms": ["adamw"], "lrs": [1e-2]})
-    assert "not decayed" in doc["summary"]["qk_weight_decay"]
+    assert "not decayed" in doc["summary"]["point_weight_decay"]
     md = (tmp_path / "lm" / "results.md").read_text()
-    assert "W_Q and W_K included in the adamw arm" in md and "RA-5" in md
+    assert "the attention projections included in the adamw arm" in md and "RA-5" in md
 
 
 @pytest.mark.parametrize(
@@ -315,6 +332,12 @@ def test_bad_input(
         ({"n_heads": 4, "gqa_kv_heads": 3}, "gqa_kv_heads = 3 must divide n_heads = 4"),
         ({"d_mlp": 0}, "d_mlp must be a positive integer, got 0"),
         ({"threads": None}, "threads must be a positive integer, got None"),
+        ({"products": "kv"}, "products must be one of"),
+        ({"rule": "sgd"}, "rule must be one of"),
+        ({"plain_lr": 0.1}, "plain_lr must be null"),
+        ({"arms": ["stiefel"]}, "the arms must include adamw"),
+        ({"momentum_c": 0.0}, "momentum_c"),
+        ({"momentum_beta": 1.0}, "momentum_beta"),
     ],
 )
 def test_bad_configuration(tmp_path: Path, overrides: dict, message: str) -> None:
@@ -348,3 +371,25 @@ def test_only_the_known_refusal_skips_an_arm(
     with pytest.raises(ValueError, match="some other problem"):
         _smoke(tmp_path)
     assert not list(tmp_path.rglob("results.json"))
+
+
+@pytest.mark.parametrize(("products", "rule"), [("qkvo", "momentum"), ("qk", "adam")])
+def test_optimizer_of_the_protocol(products: str, rule: str) -> None:
+    """The paper's protocol puts W_V, W_O on the geometry too and trains the points with the
+    momentum rule at the swept lr, the plain parameters at ``plain_lr``; the shared protocol
+    keeps W_V, W_O plain (AdamW) and every group at the swept lr."""
+    overrides = {"products": products, "rule": rule}
+    config = configure(lm.PRESETS, RunOptions(preset="smoke", overrides=overrides))
+    spec = lm.RunSpec("mha", "stiefel", 3e-3, 0, 1e-2 if rule == "momentum" else None)
+    model = lm.build_model(config, "mha", "stiefel", 0)
+    opt = lm.make_optimizer(model, config, spec)
+    assert type(opt) is (RiemannianMomentum if rule == "momentum" else RiemannianAdam)
+    points = [g for g in opt.param_groups if g.get("geometry") is not None]
+    plain = [g for g in opt.param_groups if g.get("geometry") is None]
+    point_names = {n for g in points for n in g["param_names"]}
+    vo = {n for n, _ in model.named_parameters() if n.endswith(("w_v", "w_o"))}
+    assert vo and (vo <= point_names) == (products == "qkvo")
+    assert all(g["lr"] == 3e-3 for g in points)
+    assert all(g["lr"] == (spec.plain_lr or 3e-3) for g in plain)
+    if rule == "momentum":
+        assert all(g["beta"] == 0.9 and g["c"] == 1e-3 for g in points)

@@ -16,6 +16,7 @@ EXPERIMENTS: dict[str, str] = {
     "lm": "torch_port.experiments.lm",
     "movement": "torch_port.experiments.movement",
     "ablation": "torch_port.experiments.ablation",
+    "trust": "torch_port.experiments.trust",
     "ladder": "torch_port.experiments.ladder",
     "native-rank": "torch_port.experiments.native_rank",
 }

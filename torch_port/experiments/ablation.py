@@ -19,7 +19,7 @@ import numpy as np
 
 from torch_port.experiments.arms import ARMS
 from torch_port.experiments.common import RunOptions, figure, markdown_table
-from torch_port.experiments.runs import paired_stats
+from torch_port.experiments.runs import interval, paired_stats, record_of_wins
 from torch_port.experiments.suite import StiefelExperiment, run_stiefel_experiment, task_config
 
 NAME = "ablation"
@@ -119,7 +119,7 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             row: list[Any] = [arm, ARMS[arm], e["mean"], e["sd"]]
             for ref in ("C", "A"):
                 s = e.get(f"vs_{ref}")
-                row += ["–", "–"] if s is None else [s["mean_diff"], f"{s['wins']}/{s['n']}"]
+                row += ["–"] * 3 if s is None else [s["mean_diff"], interval(s), record_of_wins(s)]
             rows.append(row)
         parts.append(f"## {task}")
         parts.append(
@@ -130,9 +130,11 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                     "val acc (%)",
                     "SD",
                     "− C (pp)",
-                    "wins vs C",
+                    "95% CI",
+                    "W/T/L vs C",
                     "− A (pp)",
-                    "wins vs A",
+                    "95% CI",
+                    "W/T/L vs A",
                 ],
                 rows,
             )

@@ -69,11 +69,20 @@ def qk_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if n.endswith((".attn.w_q", ".attn.w_k"))}
 
 
-def prepare_model(arm: str, model: nn.Module) -> nn.Module:
+def prepare_model(arm: str, model: nn.Module, match_scale: bool = False) -> nn.Module:
     """Arm-specific set-up of a freshly built model: H starts from polar(W_Q), polar(W_K);
-    G freezes the frames (``requires_grad=False``)."""
+    G freezes the frames (``requires_grad=False``). ``match_scale``: A's W_Q^h, W_K^h (d×r)
+    are rescaled to ‖W‖_F = √r, a frame's norm, so that A's initial attention logits q·k have
+    the frames' scale (each column's mean squared norm becomes 1, as a frame's columns are;
+    without it A's columns have squared norm ≈ d·1/(3d) = 1/3 and its logits start ≈ 3×
+    smaller); the direction of every W is kept."""
     check_arms([arm])
     qk = qk_parameters(model)
+    if match_scale and arm_geometry(arm) is None and arm != "H":
+        with torch.no_grad():
+            for p in qk.values():
+                r = p.shape[-1]
+                p.mul_(math.sqrt(r) / linalg.frobenius(p).unsqueeze(-1).unsqueeze(-1))
     if arm == "H":
         with torch.no_grad():
             for p in qk.values():

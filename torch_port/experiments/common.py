@@ -4,7 +4,8 @@ An experiment module (``torch_port.experiments.<name>``) defines
 
 - ``PRESETS``: ``{"smoke": {...}, "quick": {...}, "paper": {...}}``, each a plain dict of its
   configuration (``seeds`` included); smoke runs in seconds (the test suite runs it), quick in
-  minutes on a 2-core CPU, paper at the scale of the paper it reproduces;
+  minutes on a 2-core CPU, paper at the scale of the paper it reproduces (and, where the paper's
+  setting is too slow for a CPU, ``long``: that setting for as long as fits half an hour);
 - ``run(options: RunOptions) -> dict``: runs the preset's configuration, writes its outputs
   under ``options.out / <name>`` and returns the results document;
 - ``format_summary(document: dict) -> str``: the few lines ``rattn experiment`` prints.

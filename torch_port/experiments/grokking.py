@@ -8,12 +8,18 @@ initialisation). Arms (``arms``): A, AdamW (lr, betas (0.9, 0.98), decoupled wei
 every weight), and C, the same model with each head's W_Q and W_K on St(128, 32) under
 ``riemannian_adam`` (trust radius Δ = τ·√d_head; no decay on frames, decay elsewhere).
 
-Logged at every evaluation: train and validation accuracy, ‖·‖_F of every component (decay drives
+Logged at every evaluation: train and validation accuracy, the validation accuracy of the pairs
+whose swap (b, a) is a training pair ("swap_in_train": memorisation answers them, since the
+label is symmetric) and of the others ("unseen"), ‖·‖_F of every component (decay drives
 collapse cycles through them), the largest principal angle between each head's W_Q (W_K) and its
-initialisation. Reported per run: validation accuracy at the last step, its mean over the last
-20% of evaluations, the fraction of evaluations at or above 95%, and the first step reaching 95%.
-One optimizer step is one epoch (full batch). Long runs save a checkpoint every
-``checkpoint_every`` steps and resume from it.
+initialisation; at every step, the trust radius's use (``training.train_run``'s ``trust``).
+Reported per run: validation accuracy at the last step, its mean over the last 20% of
+evaluations, the fraction of evaluations at or above 95%, the first step reaching 95% (overall
+and on the unseen pairs), and the fraction of frame steps at the cap. One optimizer step is one
+epoch (full batch). Presets: smoke, quick (a smaller task, CPU minutes), long (the paper's
+setting for 3,000 epochs, 30 CPU minutes) and paper (20,000 epochs, 3 seeds: one GPU,
+``docs/gpu_grokking.sh``). Long runs save a checkpoint every ``checkpoint_every`` steps and
+resume from it.
 """
 
 from __future__ import annotations
@@ -25,21 +31,27 @@ import numpy as np
 import torch
 
 from torch_port.experiments import common, runs
-from torch_port.experiments.arms import ARMS, check_arms
+from torch_port.experiments.arms import ARMS, check_arms, trust_radius
 from torch_port.experiments.models import INITS, TokenEmbedding, Transformer
-from torch_port.experiments.training import Task, check_training_config, train_cells
+from torch_port.experiments.training import (
+    CAP_BAND,
+    Task,
+    check_training_config,
+    train_cells,
+    trust_metrics,
+)
 
 NAME = "grokking"
 
 _MODEL = dict(d_model=128, n_heads=4, d_mlp=512)
 _OPTIM = dict(betas=[0.9, 0.98], weight_decay=1.0, trust_tau=0.1, frame_lr=None)
-#: "scaled" (N(0, 1/fan-in) weights, N(0, 1/d) embeddings; the tables of docs/results.md) or
-#: "torch" (PyTorch's own initialisations); ``--set init=torch`` selects the second.
-_INIT = dict(init="scaled")
+#: "scaled" (N(0, 1/fan-in) weights, N(0, 1/d) embeddings, Nanda et al.'s) or "torch"
+#: (PyTorch's own initialisations): ``--set init=torch``. ``match_scale``: arm A's W_Q, W_K start
+#: at the frames' scale (``arms.prepare_model``): ``--set match_scale=true``.
+_INIT = dict(init="scaled", match_scale=False)
 #: Read the logits through the exact last-position forward (``Transformer.forward(last_only=
-#: True)``, 2.1–2.3 × faster). Off in these presets: equal to rounding, it still changes a long
-#: run's trajectory in its last bits, and the tables of docs/results.md are bit-for-bit reruns.
-_FAST = dict(last_only=False)
+#: True)``: equal to the full forward to rounding, 2.1–2.5 × faster).
+_FAST = dict(last_only=True)
 
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
@@ -78,6 +90,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         arms=["A", "C"],
         seeds=[0],
     ),
+    # The paper's setting (p = 113, 30% of the pairs, lr 1e-3) for as long as fits 30 minutes
+    # on one CPU core with two paired seeds (~0.14 s per full-batch step): 3,000 of the paper's
+    # 20,000 epochs.
+    "long": dict(
+        p=113,
+        train_fraction=0.3,
+        steps=3000,
+        **_MODEL,
+        lr=1e-3,
+        **_OPTIM,
+        **_INIT,
+        **_FAST,
+        eval_every=50,
+        checkpoint_every=500,
+        threshold=0.95,
+        last_fraction=0.2,
+        arms=["A", "C"],
+        seeds=[0, 1],
+    ),
+    # One GPU: `rattn experiment grokking --preset paper --device cuda`.
     "paper": dict(
         p=113,
         train_fraction=0.3,
@@ -152,6 +184,11 @@ def make_task(config: dict[str, Any], seed: int, device: torch.device | str = "c
             init=config.get("init", "scaled"),
         ).to(device)
 
+    # (b, a) has the label of (a, b): a validation pair whose swap is a training pair can be
+    # answered by memorisation, so its accuracy is logged apart from the pairs never seen.
+    in_train = torch.zeros(p, p, dtype=torch.bool)
+    in_train[a[tr], b[tr]] = True
+    swapped = in_train[b[va], a[va]]
     dev = torch.device(device)
     return Task(
         "grokking",
@@ -161,6 +198,7 @@ def make_task(config: dict[str, Any], seed: int, device: torch.device | str = "c
         x[va].to(dev),
         y[va].to(dev),
         last_only=bool(config.get("last_only", False)),  # one layer read at "="
+        val_subsets={"swap_in_train": swapped.to(dev), "unseen": (~swapped).to(dev)},
     )
 
 
@@ -169,12 +207,18 @@ def run_metrics(
 ) -> dict[str, Any]:
     """Validation accuracy at the last evaluation, its mean over the last ``last_fraction`` of
     evaluations, the fraction of evaluations with accuracy ≥ ``threshold`` and the first step
-    reaching it (None when never), from one run's history (the step-0 evaluation excluded)."""
+    reaching it (None when never), from one run's history (the step-0 evaluation excluded);
+    the same last value and first step for the validation pairs whose swap (b, a) is not a
+    training pair ("unseen", when logged): the accuracy that memorisation cannot give."""
     evals = [h for h in history if h["step"] > 0]
     val = np.array([h["val_acc"] for h in evals])
     k = max(1, math.ceil(last_fraction * len(val)))
     hit = [h["step"] for h in evals if h["val_acc"] >= threshold]
+    unseen = [h.get("val_acc_by_subset", {}).get("unseen") for h in evals]
+    hit_unseen = [h["step"] for h, u in zip(evals, unseen, strict=True) if u and u >= threshold]
     return {
+        "final_val_acc_unseen": unseen[-1],
+        "first_step_unseen_at_threshold": hit_unseen[0] if hit_unseen else None,
         "final_val_acc": float(val[-1]),
         "final_train_acc": float(evals[-1]["train_acc"]),
         "last_mean_val_acc": float(val[-k:].mean()),
@@ -222,6 +266,14 @@ def _plots(directory: Any, config: dict[str, Any], runs: list[dict[str, Any]]) -
                 color=c,
                 label=f"{r['arm']} val s{r['seed']}",
             )
+            if "unseen" in r["history"][0].get("val_acc_by_subset", {}):
+                ax.plot(
+                    steps,
+                    [h["val_acc_by_subset"]["unseen"] for h in r["history"]],
+                    color=c,
+                    ls="--",
+                    label=f"{r['arm']} unseen val s{r['seed']}",
+                )
             ax.plot(
                 steps,
                 [h["train_acc"] for h in r["history"]],
@@ -283,8 +335,14 @@ def markdown(config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[s
                 100 * m["last_mean_val_acc"],
                 100 * m["fraction_at_threshold"],
                 "–" if m["first_step_at_threshold"] is None else m["first_step_at_threshold"],
+                _percent(m["final_val_acc_unseen"]),
+                "–"
+                if m["first_step_unseen_at_threshold"] is None
+                else m["first_step_unseen_at_threshold"],
                 m["final_angle_w_q"],
                 m["final_angle_w_k"],
+                _percent(m["trust_at_cap"]),
+                "–" if m["trust_max_ratio"] is None else m["trust_max_ratio"],
             ]
         )
     header = [
@@ -295,8 +353,12 @@ def markdown(config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[s
         f"val acc, mean last {config['last_fraction']:.0%} (%)",
         f"evals ≥ {config['threshold']:.0%} (%)",
         f"first epoch ≥ {config['threshold']:.0%}",
+        "unseen val acc, last (%)",
+        f"first epoch unseen ≥ {config['threshold']:.0%}",
         "angle W_Q (°)",
         "angle W_K (°)",
+        "frame steps at the cap (%)",
+        "largest ‖ξ‖/Δ",
     ]
     mean_rows = [
         [
@@ -324,10 +386,19 @@ def markdown(config: dict[str, Any], runs: list[dict[str, Any]], summary: dict[s
                 ],
                 mean_rows,
             ),
+            "Unseen: the validation pairs (a, b) whose swap (b, a) is not a training pair; the "
+            "others have the label of a training pair, so memorisation alone answers them.",
+            f"Trust radius Δ = {config['trust_tau']}·√d_head = {trust_radius(config):.4g}; a frame "
+            f"step is at the cap when ‖ξ‖ ≥ {1 - CAP_BAND:g}·Δ (`training.polar_step_norms`).",
             f"Paper (one run, epoch {PAPER['epoch']:,}): Stiefel "
             f"{100 * PAPER['C']:.1f}% against AdamW {100 * PAPER['A']:.1f}%.",
         ]
     )
+
+
+def _percent(v: float | None) -> Any:
+    """100·v, or "–" where there is no value."""
+    return "–" if v is None else 100 * v
 
 
 def run(options: common.RunOptions) -> dict[str, Any]:
@@ -346,9 +417,10 @@ def run(options: common.RunOptions) -> dict[str, Any]:
         ]
     records = train_cells(directory, cells, options)
     for record in records:
-        record["metrics"] = run_metrics(
-            record["history"], config["threshold"], config["last_fraction"]
-        )
+        record["metrics"] = {
+            **run_metrics(record["history"], config["threshold"], config["last_fraction"]),
+            **{f"trust_{k}": v for k, v in trust_metrics(record).items()},
+        }
     summary = summarise(config, records)
     summary["plots"] = _plots(directory, config, records)
     document = common.results_document(NAME, options, config, records, summary, device)

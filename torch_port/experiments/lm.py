@@ -1,28 +1,34 @@
 """Character-level language modelling: a learning-rate sweep of AdamW against the ten geometries
-and Stiefel frames on the QK products (DESIGN §8).
+and Stiefel frames on the attention's QK (and VO) products (DESIGN §8).
 
 Model: ``models.Transformer`` with ``n_layers`` causal pre-norm blocks over the byte vocabulary
 (256 tokens, ``TokenEmbedding``), in two attention configurations: MHA (``n_kv_heads =
 n_heads``) and GQA (``gqa_kv_heads`` key/value heads). The loss is the mean next-byte
 cross-entropy in nats.
 
-Arms. ``adamw``: plain projections, AdamW on every parameter. ``stiefel``: W_Q^h and W_K^g are
-frames on St(d_model, head_dim). Each of the ten design points of DESIGN §4.5
-(``fixed_rank_embedded`` … ``block_stiefel_pair``): the QK products live on that geometry.
-Every arm is trained by one ``torch_port.optim.RiemannianAdam`` built by
-``torch_port.optim.groups.build_optimizer``: the QK points get the Riemannian Adam rule (one
-scalar second moment per frame), every other parameter (embeddings, positions, VO projections,
-MLP, norms, read-out) AdamW with decoupled weight decay — so the ``adamw`` arm is exactly AdamW.
-The swept learning rate applies to the **whole optimizer** (the QK points and the AdamW group
-share it), after a linear warm-up of ``warmup`` steps; there is no annealing.
+Arms. ``adamw``: plain projections, AdamW on every parameter. ``stiefel``: W_Q^h and W_K^g (and,
+with ``products="qkvo"``, W_V^g and W_O^h) are frames on St(d_model, head_dim). Each of the ten
+design points of DESIGN §4.5 (``fixed_rank_embedded`` … ``block_stiefel_pair``): the QK products
+(and with ``"qkvo"`` the VO products) live on that geometry. Every arm's optimizer is built by
+``torch_port.optim.groups.build_optimizer`` (``make_optimizer``): the points get
+``RiemannianMomentum`` (``rule="momentum"``: M ← β·M + (1 − β)·P(G), ξ = −lr·M/max(‖M‖, c)) or
+``RiemannianAdam`` (``rule="adam"``: one scalar second moment per frame), every other parameter
+AdamW with decoupled weight decay — so the ``adamw`` arm is exactly AdamW. Learning rates
+(after a linear warm-up of ``warmup`` steps, no annealing): with ``plain_lr="adamw"`` (the
+paper's protocol) the adamw arm's lr is swept first for the whole model, and every other arm
+keeps AdamW at that best lr (per attention configuration) on its plain parameters while its own
+lr, swept, applies to its points only; with ``plain_lr`` null the swept lr applies to the whole
+optimizer. The presets follow the paper's protocol (``_PAPER_PROTOCOL``: QKVO, momentum, AdamW's
+best lr on the rest); ``--set products=qk --set rule=adam --set plain_lr=null`` gives the earlier
+shared protocol.
 
-Weight decay differs between the arms on W_Q/W_K only: the ``adamw`` arm decays them
-(``weight_decay``, 0.01 in every preset) like every other weight, while ``build_optimizer``
-gives every geometry group weight decay 0, so the ``stiefel`` arm and the ten design points do
-not decay their QK points. On frames (Stiefel, partial isometries, Stiefel pairs) decay does
-nothing (the Riemannian gradient of (λ/2)‖W‖² is 0 there, RA-5); on the fixed-rank factors
-(R1, R2) scaling the stored factors is not decay of the product W_Q W_Kᵀ, so it is left off.
-Every other parameter is decayed alike in every arm.
+Weight decay differs between the arms on the attention projections only: the ``adamw`` arm
+decays them (``weight_decay``, 0.01 in every preset) like every other weight, while
+``build_optimizer`` gives every geometry group weight decay 0, so the ``stiefel`` arm and the
+ten design points do not decay their points. On frames (Stiefel, partial isometries, Stiefel
+pairs) decay does nothing (the Riemannian gradient of (λ/2)‖W‖² is 0 there, RA-5); on the
+fixed-rank factors (R1, R2) scaling the stored factors is not decay of the product, so it is
+left off. Every other parameter is decayed alike in every arm.
 
 GQA: the plain variants of the five base geometries treat each head's QK product as its own
 point, which needs a one-to-one head pattern; the attention module refuses them under GQA, and
@@ -66,13 +72,25 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from torch_port.experiments import common, runs
+from torch_port.experiments import common, lm_report, runs
 from torch_port.experiments.common import RunOptions
 from torch_port.experiments.corpus import Corpus, load_corpus, train_batch, val_windows
-from torch_port.experiments.lm_report import block_equals_plain, markdown, plot, summarise
+from torch_port.experiments.lm_report import (
+    best_lr,
+    block_equals_plain,
+    markdown,
+    plot,
+    summarise,
+)
 from torch_port.experiments.models import TokenEmbedding, Transformer
 from torch_port.geometries import GEOMETRIES, PLAIN
-from torch_port.optim import FrameDecayWarning, NonFiniteGradientWarning, RiemannianAdam
+from torch_port.optim import (
+    FrameDecayWarning,
+    NonFiniteGradientWarning,
+    RiemannianAdam,
+    RiemannianMomentum,
+    checks,
+)
 from torch_port.optim.groups import build_optimizer
 
 NAME = "lm"
@@ -93,6 +111,23 @@ GQA_REFUSAL = "one key/value head per query head"
 #: and only those enter a run's checkpoint key (so a sweep may grow and still resume).
 SWEEP_KEYS = ("seeds", "configs", "arms", "lrs", "threads", "checkpoint_every")
 
+#: The paper's protocol: the QK and VO products of every head on the arm's geometry, trained by
+#: the momentum rule with trust-region normalisation (``RiemannianMomentum``), AdamW (PyTorch's
+#: defaults, its lr swept) on every other parameter at the adamw arm's best lr, and each arm's
+#: own lr swept. c is not given by the paper: 1e-3 normalises a step to length lr whenever
+#: ‖M‖ ≥ 1e-3, which holds for nearly every head (the largest per-head momentum norms of the quick
+#: model after 30 steps measured 1.3e-3 to 3.9e-2, over Stiefel, R1 and P3).
+#: ``--set products=qk --set rule=adam --set plain_lr=null`` is the earlier shared protocol.
+_PAPER_PROTOCOL = {
+    "products": "qkvo",
+    "rule": "momentum",
+    "momentum_beta": 0.9,
+    "momentum_c": 1e-3,
+    "plain_lr": "adamw",
+}
+PRODUCTS = ("qk", "qkvo")
+RULES = ("adam", "momentum")
+
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {
         "corpus_bytes": 20_000,
@@ -110,6 +145,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "d_mlp": 32,
         "weight_decay": 0.01,
         "betas": [0.9, 0.999],
+        **_PAPER_PROTOCOL,
         "configs": ["mha", "gqa"],
         "arms": ["adamw", "stiefel"],
         "lrs": [3e-3, 1e-2],
@@ -122,9 +158,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "val_fraction": 0.1,
         "context": 32,
         "batch_size": 16,
-        "steps": 100,
+        "steps": 300,
         "warmup": 10,
-        "eval_every": 25,
+        "eval_every": 50,
         "eval_windows": 64,
         "d_model": 64,
         "n_heads": 4,
@@ -133,12 +169,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "d_mlp": 128,
         "weight_decay": 0.01,
         "betas": [0.9, 0.999],
+        **_PAPER_PROTOCOL,
         "configs": ["mha", "gqa"],
         "arms": "all",
-        "lrs": [1e-3, 3e-3, 1e-2, 3e-2],
+        # a normalised momentum step has length lr per head's point (an AdamW step ≈
+        # lr·√entries), so the grid reaches further up than AdamW's best
+        "lrs": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
         "seeds": [0, 1],
         "threads": 1,
-        "checkpoint_every": 50,
+        "checkpoint_every": 100,
     },
     "paper": {
         "corpus_bytes": 8_000_000,
@@ -156,9 +195,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         "d_mlp": 512,
         "weight_decay": 0.01,
         "betas": [0.9, 0.999],
+        **_PAPER_PROTOCOL,
         "configs": ["mha", "gqa"],
         "arms": "all",
-        "lrs": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2],
+        "lrs": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
         "seeds": [0, 1, 2],
         "threads": 4,
         "checkpoint_every": 250,
@@ -167,14 +207,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 # -- arms and models ----------------------------------------------------------------------------
-def attention_options(arm: str) -> dict[str, Any]:
+def attention_options(arm: str, products: str = "qk") -> dict[str, Any]:
     """Keyword arguments of ``models.Transformer`` for ``arm``: the QK geometry (None for
-    AdamW) and ``block`` for the ``block_`` design points."""
+    AdamW), the VO geometry (the same for ``products="qkvo"``, else None) and ``block`` for the
+    ``block_`` design points."""
     if arm == "adamw":
-        return {"qk_geometry": None, "block": False}
+        return {"qk_geometry": None, "vo_geometry": None, "block": False}
     if arm not in ALL_ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose from {list(ALL_ARMS)}")
-    return {"qk_geometry": arm, "block": arm.startswith("block_")}
+    vo = arm if products == "qkvo" else None
+    return {"qk_geometry": arm, "vo_geometry": vo, "block": arm.startswith("block_")}
 
 
 def kv_heads(config: Mapping[str, Any], name: str) -> int:
@@ -200,7 +242,7 @@ def build_model(config: Mapping[str, Any], name: str, arm: str, seed: int) -> Tr
         seed=seed,
         n_kv_heads=kv_heads(config, name),
         causal=True,
-        **attention_options(arm),
+        **attention_options(arm, config["products"]),
     )
 
 
@@ -262,6 +304,16 @@ def check_config(config: Mapping[str, Any]) -> None:
     lrs = config["lrs"]
     if not lrs or any(not (isinstance(x, int | float) and math.isfinite(x) and x > 0) for x in lrs):
         raise ValueError(f"lrs must be a non-empty list of finite positive numbers, got {lrs!r}")
+    for key, known in (("products", PRODUCTS), ("rule", RULES)):
+        if config[key] not in known:
+            raise ValueError(f"{key} must be one of {known}, got {config[key]!r}")
+    plain_lr = config["plain_lr"]
+    if plain_lr is not None and plain_lr != "adamw":
+        raise ValueError(f"plain_lr must be null (shared lr) or 'adamw', got {plain_lr!r}")
+    if plain_lr == "adamw" and "adamw" not in resolve_arms(config):
+        raise ValueError("plain_lr='adamw' takes AdamW's best lr, so the arms must include adamw")
+    checks.beta("momentum_beta", config["momentum_beta"])
+    checks.positive("momentum_c", config["momentum_c"])
     if not config["configs"] or any(c not in ("mha", "gqa") for c in config["configs"]):
         raise ValueError(
             f"configs must be a non-empty list of 'mha'/'gqa', got {config['configs']}"
@@ -278,10 +330,13 @@ class RunSpec:
     arm: str
     lr: float
     seed: int
+    #: The plain parameters' own lr (None: ``lr`` for every parameter).
+    plain_lr: float | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.config_name}/{self.arm}/lr={self.lr!r}/seed={self.seed}"
+        plain = "" if self.plain_lr is None else f"/plain_lr={self.plain_lr!r}"
+        return f"{self.config_name}/{self.arm}/lr={self.lr!r}{plain}/seed={self.seed}"
 
 
 def run_config(config: Mapping[str, Any], corpus: Corpus) -> dict[str, Any]:
@@ -314,6 +369,33 @@ def _warmup_factor(step: int, warmup: int) -> float:
     return 1.0 if warmup <= 0 else min(1.0, (step + 1) / warmup)
 
 
+def make_optimizer(
+    model: Transformer, config: Mapping[str, Any], spec: RunSpec
+) -> torch.optim.Optimizer:
+    """The arm's optimizer (``build_optimizer``): the points under ``RiemannianAdam`` or, for
+    ``rule="momentum"``, ``RiemannianMomentum`` (β ``momentum_beta``, c ``momentum_c``), at
+    ``spec.lr``; every other parameter AdamW (betas, decoupled decay ``weight_decay``) at
+    ``spec.plain_lr`` when given, else at ``spec.lr``. No parameter is left out of decay
+    (module docstring)."""
+    common_options: dict[str, Any] = dict(
+        lr=spec.lr,
+        betas=tuple(config["betas"]),
+        weight_decay=float(config["weight_decay"]),
+        no_decay=False,
+    )
+    if spec.plain_lr is not None:
+        common_options["plain_options"] = {"lr": spec.plain_lr}
+    if config["rule"] == "momentum":
+        return build_optimizer(
+            model,
+            RiemannianMomentum,
+            beta=float(config["momentum_beta"]),
+            c=float(config["momentum_c"]),
+            **common_options,
+        )
+    return build_optimizer(model, RiemannianAdam, **common_options)
+
+
 def train_run(
     spec: RunSpec,
     config: Mapping[str, Any],
@@ -333,14 +415,8 @@ def train_run(
     ``stop_after`` (for resume checks) saves the state after that many steps and returns None."""
     steps, ctx, warmup = int(config["steps"]), int(config["context"]), int(config["warmup"])
     model = build_model(config, spec.config_name, spec.arm, spec.seed).to(device)
-    optimizer = build_optimizer(
-        model,
-        RiemannianAdam,
-        lr=spec.lr,
-        betas=tuple(config["betas"]),
-        weight_decay=float(config["weight_decay"]),
-        no_decay=False,  # every other parameter decayed alike in every arm (module docstring)
-    )
+    optimizer = make_optimizer(model, config, spec)
+    base_lrs = [g["lr"] for g in optimizer.param_groups]
     gen = common.generator(spec.seed)
     windows = val_windows(corpus.val, ctx, int(config["eval_windows"])).to(device)
     history: list[dict[str, Any]] = []
@@ -370,8 +446,8 @@ def train_run(
     step = start
     while step < steps:
         t0 = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = spec.lr * _warmup_factor(step, warmup)
+        for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
+            group["lr"] = lr * _warmup_factor(step, warmup)
         x, y = train_batch(corpus.train, ctx, int(config["batch_size"]), gen)
         x, y = x.to(device), y.to(device)
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
@@ -417,6 +493,7 @@ def train_run(
         "config": spec.config_name,
         "arm": spec.arm,
         "lr": spec.lr,
+        "plain_lr": spec.plain_lr,
         "seed": spec.seed,
         "n_kv_heads": kv_heads(config, spec.config_name),
         "steps_done": step,
@@ -442,38 +519,54 @@ def run(options: RunOptions) -> dict[str, Any]:
     directory = common.output_dir(options, NAME)
     arms = resolve_arms(config)
     with runs.torch_threads(config["threads"]):
-        specs, skipped = [], []
+        skipped, runnable = [], []
         for name in config["configs"]:
             for arm in arms:
                 reason = arm_refusal(config, name, arm)
-                if reason is not None:
+                if reason is None:
+                    runnable.append((name, arm))
+                else:
                     skipped.append({"config": name, "arm": arm, "reason": reason})
-                    continue
-                specs += [
-                    RunSpec(name, arm, float(lr), int(seed))
-                    for lr in config["lrs"]
-                    for seed in config["seeds"]
-                ]
         base, steps = run_config(config, corpus), int(config["steps"])
-        cells = [runs.Cell(base, spec.key, spec, steps) for spec in specs]
 
         def work(cell: runs.Cell, ckpt: common.Checkpoint, bar: Any) -> dict[str, Any] | None:
             spec = cell.spec
             bar.set_postfix_str(f"{spec.config_name} {spec.arm} lr={spec.lr:g}")
             return train_run(spec, config, corpus, device, ckpt, bar=bar)
 
-        records = runs.run_cells(
-            directory, cells, work, resume=options.resume, desc="lm sweep", show=options.progress
-        )
+        def sweep(pairs: list[tuple[str, str]], plain: dict[str, float | None], desc: str):
+            cells = [
+                runs.Cell(base, spec.key, spec, steps)
+                for name, arm in pairs
+                for spec in (
+                    RunSpec(name, arm, float(lr), int(seed), plain[name])
+                    for lr in config["lrs"]
+                    for seed in config["seeds"]
+                )
+            ]
+            records = runs.run_cells(
+                directory, cells, work, resume=options.resume, desc=desc, show=options.progress
+            )
+            return cells, records
+
+        # plain_lr "adamw": AdamW's sweep first, its best lr then fixed on the other arms'
+        # plain parameters (per configuration).
+        first = [(n, a) for n, a in runnable if a == "adamw"] if config["plain_lr"] else []
+        cells, records = sweep(first, dict.fromkeys(config["configs"]), "lm sweep (adamw)")
+        plain = {n: best_lr(records, n, "adamw") for n in config["configs"]}
+        rest = [pair for pair in runnable if pair not in first]
+        more_cells, more = sweep(rest, plain, "lm sweep")
+        cells, records = cells + more_cells, records + more
         table = summarise(records, config["configs"], arms)
         summary = {
             "table": table,
             "skipped": skipped,
-            "lr_sweep_applies_to": "whole optimizer (QK points and the AdamW group share the lr)",
+            "protocol": lm_report.protocol(config),
+            "plain_lr_by_config": plain if config["plain_lr"] else None,
             "selection": "lowest mean (over seeds) final validation loss over the swept lrs",
-            "qk_weight_decay": (
-                f"adamw arm: W_Q, W_K decayed like every weight (weight_decay "
-                f"{config['weight_decay']}); geometry arms: QK points not decayed"
+            "point_weight_decay": (
+                f"adamw arm: the attention projections decayed like every weight (weight_decay "
+                f"{config['weight_decay']}); geometry arms: points not decayed"
             ),
             "block_equals_plain_mha": block_equals_plain(records),
             "corpus": corpus.info,

@@ -40,6 +40,13 @@ def _lr_means(
     return per_lr, means
 
 
+def best_lr(runs: Sequence[Mapping[str, Any]], name: str, arm: str) -> float | None:
+    """The lr of the lowest finite mean final validation loss of (configuration, arm) (None
+    when every lr diverged or the arm did not run)."""
+    finite = {lr: m for lr, m in _lr_means(runs, name, arm)[1].items() if m is not None}
+    return min(finite, key=finite.get) if finite else None
+
+
 def _best_mean(runs: Sequence[Mapping[str, Any]], name: str, arm: str) -> float | None:
     """The lowest finite mean final validation loss over the lrs of (configuration, arm)."""
     finite = [m for m in _lr_means(runs, name, arm)[1].values() if m is not None]
@@ -61,7 +68,9 @@ def summarise(
             if not per_lr:
                 continue
             finite = {lr: m for lr, m in means.items() if m is not None}
+            plain = {r.get("plain_lr") for r in runs if r["config"] == name and r["arm"] == arm}
             row: dict[str, Any] = {
+                "plain_lr": plain.pop() if len(plain) == 1 else sorted(plain),
                 "config": name,
                 "arm": arm,
                 "val_loss_by_lr": {repr(lr): m for lr, m in means.items()},
@@ -106,6 +115,28 @@ def block_equals_plain(runs: Sequence[Mapping[str, Any]]) -> dict[str, float | N
     return out
 
 
+def protocol(cfg: Mapping[str, Any]) -> str:
+    """One paragraph: which products each arm puts on its geometry, the rule that trains them,
+    and which learning rate is swept."""
+    products = "QK and VO products" if cfg["products"] == "qkvo" else "QK products (VO plain)"
+    if cfg["rule"] == "momentum":
+        rule = (
+            f"`RiemannianMomentum` (M ← β·M + (1 − β)·P(G), ξ = −lr·M/max(‖M‖, c), β "
+            f"{cfg['momentum_beta']}, c {cfg['momentum_c']})"
+        )
+    else:
+        rule = "`RiemannianAdam` (one scalar second moment per frame)"
+    if cfg["plain_lr"] == "adamw":
+        lr = (
+            "The adamw arm's lr is swept for the whole model first; every other arm keeps "
+            "AdamW at that best lr (per configuration) on its plain parameters and sweeps the "
+            "lr of its points only."
+        )
+    else:
+        lr = "The learning rate is swept for the whole optimizer (points and AdamW share it)."
+    return f"Each geometry arm puts the {products} on it, trained by {rule}. {lr}"
+
+
 def _fmt(x: Any, digits: int = 4) -> str:
     return "–" if not _finite(x) else f"{x:.{digits}f}"
 
@@ -115,7 +146,7 @@ def markdown(document: Mapping[str, Any]) -> str:
     cfg, summary = document["config"], document["summary"]
     rows = summary["table"]
     lines = [
-        "# lm: character-level LM, learning-rate sweep (AdamW vs QK geometries)",
+        "# lm: character-level LM, learning-rate sweep (AdamW vs attention geometries)",
         "",
         f"Preset `{document['preset']}`; corpus: {summary['corpus']['source']} "
         f"({summary['corpus']['bytes']} bytes, sha256 {summary['corpus']['sha256'][:12]}…); "
@@ -123,11 +154,10 @@ def markdown(document: Mapping[str, Any]) -> str:
         f"(GQA: {cfg['gqa_kv_heads']} kv heads), context {cfg['context']}, batch "
         f"{cfg['batch_size']}, {cfg['steps']} steps (warm-up {cfg['warmup']}, no annealing), "
         f"seeds {cfg['seeds']}. Validation loss = next-byte cross-entropy in nats after the "
-        "last step. The learning rate is swept for the whole optimizer (QK points and the AdamW "
-        f"group share it). Weight decay {cfg['weight_decay']} on every AdamW-trained weight, "
-        "W_Q and W_K included in the adamw arm; the other arms do not decay their QK points "
-        "(on frames decay does nothing, RA-5; on fixed-rank factors scaling the stored factors "
-        "is not decay of the product W_Q W_Kᵀ).",
+        f"last step. {protocol(cfg)} Weight decay {cfg['weight_decay']} on every AdamW-trained "
+        "weight, the attention projections included in the adamw arm; the other arms do not "
+        "decay their points (on frames decay does nothing, RA-5; on fixed-rank factors scaling "
+        "the stored factors is not decay of the product).",
         "",
         "## Best learning rate per arm",
         "",

@@ -22,7 +22,7 @@ import numpy as np
 
 from torch_port.experiments.arms import ARMS
 from torch_port.experiments.common import RunOptions, figure, markdown_table
-from torch_port.experiments.runs import median, paired_stats, stat_cell
+from torch_port.experiments.runs import interval, median, paired_stats, record_of_wins, stat_cell
 from torch_port.experiments.suite import StiefelExperiment, run_stiefel_experiment, task_config
 
 NAME = "movement"
@@ -53,7 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "patches": task_config("patches", "quick"),
         },
         arms=["A", "B", "C", "G"],
-        seeds=[0, 1],
+        seeds=[0, 1, 2, 3, 4, 5],
     ),
     "paper": dict(
         tasks={
@@ -71,9 +71,11 @@ PAPER = {"ratio_low": 24.0, "ratio_high": 40.0, "frozen_cost_pp": 0.28}
 
 
 def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per task and arm: median per-step movement (W_Q, W_K and both), drift, final angle and
-    validation accuracy (means over seeds); the ratios A/B and A/C of the median movements; the
-    paired frozen-frame costs C − G and B − G in pp."""
+    """Per task and arm: median per-step movement (W_Q, W_K and both), the gradient scale it
+    depends on (median over steps of the per-step median ‖G‖_F, "grad", and for frames of
+    ‖P_W(G)‖_F, "rgrad"; a fixed-step frame moves ≈ lr·‖P_W(G)‖_F per step), drift, final
+    angle and validation accuracy (means over seeds); the ratios A/B and A/C of the median
+    movements; the paired frozen-frame costs C − G and B − G in pp."""
     out: dict[str, Any] = {"tasks": {}, "paper": PAPER}
     for task in config["tasks"]:
         mine = [r for r in runs if r["task"] == task]
@@ -86,8 +88,16 @@ def summarise(config: dict[str, Any], runs: list[dict[str, Any]]) -> dict[str, A
             move["both"] = float(
                 np.mean([median(r["movement"]["w_q"] + r["movement"]["w_k"]) for r in rs])
             )
+            grads = {
+                key: float(
+                    np.mean([median(r["grads"][f"{pre}w_q"] + r["grads"][f"{pre}w_k"]) for r in rs])
+                )
+                for key, pre in (("grad", ""), ("rgrad", "rgrad_"))
+                if all(f"{pre}w_q" in r["grads"] for r in rs)
+            }
             per_arm[arm] = {
                 "median_step": move,
+                **grads,
                 "drift": float(np.mean([np.mean(list(r["drift"].values())) for r in rs])),
                 "angle": float(
                     np.mean([np.mean(list(r["history"][-1]["angles"].values())) for r in rs])
@@ -144,6 +154,8 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 e["drift"],
                 e["angle"],
                 100 * e["val_acc"],
+                e.get("grad", "–"),
+                e.get("rgrad", "–"),
             ]
             for arm, e in t["arms"].items()
         ]
@@ -158,26 +170,36 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                     "drift ‖W_T − W_0‖",
                     "largest angle to init (°)",
                     "val acc (%)",
+                    "median ‖G‖ per step",
+                    "median ‖P_W(G)‖ per step",
                 ],
                 rows,
             )
         )
         ratio = ", ".join(f"{k} = {v:.3g}×" for k, v in t["ratios"].items() if v is not None)
         parts.append(f"Per-step movement ratios (median, W_Q and W_K pooled): {ratio}.")
+        if "B" in t["arms"] and "rgrad" in t["arms"]["B"]:
+            lr = config["tasks"][task].get("frame_lr") or config["tasks"][task]["lr"]
+            predicted = lr * t["arms"]["B"]["rgrad"]
+            parts.append(
+                f"B is degree one in the gradient: lr·median ‖P_W(G)‖ = {lr:g} × "
+                f"{t['arms']['B']['rgrad']:.3g} = {predicted:.3g} against its measured median "
+                f"step {t['arms']['B']['median_step']['both']:.3g}, so A/B scales as 1/‖P_W(G)‖."
+            )
         cost = [
             [
                 k,
                 s["n"],
                 s["mean_diff"],
                 s["sd_diff"],
+                interval(s),
                 stat_cell(s["t"]),
-                f"{s['wins']}/{s['n']}",
+                record_of_wins(s),
             ]
             for k, s in t["frozen_cost"].items()
         ]
-        parts.append(
-            markdown_table(["trained − frozen", "seeds", "mean (pp)", "SD (pp)", "t", "wins"], cost)
-        )
+        header = ["trained − frozen", "seeds", "mean (pp)", "SD (pp)", "95% CI", "t", "W/T/L"]
+        parts.append(markdown_table(header, cost))
     parts.append(
         f"Paper: fixed-step frames move {PAPER['ratio_low']:.0f}–{PAPER['ratio_high']:.0f}× less "
         f"per step than an AdamW matrix; frozen frames cost {PAPER['frozen_cost_pp']} pp."

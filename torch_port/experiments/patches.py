@@ -11,12 +11,16 @@ Model: ``models.Transformer`` with a linear patch embedding, learned positions, 
 blocks, logits averaged over tokens. Paired seeds: for one seed both arms share every
 non-attention weight and the minibatch order (``training.train_run``); frames start orthonormal.
 
-Reported: the paired test-accuracy difference C − A (pp) over the seeds, ``scipy.stats.ttest_rel``
-and the win count; and a sweep over training-set fractions at a fixed step budget (does the gap
-grow with data?), the full training set being the main comparison itself: the least-squares
-slope of the per-seed gap against log2(training images) with its standard error
-(``gap_slope``), and whether the mean gaps never decrease (``gap_grows``, descriptive only).
-Long runs save a checkpoint every ``checkpoint_every`` steps and resume from it.
+``match_scale`` (``--set match_scale=true``) starts arm A's W_Q, W_K at the frames' scale
+(``arms.prepare_model``), removing the 3× smaller initial attention logits of plain projections.
+
+Reported: the paired test-accuracy difference C − A (pp) over the seeds,
+``scipy.stats.ttest_rel``, its 95% confidence interval and the wins, ties and losses; and a
+sweep over training-set fractions at a fixed step budget (does the gap grow with data?), the
+full training set being the main comparison itself: the least-squares slope of the per-seed gap
+against log2(training images) with its standard error (``gap_slope``), and whether the mean
+gaps never decrease (``gap_grows``, descriptive only). Long runs save a checkpoint every
+``checkpoint_every`` steps and resume from it.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         betas=[0.9, 0.999],
         weight_decay=0.05,
         trust_tau=0.1,
+        match_scale=False,
         batch_size=64,
         steps=12,
         eval_every=6,
@@ -72,6 +77,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         betas=[0.9, 0.999],
         weight_decay=0.05,
         trust_tau=0.1,
+        match_scale=False,
         batch_size=64,
         steps=300,
         eval_every=100,
@@ -79,7 +85,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         fractions=[0.125, 0.25, 0.5],
         sweep_seeds=[0, 1, 2, 3, 4, 5],
         arms=["A", "C"],
-        seeds=list(range(12)),
+        seeds=list(range(24)),
     ),
     "paper": dict(
         dataset="cifar10",
@@ -94,6 +100,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         betas=[0.9, 0.999],
         weight_decay=0.05,
         trust_tau=0.1,
+        match_scale=False,
         batch_size=128,
         steps=20000,
         eval_every=2000,
@@ -298,9 +305,10 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             f"{other} acc (%)",
             f"{other} − {base} (pp)",
             "SD (pp)",
+            "95% CI (pp)",
             "t",
             "p",
-            "wins",
+            "W/T/L",
         ],
         [
             [
@@ -311,9 +319,10 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 m["mean_other"],
                 m["mean_diff"],
                 m["sd_diff"],
+                runs.interval(m),
                 runs.stat_cell(m["t"]),
                 runs.stat_cell(m["p"]),
-                f"{m['wins']}/{m['n']}",
+                runs.record_of_wins(m),
             ]
         ],
     )
@@ -326,8 +335,9 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             f"{other} acc (%)",
             "gap (pp)",
             "SD (pp)",
+            "95% CI (pp)",
             "t",
-            "wins",
+            "W/T/L",
         ],
         [
             [
@@ -338,8 +348,9 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
                 e["mean_other"],
                 e["mean_diff"],
                 e["sd_diff"],
+                runs.interval(e),
                 runs.stat_cell(e["t"]),
-                f"{e['wins']}/{e['n']}",
+                runs.record_of_wins(e),
             ]
             for e in summary["sweep"]
         ],
@@ -349,7 +360,9 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             f"# patches: {summary['dataset']}, {config['steps']} steps of batch "
             f"{config['batch_size']}, d_model {config['d_model']}, {config['n_layers']} layers",
             f"Arms: {base} = {ARMS[base]}, {other} = {ARMS[other]}.",
-            "Paired test: scipy.stats.ttest_rel over the seeds (test accuracy in %).",
+            "Paired test: scipy.stats.ttest_rel over the seeds (test accuracy in %); the 95% "
+            "confidence interval of the mean paired gap is t-based; W/T/L counts the seeds where "
+            f"{other} wins, ties or loses against {base}.",
             main_table,
             "Training-set fraction sweep (same step budget; the fraction 1 row is the main "
             "comparison):",

@@ -204,11 +204,14 @@ def median(values: Sequence[float]) -> float:
     return float(np.median(np.asarray(values, dtype=np.float64))) if len(values) else math.nan
 
 
-def paired_stats(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
+def paired_stats(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict[str, float]:
     """Paired comparison of b against a over seeds: mean difference d̄ = mean(b − a), its sample
-    SD, t = d̄/(SD/√n) with its two-sided p (``scipy.stats.ttest_rel(b, a)``), and the number
-    of seeds where b > a. SD 0: t = ±inf and p = 0 when d̄ ≠ 0 (every seed moved by the same
-    non-zero amount), t = p = NaN when d̄ = 0; n < 2: t = p = NaN."""
+    SD, t = d̄/(SD/√n) with its two-sided p (``scipy.stats.ttest_rel(b, a)``), the ``level``
+    confidence interval of the mean difference d̄ ± t_{(1+level)/2, n−1}·SD/√n ("ci_low",
+    "ci_high"), and the counts of seeds where b > a ("wins"), b = a ("ties") and b < a
+    ("losses"). SD 0: t = ±inf and p = 0 when d̄ ≠ 0 (every seed moved by the same non-zero
+    amount), t = p = NaN when d̄ = 0, and the interval is the point d̄; n < 2: t = p = NaN and
+    no interval."""
 
     a_arr, b_arr = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     diff = b_arr - a_arr
@@ -222,7 +225,33 @@ def paired_stats(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
         t, p = math.copysign(math.inf, mean), 0.0
     else:
         t = p = math.nan
-    return {"n": n, "mean_diff": mean, "sd_diff": sd, "t": t, "p": p, "wins": int((diff > 0).sum())}
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n) if n > 1 else math.nan
+    return {
+        "n": n,
+        "mean_diff": mean,
+        "sd_diff": sd,
+        "t": t,
+        "p": p,
+        "ci_level": level,
+        "ci_low": mean - half,
+        "ci_high": mean + half,
+        "wins": int((diff > 0).sum()),
+        "ties": int((diff == 0).sum()),
+        "losses": int((diff < 0).sum()),
+    }
+
+
+def record_of_wins(s: Mapping[str, Any]) -> str:
+    """ "wins/ties/losses" of a ``paired_stats`` result, e.g. "9/1/2"."""
+    return f"{s['wins']}/{s['ties']}/{s['losses']}"
+
+
+def interval(s: Mapping[str, Any], spec: str = "+.2f") -> str:
+    """The confidence interval of a ``paired_stats`` result as "[lo, hi]" ("–" without one)."""
+    lo, hi = s.get("ci_low"), s.get("ci_high")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return "–"
+    return f"[{lo:{spec}}, {hi:{spec}}]"
 
 
 def stat_cell(v: float | None) -> Any:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import scipy.linalg
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,6 +50,38 @@ def max_principal_angle(w0: Tensor, w: Tensor) -> Tensor:
     sin = torch.linalg.svdvals(q - q0 @ overlap).amax(-1)
     cos = torch.linalg.svdvals(overlap).amin(-1)
     return torch.rad2deg(torch.atan2(sin, cos))
+
+
+def polar_step_norms(w0: Tensor, w1: Tensor) -> Tensor:
+    """‖ξ‖_F per trailing d×r frame of the tangent step ξ (W0ᵀξ skew) that the polar retraction
+    took from the frame W0 to W1 = polar(W0 + ξ) = (W0 + ξ)(I + ξᵀξ)^(−1/2), recovered from the
+    two frames alone (float64): W0 + ξ = W1·S with S = (I + ξᵀξ)^(1/2) symmetric, and the skew
+    W0ᵀξ makes sym(W0ᵀW1·S) = I, the Lyapunov equation A·S + S·Aᵀ = 2I for A = W0ᵀW1
+    (``scipy.linalg.solve_continuous_lyapunov``, unique while no two eigenvalues of A sum to 0:
+    A ≈ I for ‖ξ‖ < 1); then ξ = W1·S − W0.
+
+    Error: W1 stored in a format of unit roundoff u is W1 + E with ‖E‖_F ≤ u·√r; to first order
+    that moves S by the solution of the same equation with right side −2·sym(W0ᵀE·S), and ξ by
+    E·S + W1·ΔS, so |Δ‖ξ‖| ≲ 3·u·√r·‖S‖₂ (‖S‖₂ = sqrt(1 + ‖ξ‖₂²) ≤ 1.5 for ‖ξ‖ ≤ 1): 1.2e-6 for
+    float32 frames with r = 32, which is why ``train_run`` counts a step "at the cap" when
+    ‖ξ‖ ≥ (1 − ``CAP_BAND``)·Δ with a band far wider than that over Δ ≥ 1e-3."""
+    a0 = w0.detach().double().reshape(-1, *w0.shape[-2:]).cpu().numpy()
+    a1 = w1.detach().double().reshape(-1, *w1.shape[-2:]).cpu().numpy()
+    out = []
+    for x0, x1 in zip(a0, a1, strict=True):
+        r = x0.shape[1]
+        s = scipy.linalg.solve_continuous_lyapunov(x0.T @ x1, 2.0 * np.eye(r))
+        out.append(np.linalg.norm(x1 @ (0.5 * (s + s.T)) - x0))
+    return torch.tensor(out, dtype=torch.float64).reshape(w0.shape[:-2])
+
+
+#: A frame's step is "at the trust cap" when ‖ξ‖ ≥ (1 − CAP_BAND)·Δ (``polar_step_norms``: the
+#: recovery error is below 2e-3·Δ for float32 frames with r ≤ 64 and Δ ≥ 1e-3).
+CAP_BAND = 1e-2
+
+#: Arms whose frames take tangent steps through the polar retraction (``polar_step_norms``
+#: applies): B, C, D, F.
+TANGENT_POLAR_ARMS = ("B", "C", "D", "F")
 
 
 def component_of(name: str) -> str:
@@ -84,8 +117,9 @@ def component_norms(model: nn.Module) -> dict[str, float]:
 class Task:
     """A classification problem: ``make_model(seed, qk_geometry)`` builds the model (paired
     initialisation: the same seed gives the same non-attention weights in every arm), inputs
-    and labels for training and validation, ``batch_size`` (None: full batch) and ``readout``
-    ("last": logits of the last token, "mean": mean over tokens)."""
+    and labels for training and validation, ``batch_size`` (None: full batch), ``readout``
+    ("last": logits of the last token, "mean": mean over tokens) and ``val_subsets`` (named
+    masks of validation examples whose accuracy is logged as well)."""
 
     name: str
     make_model: Callable[[int, str | None], nn.Module]
@@ -97,6 +131,8 @@ class Task:
     readout: str = "last"
     #: Read-out "last" through ``Transformer.forward(last_only=True)`` (one-layer models).
     last_only: bool = False
+    #: Named boolean masks over the validation set whose accuracies are logged too.
+    val_subsets: dict[str, Tensor] = field(default_factory=dict)
 
 
 def logits_of(task: Task, model: nn.Module, x: Tensor) -> Tensor:
@@ -165,6 +201,39 @@ def _drift(init: dict[str, Tensor], model: nn.Module) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in drift.items()}
 
 
+def _grad_norms(model: nn.Module, frames: bool) -> dict[str, float]:
+    """Per kind (w_q, w_k): the median over heads and layers of ‖G‖_F, the Euclidean gradient
+    of W_Q (W_K), and for frames (``frames``) also of ‖P_W(G)‖_F = ‖G − W·sym(WᵀG)‖_F, the
+    Riemannian gradient under the embedded metric ("rgrad_w_q", "rgrad_w_k")."""
+    pooled: dict[str, list[Tensor]] = {}
+    for n, p in qk_parameters(model).items():
+        if p.grad is None:
+            continue
+        g, w = p.grad.detach().double(), p.detach().double()
+        pooled.setdefault(_short(n), []).append(linalg.frobenius(g).reshape(-1))
+        if frames:
+            rg = g - w @ linalg.sym(linalg.transpose(w) @ g)
+            pooled.setdefault("rgrad_" + _short(n), []).append(linalg.frobenius(rg).reshape(-1))
+    return {k: float(torch.cat(v).quantile(0.5)) for k, v in pooled.items()}
+
+
+def _trust_use(before: dict[str, Tensor], model: nn.Module, radius: float) -> dict[str, float]:
+    """Over every head and layer of W_Q and W_K: the median and the largest ‖ξ‖/Δ of this
+    step's tangent steps (``polar_step_norms``) and the fraction of them at the cap
+    (‖ξ‖ ≥ (1 − CAP_BAND)·Δ)."""
+    ratios = torch.cat(
+        [
+            polar_step_norms(before[n], p.detach()).reshape(-1) / radius
+            for n, p in qk_parameters(model).items()
+        ]
+    )
+    return {
+        "median_ratio": float(ratios.quantile(0.5)),
+        "max_ratio": float(ratios.max()),
+        "at_cap": float((ratios >= 1.0 - CAP_BAND).double().mean()),
+    }
+
+
 def _movement(before: dict[str, Tensor], model: nn.Module) -> dict[str, float]:
     """Per kind (w_q, w_k): the median over heads and layers of ‖W_{t+1} − W_t‖_F."""
     moved: dict[str, list[Tensor]] = {}
@@ -187,6 +256,8 @@ def train_run(
     frame_lr: float | None = None,
     eval_every: int = 10,
     track_movement: bool = False,
+    track_trust: bool = False,
+    match_scale: bool = False,
     checkpoint: Checkpoint | None = None,
     checkpoint_every: int = 0,
     show_progress: bool = False,
@@ -199,13 +270,19 @@ def train_run(
     training set and validation accuracy, all measured after that step in eval mode; component
     norms; mean over heads of the largest principal angle of W_Q and W_K to their
     initialisation. With ``track_movement`` also the per-step ``movement`` (median over heads
-    and layers of ‖W_{t+1} − W_t‖_F for W_Q and W_K) and the final ``drift`` (mean over heads of
-    ‖W_T − W_0‖_F). With a ``checkpoint`` the state is saved every ``checkpoint_every`` steps
-    and a saved state is resumed (onto the model's device); ``stop_after`` stops after that many
-    steps of this call (saving first) and returns None, to test resumption. The checkpoint is
+    and layers of ‖W_{t+1} − W_t‖_F for W_Q and W_K), the per-step ``grads`` (``_grad_norms``:
+    median ‖G‖_F and, for frames, ‖P_W(G)‖_F, the scale a fixed-step rule's movement is
+    proportional to) and the final ``drift`` (mean over heads of ‖W_T − W_0‖_F). With
+    ``track_trust``, for the arms whose frames take tangent polar steps (``TANGENT_POLAR_ARMS``)
+    and a trust radius, the per-step ``trust`` use (``_trust_use``: median and largest ‖ξ‖/Δ,
+    fraction of frames at the cap). ``match_scale`` gives a plain arm's W_Q, W_K the frames'
+    scale at initialisation (``arms.prepare_model``). With a ``checkpoint`` the state is saved
+    every ``checkpoint_every`` steps and a saved state is resumed (onto the model's device);
+    ``stop_after`` stops after that many steps of this call (saving first) and returns None, to
+    test resumption. The checkpoint is
     left in place: ``runs.run_cached`` removes it once the finished record is saved."""
     check_arms([arm])
-    model = prepare_model(arm, task.make_model(seed, arm_geometry(arm)))
+    model = prepare_model(arm, task.make_model(seed, arm_geometry(arm)), match_scale=match_scale)
     opt = make_optimizer(
         arm,
         model,
@@ -219,14 +296,14 @@ def train_run(
     init = _frame_snapshot(model)
     history: list[dict[str, Any]] = []
     movement: dict[str, list[float]] = {_short(n): [] for n in init} if track_movement else {}
+    grads: dict[str, list[float]] = {}
+    trusted = track_trust and trust_radius is not None and arm in TANGENT_POLAR_ARMS
+    trust: dict[str, list[float]] = {}
     step, order, cursor = 0, _batches(task, gen), 0
     saved = resume_training(checkpoint, model, opt, gen)
     if saved is not None:
-        init, history, movement = (
-            frames_like(saved["init"], model),
-            saved["history"],
-            saved["movement"],
-        )
+        init, history = frames_like(saved["init"], model), saved["history"]
+        movement, grads, trust = saved["movement"], saved["grads"], saved["trust"]
         step, order, cursor = saved["step"], saved["order"], saved["cursor"]
 
     def save() -> None:
@@ -239,6 +316,8 @@ def train_run(
                 init=init,
                 history=history,
                 movement=movement,
+                grads=grads,
+                trust=trust,
                 step=step,
                 order=order,
                 cursor=cursor,
@@ -252,6 +331,10 @@ def train_run(
                 train_loss=loss,
                 train_acc=acc,
                 val_acc=loss_and_accuracy(task, model, task.x_val, task.y_val)[1],
+                val_acc_by_subset={
+                    name: loss_and_accuracy(task, model, task.x_val[m], task.y_val[m])[1]
+                    for name, m in task.val_subsets.items()
+                },
                 norms=component_norms(model),
                 angles=_angles(init, model),
             )
@@ -272,17 +355,23 @@ def train_run(
             order, cursor = _batches(task, gen), 0
         idx = order[cursor : cursor + size]
         cursor += size
-        before = _frame_snapshot(model) if track_movement else None
+        before = _frame_snapshot(model) if track_movement or trusted else None
         loss = F.cross_entropy(logits_of(task, model, task.x_train[idx]), task.y_train[idx])
         opt.zero_grad()
         loss.backward()
+        if track_movement:
+            for key, value in _grad_norms(model, arm_geometry(arm) is not None).items():
+                grads.setdefault(key, []).append(value)
         opt.step()
         step += 1
         done_here += 1
         bar.update(1)
-        if before is not None:
+        if track_movement:
             for key, value in _movement(before, model).items():
                 movement[key].append(value)
+        if trusted:
+            for key, value in _trust_use(before, model, trust_radius).items():
+                trust.setdefault(key, []).append(value)
         if step % eval_every == 0 or step == steps:
             evaluate()
         if checkpoint is not None and checkpoint_every and step % checkpoint_every == 0:
@@ -300,14 +389,33 @@ def train_run(
     }
     if track_movement:
         record["movement"] = movement
+        record["grads"] = grads
         record["drift"] = _drift(init, model)
+    if trusted:
+        record["trust"] = trust
     return record
+
+
+def trust_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """The trust radius's use over a run (``train_run``'s ``trust``): the fraction of frame
+    steps at the cap (the mean over steps of the per-step fraction; every step has the same
+    frames), the median over steps of the median ‖ξ‖/Δ and the largest ‖ξ‖/Δ; None each for a
+    run without a cap on tangent polar steps."""
+    trust = record.get("trust")
+    if not trust or not trust["at_cap"]:
+        return {"at_cap": None, "median_ratio": None, "max_ratio": None}
+    return {
+        "at_cap": float(np.mean(trust["at_cap"])),
+        "median_ratio": float(np.median(trust["median_ratio"])),
+        "max_ratio": float(np.max(trust["max_ratio"])),
+    }
 
 
 def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: Any) -> Any:
     """``train_run`` with a task configuration's steps, lr (and ``frame_lr``, the frames' own,
-    when the configuration has one), betas, decay, evaluation and checkpoint intervals and trust
-    radius Δ = τ·√d_head (``trust_radius``)."""
+    when the configuration has one), betas, decay, evaluation and checkpoint intervals, trust
+    radius Δ = τ·√d_head (``trust_radius``) and ``match_scale`` (default False); the trust
+    radius's use is always tracked (``track_trust``: a Lyapunov solve per frame and step)."""
     return train_run(
         task,
         arm,
@@ -320,6 +428,8 @@ def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: An
         frame_lr=config.get("frame_lr"),
         eval_every=config["eval_every"],
         checkpoint_every=config["checkpoint_every"],
+        track_trust=True,
+        match_scale=bool(config.get("match_scale", False)),
         **kw,
     )
 
@@ -328,10 +438,12 @@ def check_training_config(config: dict[str, Any], sizes: Iterable[str]) -> None:
     """Refuse a task configuration whose ``train_with`` settings cannot run, naming the bad
     value: ``steps``, ``eval_every`` and the ``sizes`` keys must be positive integers,
     ``checkpoint_every`` an integer ≥ 0, ``d_model`` divisible by ``n_heads``, and the optimizer
-    settings valid (``arms.check_optimizer_config``)."""
+    settings valid (``arms.check_optimizer_config``), ``match_scale`` a bool."""
     for key in ("steps", "eval_every", *sizes):
         check_int(config, key)
     check_int(config, "checkpoint_every", 0)
+    if not isinstance(config.get("match_scale", False), bool):
+        raise ValueError(f"match_scale must be true or false, got {config['match_scale']!r}")
     if config["d_model"] % config["n_heads"]:
         raise ValueError(
             f"d_model={config['d_model']} is not divisible by n_heads={config['n_heads']}"
