@@ -134,6 +134,7 @@ _RESUME_KW = dict(
     trust_radius=0.3,
     eval_every=3,
     track_movement=True,
+    track_trust=True,
 )
 
 

@@ -34,7 +34,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         arms=ALL_ARMS,
         seeds=[0],
     ),
-    # Smaller than the grokking and patches quick presets, to fit ~5 CPU minutes: grokking on
+    # Smaller than the grokking and patches quick presets, to fit ~15 CPU minutes: grokking on
     # p = 31 with 60% of pairs, d_model 64 (4 heads of 16, MLP 256), 1,200 epochs at lr 3e-3;
     # patches on digits with the patches quick model, 300 steps, one evaluation at the end.
     "quick": dict(
@@ -53,7 +53,7 @@ PRESETS: dict[str, dict[str, Any]] = {
             "patches": task_config("patches", "quick", eval_every=300),
         },
         arms=ALL_ARMS,
-        seeds=[0, 1],
+        seeds=[0, 1, 2, 3],
     ),
     "paper": dict(
         tasks={

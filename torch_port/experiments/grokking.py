@@ -415,7 +415,7 @@ def run(options: common.RunOptions) -> dict[str, Any]:
             runs.Cell(cache_config, f"{seed}-{arm}", (task, config, arm, seed))
             for arm in config["arms"]
         ]
-    records = train_cells(directory, cells, options)
+    records = train_cells(directory, cells, options, track_trust=True)
     for record in records:
         record["metrics"] = {
             **run_metrics(record["history"], config["threshold"], config["last_fraction"]),

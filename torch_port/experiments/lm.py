@@ -555,6 +555,11 @@ def run(options: RunOptions) -> dict[str, Any]:
         cells, records = sweep(first, dict.fromkeys(config["configs"]), "lm sweep (adamw)")
         plain = {n: best_lr(records, n, "adamw") for n in config["configs"]}
         rest = [pair for pair in runnable if pair not in first]
+        if config["plain_lr"]:  # no AdamW lr to fix where AdamW diverged at every lr
+            for name, arm in [(n, a) for n, a in rest if plain[n] is None]:
+                reason = "plain_lr='adamw' but AdamW diverged at every swept lr here"
+                skipped.append({"config": name, "arm": arm, "reason": reason})
+            rest = [(n, a) for n, a in rest if plain[n] is not None]
         more_cells, more = sweep(rest, plain, "lm sweep")
         cells, records = cells + more_cells, records + more
         table = summarise(records, config["configs"], arms)

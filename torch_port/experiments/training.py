@@ -57,8 +57,9 @@ def polar_step_norms(w0: Tensor, w1: Tensor) -> Tensor:
     took from the frame W0 to W1 = polar(W0 + ξ) = (W0 + ξ)(I + ξᵀξ)^(−1/2), recovered from the
     two frames alone (float64): W0 + ξ = W1·S with S = (I + ξᵀξ)^(1/2) symmetric, and the skew
     W0ᵀξ makes sym(W0ᵀW1·S) = I, the Lyapunov equation A·S + S·Aᵀ = 2I for A = W0ᵀW1
-    (``scipy.linalg.solve_continuous_lyapunov``, unique while no two eigenvalues of A sum to 0:
-    A ≈ I for ‖ξ‖ < 1); then ξ = W1·S − W0.
+    (``scipy.linalg.solve_continuous_lyapunov``; the solution is unique, since A = (I + W0ᵀξ)·S⁻¹
+    is similar to S^(−1/2)(I + W0ᵀξ)S^(−1/2), whose symmetric part S⁻¹ is positive definite, so
+    every eigenvalue of A has a positive real part); then ξ = W1·S − W0.
 
     Error: W1 stored in a format of unit roundoff u is W1 + E with ‖E‖_F ≤ u·√r; to first order
     that moves S by the solution of the same equation with right side −2·sym(W0ᵀE·S), and ξ by
@@ -76,12 +77,13 @@ def polar_step_norms(w0: Tensor, w1: Tensor) -> Tensor:
 
 
 #: A frame's step is "at the trust cap" when ‖ξ‖ ≥ (1 − CAP_BAND)·Δ (``polar_step_norms``: the
-#: recovery error is below 2e-3·Δ for float32 frames with r ≤ 64 and Δ ≥ 1e-3).
+#: recovery error, with both float32 frames rounded, is below 5e-3·Δ for r ≤ 64 and Δ ≥ 1e-3).
 CAP_BAND = 1e-2
 
-#: Arms whose frames take tangent steps through the polar retraction (``polar_step_norms``
-#: applies): B, C, D, F.
-TANGENT_POLAR_ARMS = ("B", "C", "D", "F")
+#: The arms whose frames take capped tangent steps through the polar retraction, where
+#: ``polar_step_norms`` recovers the step: C and F. (E is capped too, but its step is not
+#: tangent, so it cannot be recovered from the frames; B and D have no cap.)
+CAPPED_TANGENT_ARMS = ("C", "F")
 
 
 def component_of(name: str) -> str:
@@ -273,14 +275,15 @@ def train_run(
     and layers of ‖W_{t+1} − W_t‖_F for W_Q and W_K), the per-step ``grads`` (``_grad_norms``:
     median ‖G‖_F and, for frames, ‖P_W(G)‖_F, the scale a fixed-step rule's movement is
     proportional to) and the final ``drift`` (mean over heads of ‖W_T − W_0‖_F). With
-    ``track_trust``, for the arms whose frames take tangent polar steps (``TANGENT_POLAR_ARMS``)
-    and a trust radius, the per-step ``trust`` use (``_trust_use``: median and largest ‖ξ‖/Δ,
-    fraction of frames at the cap). ``match_scale`` gives a plain arm's W_Q, W_K the frames'
-    scale at initialisation (``arms.prepare_model``). With a ``checkpoint`` the state is saved
-    every ``checkpoint_every`` steps and a saved state is resumed (onto the model's device);
+    ``track_trust``, for the arms whose frames take capped tangent polar steps
+    (``CAPPED_TANGENT_ARMS``) when a trust radius is given, the per-step ``trust`` use
+    (``_trust_use``: median and largest ‖ξ‖/Δ, fraction of frames at the cap).
+    ``match_scale`` gives a plain arm's W_Q, W_K the frames' scale at initialisation
+    (``arms.prepare_model``). With a ``checkpoint`` the state is saved every
+    ``checkpoint_every`` steps and a saved state is resumed (onto the model's device);
     ``stop_after`` stops after that many steps of this call (saving first) and returns None, to
-    test resumption. The checkpoint is
-    left in place: ``runs.run_cached`` removes it once the finished record is saved."""
+    test resumption. The checkpoint is left in place: ``runs.run_cached`` removes it once the
+    finished record is saved."""
     check_arms([arm])
     model = prepare_model(arm, task.make_model(seed, arm_geometry(arm)), match_scale=match_scale)
     opt = make_optimizer(
@@ -297,7 +300,7 @@ def train_run(
     history: list[dict[str, Any]] = []
     movement: dict[str, list[float]] = {_short(n): [] for n in init} if track_movement else {}
     grads: dict[str, list[float]] = {}
-    trusted = track_trust and trust_radius is not None and arm in TANGENT_POLAR_ARMS
+    trusted = track_trust and trust_radius is not None and arm in CAPPED_TANGENT_ARMS
     trust: dict[str, list[float]] = {}
     step, order, cursor = 0, _batches(task, gen), 0
     saved = resume_training(checkpoint, model, opt, gen)
@@ -333,6 +336,8 @@ def train_run(
                 val_acc=loss_and_accuracy(task, model, task.x_val, task.y_val)[1],
                 val_acc_by_subset={
                     name: loss_and_accuracy(task, model, task.x_val[m], task.y_val[m])[1]
+                    if bool(m.any())
+                    else None
                     for name, m in task.val_subsets.items()
                 },
                 norms=component_norms(model),
@@ -414,8 +419,7 @@ def trust_metrics(record: dict[str, Any]) -> dict[str, Any]:
 def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: Any) -> Any:
     """``train_run`` with a task configuration's steps, lr (and ``frame_lr``, the frames' own,
     when the configuration has one), betas, decay, evaluation and checkpoint intervals, trust
-    radius Δ = τ·√d_head (``trust_radius``) and ``match_scale`` (default False); the trust
-    radius's use is always tracked (``track_trust``: a Lyapunov solve per frame and step)."""
+    radius Δ = τ·√d_head (``trust_radius``) and ``match_scale`` (default False)."""
     return train_run(
         task,
         arm,
@@ -428,7 +432,6 @@ def train_with(task: Task, config: dict[str, Any], arm: str, seed: int, **kw: An
         frame_lr=config.get("frame_lr"),
         eval_every=config["eval_every"],
         checkpoint_every=config["checkpoint_every"],
-        track_trust=True,
         match_scale=bool(config.get("match_scale", False)),
         **kw,
     )
@@ -452,12 +455,19 @@ def check_training_config(config: dict[str, Any], sizes: Iterable[str]) -> None:
 
 
 def train_cells(
-    directory: Any, cells: Sequence[Cell], options: Any, *, track_movement: bool = False
+    directory: Any,
+    cells: Sequence[Cell],
+    options: Any,
+    *,
+    track_movement: bool = False,
+    track_trust: bool = False,
 ) -> list[dict[str, Any]]:
     """The records of ``cells``, each cell's ``spec`` a (task, task configuration, arm, seed)
-    trained by ``train_with`` (``track_movement`` passed on), through ``runs.run_cells``: a cell
-    finished earlier is read back, an interrupted one resumed from its checkpoint, none of it with
-    ``options.resume`` False; each run's progress bar shown when ``options.progress``."""
+    trained by ``train_with`` (``track_movement`` and ``track_trust`` passed on: the trust use
+    costs a copy of the frames and a Lyapunov solve per frame and step), through
+    ``runs.run_cells``: a cell finished earlier is read back, an interrupted one resumed from its
+    checkpoint, none of it with ``options.resume`` False; each run's progress bar shown when
+    ``options.progress``."""
 
     def work(cell: Cell, checkpoint: Checkpoint, bar: Any) -> dict[str, Any] | None:
         task, config, arm, seed = cell.spec
@@ -467,6 +477,7 @@ def train_cells(
             arm,
             seed,
             track_movement=track_movement,
+            track_trust=track_trust,
             checkpoint=checkpoint,
             show_progress=options.progress,
         )

@@ -30,7 +30,12 @@ from torch_port.experiments.common import (
     results_document,
 )
 from torch_port.experiments.suite import apply_data_dir, check_tasks, task_config, task_factory
-from torch_port.experiments.training import CAP_BAND, train_cells, trust_metrics
+from torch_port.experiments.training import (
+    CAP_BAND,
+    CAPPED_TANGENT_ARMS,
+    train_cells,
+    trust_metrics,
+)
 
 NAME = "trust"
 
@@ -69,11 +74,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def check_config(config: dict[str, Any]) -> None:
-    """Refuse a sweep that cannot run: the tasks and arms (``suite.check_tasks``), one arm, and
+    """Refuse a sweep that cannot run: the tasks and arms (``suite.check_tasks``), one arm of
+    ``training.CAPPED_TANGENT_ARMS`` (the others have no cap or no recoverable step), and
     at least two positive, distinct τ (the largest is the reference), naming the bad value."""
     check_tasks(config)
-    if len(config["arms"]) != 1:
-        raise ValueError(f"the trust sweep trains one arm, got arms {config['arms']}")
+    if len(config["arms"]) != 1 or config["arms"][0] not in CAPPED_TANGENT_ARMS:
+        raise ValueError(
+            f"the trust sweep trains one arm with a cap on tangent steps, one of "
+            f"{CAPPED_TANGENT_ARMS}; got arms {config['arms']}"
+        )
     taus = config["taus"]
     ok = isinstance(taus, list) and all(
         isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t) and t > 0
@@ -194,9 +203,10 @@ def run(options: RunOptions) -> dict[str, Any]:
             for tau in config["taus"]:
                 cfg = {**tcfg, "trust_tau": tau}
                 cell_config = {"task": name, **cfg}
-                cells.append(runs.Cell(cell_config, f"{name}-{seed}-{arm}", (task, cfg, arm, seed)))
+                key = f"{name}-tau={tau!r}-{seed}-{arm}"
+                cells.append(runs.Cell(cell_config, key, (task, cfg, arm, seed)))
                 keys.append((name, tau))
-    records = train_cells(directory, cells, options)
+    records = train_cells(directory, cells, options, track_trust=True)
     for (name, tau), record in zip(keys, records, strict=True):
         record["task"], record["tau"] = name, tau
     summary = summarise(config, records)
