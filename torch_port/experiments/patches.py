@@ -12,7 +12,8 @@ blocks, logits averaged over tokens. Paired seeds: for one seed both arms share 
 non-attention weight and the minibatch order (``training.train_run``); frames start orthonormal.
 
 ``match_scale`` (``--set match_scale=true``) starts arm A's W_Q, W_K at the frames' scale
-(``arms.prepare_model``), removing the 3× smaller initial attention logits of plain projections.
+(``arms.prepare_model``), removing the 3× smaller initial attention logits of plain projections;
+``frame_lr`` (``--set frame_lr=…``) gives the frames their own learning rate.
 
 Reported: the paired test-accuracy difference C − A (pp) over the seeds,
 ``scipy.stats.ttest_rel``, its 95% confidence interval and the wins, ties and losses; and a
@@ -57,6 +58,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         betas=[0.9, 0.999],
         weight_decay=0.05,
         trust_tau=0.1,
+        frame_lr=None,
         match_scale=False,
         batch_size=64,
         steps=12,
@@ -77,6 +79,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         betas=[0.9, 0.999],
         weight_decay=0.05,
         trust_tau=0.1,
+        frame_lr=None,
         match_scale=False,
         batch_size=64,
         steps=300,
@@ -100,6 +103,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         betas=[0.9, 0.999],
         weight_decay=0.05,
         trust_tau=0.1,
+        frame_lr=None,
         match_scale=False,
         batch_size=128,
         steps=20000,
