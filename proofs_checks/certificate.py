@@ -149,6 +149,9 @@ class Certificate:
             r"  \begin{document}",
             r"\fi",
             r"\makeatother",
+            # identifiers and code in typewriter type break only at spaces and allowed breaks:
+            # \sloppy lets those lines stretch instead of overflowing the margin
+            r"\begingroup\sloppy\setlength{\tabcolsep}{3pt}",
             r"\section*{Certificate}",
             rf"Result: \textbf{{{'passed' if self.passed else 'FAILED'}}}; seed {self.seed}"
             rf"{'; quick run' if self.quick else ''}; "
@@ -163,11 +166,11 @@ class Certificate:
                 "",
                 r"\noindent Hypotheses: " + "; ".join(latex.text(h) for h in p.hypotheses) + ".",
                 "",
-                rf"\noindent{{\footnotesize Hash \texttt{{{p.hash}}}\\ "
-                rf"implementation hash \texttt{{{p.implementation_hash}}}}}",
+                rf"\noindent{{\footnotesize Hash {latex.code(p.hash)}\\ "
+                rf"implementation hash {latex.code(p.implementation_hash)}}}",
                 "",
-                r"{\small\noindent\begin{tabular}{@{}p{0.09\linewidth}p{0.44\linewidth}"
-                r"p{0.1\linewidth}p{0.1\linewidth}p{0.15\linewidth}@{}}",
+                r"{\small\noindent\begin{tabular}{@{}p{0.11\linewidth}p{0.36\linewidth}"
+                r"p{0.13\linewidth}p{0.13\linewidth}p{0.15\linewidth}@{}}",
                 r"\hline kind & check & residual & tolerance & passed / control rejected \\ \hline",
             ]
             for c in r.checks:
@@ -186,7 +189,8 @@ class Certificate:
                 for n in self.not_run
             ),
             rf"\noindent Python {latex.text(env['python'])} on {latex.text(env['platform'])}; "
-            rf"{latex.text(versions)}.",
+            rf"{latex.text(versions)}.\par",
+            r"\endgroup",
             r"\rattnend",
             "",
         ]
@@ -334,12 +338,12 @@ def _provenance_tex(env: dict[str, Any]) -> str:
     """The code certified: commit (and whether it was edited) and the source hash."""
     commit = env.get("git_commit")
     where = (
-        rf"commit \texttt{{{commit}}}"
+        rf"commit {latex.code(commit)}"
         + (" with uncommitted changes" if env.get("git_dirty") else "")
         if commit
         else "no git commit"
     )
-    return rf"{where}; source hash \texttt{{{env.get('source_hash') or 'unknown'}}}"
+    return rf"{where}; source hash {latex.code(env.get('source_hash') or 'unknown')}"
 
 
 def _yes(flag: bool) -> str:

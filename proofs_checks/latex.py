@@ -88,6 +88,8 @@ def _convert(s: str, escape: bool) -> str:
         elif ord(ch) < 128:
             if not hat:
                 out.append(_SPECIAL.get(ch, ch) if escape else ch)
+                if escape and ch == "_":
+                    out.append(BREAK)
                 continue
             body = ch
         elif ch in TEXT and not hat:
@@ -100,14 +102,27 @@ def _convert(s: str, escape: bool) -> str:
     return "".join(out)
 
 
+#: A line break allowed, and no space: after every escaped underscore (identifiers such as
+#: block_partial_isometry_embedded have no other break point) and inside long codes.
+BREAK = r"\allowbreak{}"
+
+
 def text(s: str) -> str:
-    """``s`` as pdflatex-safe LaTeX text (module docstring)."""
+    """``s`` as pdflatex-safe LaTeX text (module docstring); a line may break after ``_``."""
     return _convert(s, escape=True)
 
 
 def math(s: str) -> str:
-    """``s``, LaTeX already, with its non-ASCII characters written as commands."""
-    return _convert(s, escape=False)
+    """``s``, LaTeX already, with its non-ASCII characters written as commands; a line may
+    break after an escaped underscore ``\\_``."""
+    return _convert(s, escape=False).replace("\\_", "\\_" + BREAK)
+
+
+def code(s: str, every: int = 16) -> str:
+    """``s`` (a hash, a commit) in typewriter type, with a line break allowed after every
+    ``every`` characters: a 64-digit hash is wider than a column."""
+    chunks = [text(s[i : i + every]) for i in range(0, len(s), every)] or [""]
+    return r"\texttt{" + BREAK.join(chunks) + "}"
 
 
 def unknown(s: str) -> set[str]:

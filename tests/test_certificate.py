@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
 from proofs_checks import REGISTRY, certify, latex
+from proofs_checks.certificate import Certificate
 from proofs_checks.cli import main
-from proofs_checks.registry import Check, Outcome, Proposition
+from proofs_checks.registry import Check, CheckResult, Outcome, Proposition, PropositionResult
 
 
 @pytest.fixture(scope="module")
@@ -34,13 +38,13 @@ def test_json_follows_the_schema(cert) -> None:
 
 
 def test_markdown_and_latex_carry_every_check(cert) -> None:
-    md, tex = cert.to_markdown(), cert.to_latex()
+    md, tex = cert.to_markdown(), cert.to_latex().replace(latex.BREAK, "")
     for p in cert.results:
         assert f"## {p.proposition.id}" in md and p.proposition.hash in md
         assert p.proposition.hash in tex and p.proposition.implementation_hash in tex
         assert p.proposition.implementation_hash in md
         assert all(c.name in md for c in p.checks)
-        assert all(latex.text(c.name) in tex for c in p.checks)
+        assert all(latex.text(c.name).replace(latex.BREAK, "") in tex for c in p.checks)
     assert tex.count(r"\textbf{Proposition (") == 2 and tex.rstrip().endswith(r"\rattnend")
 
 
@@ -72,7 +76,7 @@ def test_every_text_of_the_registry_has_latex_for_its_symbols() -> None:
 def test_latex_text_escapes_and_writes_symbols() -> None:
     assert latex.text("‖ξ‖ ≤ Δ_1 & 50%") == (
         r"\ensuremath{\|}\ensuremath{\xi}\ensuremath{\|} \ensuremath{\le} "
-        r"\ensuremath{\Delta}\_1 \& 50\%"
+        r"\ensuremath{\Delta}\_\allowbreak{}1 \& 50\%"
     )
     assert latex.text("x\u0302 — WᵀW") == r"\ensuremath{\hat{x}} --- W\ensuremath{^{\top}}W"
     assert latex.text("ש") == r"\textbf{?}" and latex.unknown("aשb") == {"ש"}
@@ -142,3 +146,61 @@ def test_a_proposition_whose_modules_are_missing_is_listed_as_not_run(tmp_path, 
     assert json.loads(cert.to_json())["not_run"][0]["id"] == "ZZ-1"
     assert "Not run: ZZ-1" in cert.to_markdown() and "Not run: ZZ-1" in cert.to_latex()
     assert REGISTRY["PORT-1"].requires == ("torch",) and REGISTRY["PORT-1"].missing is None
+
+
+def _every_proposition() -> Certificate:
+    """A certificate of the whole registry with made-up outcomes (each check passing, each
+    control rejected) and one proposition listed as not run: every text the LaTeX sets, without
+    running a check."""
+    results = []
+    for p in REGISTRY.values():
+        r = PropositionResult(p)
+        for c in p.checks:
+            passed = Outcome(True, 1.25e-16, 2.5e-12, "1.25e-16 against 2.5e-12")
+            rejected = Outcome(False, 0.5, 2.5e-12, "0.5 against 2.5e-12")
+            r.checks.append(CheckResult(c.kind, c.name, passed, c.control, rejected))
+        results.append(r)
+    not_run = [{"id": "PORT-1", "title": REGISTRY["PORT-1"].title, "reason": "no torch"}]
+    return Certificate(results, 0, True, not_run=not_run)
+
+
+def _pdflatex(directory: Path, name: str) -> str:
+    """Run pdflatex on ``name``.tex in ``directory`` and return its log (pdflatex failing is an
+    assertion naming the first error)."""
+    run = subprocess.run(
+        ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", f"{name}.tex"],
+        cwd=directory,
+        capture_output=True,
+        timeout=300,
+    )
+    log = (directory / f"{name}.log").read_text(errors="replace")
+    errors = [line for line in log.splitlines() if line.startswith("!")]
+    assert run.returncode == 0 and (directory / f"{name}.pdf").exists(), errors[:3]
+    return log
+
+
+@pytest.mark.skipif(shutil.which("pdflatex") is None, reason="pdflatex is not installed")
+def test_the_latex_compiles_with_pdflatex_alone_and_in_a_paper(tmp_path: Path) -> None:
+    """Every proposition's text compiles with pdflatex, on its own and ``\\input`` in a paper
+    that loads only amsmath and amssymb, with no line over the margin (Overfull) and no glyph
+    lost: ``\\tracinglostchars=3`` makes a character missing from the font an error."""
+    tex = _every_proposition().to_latex()
+    (tmp_path / "certificate.tex").write_text(tex, encoding="ascii")
+    log = _pdflatex(tmp_path, "certificate")
+    assert "Overfull" not in log
+    paper = (
+        "\\documentclass{article}\n\\usepackage{amsmath,amssymb}\n\\tracinglostchars=3\n"
+        "\\begin{document}\nThe paper.\n\\input{certificate}\nAfter it.\n\\end{document}\n"
+    )
+    (tmp_path / "paper.tex").write_text(paper, encoding="ascii")
+    log = _pdflatex(tmp_path, "paper")
+    assert "Overfull" not in log and "Missing character" not in log
+    # controls: a glyph missing from its font stops the same paper, and a line that cannot
+    # break is reported as Overfull
+    lost = tex.replace("Certificate}", r"Certificate {\usefont{U}{msa}{m}{n}\char255}}", 1)
+    (tmp_path / "certificate.tex").write_text(lost, encoding="ascii")
+    with pytest.raises(AssertionError):
+        _pdflatex(tmp_path, "paper")
+    wide = tex.replace("Certificate}", "Certificate}" + r"\texttt{" + "x" * 120 + "}", 1)
+    (tmp_path / "certificate.tex").write_text(wide, encoding="ascii")
+    assert "Overfull" in _pdflatex(tmp_path, "certificate")
