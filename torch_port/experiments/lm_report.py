@@ -68,9 +68,10 @@ def summarise(
             if not per_lr:
                 continue
             finite = {lr: m for lr, m in means.items() if m is not None}
-            plain = {r.get("plain_lr") for r in runs if r["config"] == name and r["arm"] == arm}
+            # every run of one (configuration, arm) shares its plain lr (``lm.run``)
+            plain = next(r.get("plain_lr") for r in runs if (r["config"], r["arm"]) == (name, arm))
             row: dict[str, Any] = {
-                "plain_lr": plain.pop() if len(plain) == 1 else sorted(plain),
+                "plain_lr": plain,
                 "config": name,
                 "arm": arm,
                 "val_loss_by_lr": {repr(lr): m for lr, m in means.items()},

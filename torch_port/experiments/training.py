@@ -34,6 +34,7 @@ from torch_port.experiments.arms import (
 )
 from torch_port.experiments.common import Checkpoint, check_int, generator, progress
 from torch_port.experiments.runs import Cell, resume_training, run_cells, save_training
+from torch_port.stiefel import Stiefel
 
 Tensor = torch.Tensor
 
@@ -206,7 +207,7 @@ def _drift(init: dict[str, Tensor], model: nn.Module) -> dict[str, float]:
 def _grad_norms(model: nn.Module, frames: bool) -> dict[str, float]:
     """Per kind (w_q, w_k): the median over heads and layers of ‖G‖_F, the Euclidean gradient
     of W_Q (W_K), and for frames (``frames``) also of ‖P_W(G)‖_F = ‖G − W·sym(WᵀG)‖_F, the
-    Riemannian gradient under the embedded metric ("rgrad_w_q", "rgrad_w_k")."""
+    Riemannian gradient under the embedded metric (``Stiefel.proj``; "rgrad_w_q", "rgrad_w_k")."""
     pooled: dict[str, list[Tensor]] = {}
     for n, p in qk_parameters(model).items():
         if p.grad is None:
@@ -214,7 +215,7 @@ def _grad_norms(model: nn.Module, frames: bool) -> dict[str, float]:
         g, w = p.grad.detach().double(), p.detach().double()
         pooled.setdefault(_short(n), []).append(linalg.frobenius(g).reshape(-1))
         if frames:
-            rg = g - w @ linalg.sym(linalg.transpose(w) @ g)
+            rg = Stiefel(*w.shape[-2:]).proj(w, g)
             pooled.setdefault("rgrad_" + _short(n), []).append(linalg.frobenius(rg).reshape(-1))
     return {k: float(torch.cat(v).quantile(0.5)) for k, v in pooled.items()}
 
