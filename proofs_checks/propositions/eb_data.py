@@ -9,9 +9,10 @@ Two pre-training rules of ``reference.capacity`` (docs/entropic_bound.md §1, §
   ``rattn rank``; the σ₁/n floor covers the O(1/n) tail of EB-7).
 
 Both return r* with high probability at the stated sizes. The naive transfer of the static rule
-to input-conditioned attention does not, and that is the negative control of both checks. What is
-measured (certificate seeds 0–10, both controls, 220 replicates): on linear-QK data with r* = 3
-the token-Gram count returns r̂ = 3…11, in 4…9 for 216 of 220 replicates and r* itself for 2.
+to input-conditioned attention does not (its own check, whose control removes the attention's
+input dependence). What is measured (certificate seeds 0–10, 220 replicates at the sizes of (a)
+and of (b)): on linear-QK data with r* = 3 the token-Gram count returns r̂ = 3…11, in 4…9 for 216
+of 220 replicates and r* itself for 2.
 Why: the count assumes that the Gram's non-signal part is a Wishart matrix of S·d_v iid columns
 and counts the eigenvalues above its Tracy–Widom edge, fitted to the trailing eigenvalues. Under
 linear QK attention there is no signal/noise split of that kind. The population Gram is
@@ -25,10 +26,14 @@ the upper part of that bulk as signal, a number unrelated to rank K.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
+from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
+from reference.capacity import spectra, tasks
 
 #: (a) Static surrogate: S = 200, n = 16, d = 16, d_v = 8, r* = 3 with the decaying spectrum
 #: σ(A*) = (1, 0.75, 0.5), noise σ = 0.1 (W* has orthonormal columns, ‖W*‖² = d_v: the smallest
@@ -43,14 +48,32 @@ RSTAR, NOISE = 3, 0.1
 REPLICATES, MAX_MISSES = 10, 1
 TAG_STATIC, TAG_LINEAR = 401, 402
 
+#: The near misses, each substituted into ``reference.capacity``.
 CONTROL_STATIC = (
-    "the naive transfer: the same token-Gram count on linear-QK data of the same sizes and r* "
-    "(it over-counts the non-Wishart fluctuations of input-conditioned mixing)"
+    "p and N swapped in the Tracy-Widom threshold of token_gram_count (the count's noise edge "
+    "at Wishart_N(p) instead of Wishart_p(N))"
 )
-CONTROL_LINEAR = (
-    "the naive transfer: the static token-Gram count in place of the pooled regression, on the "
-    "same linear-QK data (it over-counts the non-Wishart fluctuations of input-conditioned mixing)"
+CONTROL_LINEAR = "the largest-gap rank's + 1 dropped (the 0-based index of the largest gap)"
+CONTROL_NAIVE = (
+    "the attention's input dependence removed inside linear_qk_task: A(X) = K, a static mixer "
+    "of rank r* (the count then recovers r*)"
 )
+_TRACY_WIDOM = spectra.tracy_widom_threshold
+_LARGEST_GAP = capacity.largest_gap_rank
+
+
+def _swapped_threshold(noise: float, p: int, dof: int, quantile: float = 0.99) -> float:
+    return _TRACY_WIDOM(noise, dof, p, quantile)
+
+
+def zero_based_gap(s: np.ndarray, floor: float = 0.0) -> int:
+    """``CONTROL_LINEAR``: ``largest_gap_rank`` less one."""
+    return _LARGEST_GAP(s, floor) - 1
+
+
+def _static_attention(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """A(X) = K for every sequence (n = d): linear attention without its input dependence."""
+    return np.broadcast_to(k, (*np.shape(x)[:-2], *k.shape))
 
 
 def _verdict(found: list[int], what: str) -> Outcome:
@@ -68,19 +91,39 @@ def static_count(ctx: Context, wrong: bool) -> Outcome:
     ``static_task`` with S = 200, n = 16, d = 16, d_v = 8, r* = 3, σ(A*) = (1, 0.75, 0.5),
     noise 0.1; r̂ = ``token_gram_count(Y).rank`` (Tracy–Widom 99% threshold, σ̂² estimated from
     the data, W* unknown). Pass: r̂ = r* in at least 9 of 10 replicates (residual = number of
-    misses ≤ 1). Control: the same count on ``linear_qk_task`` data (same sizes, r* = 3), where it
-    over-counts (module docstring: the Gram's fluctuations are not Wishart)."""
+    misses ≤ 1). Control (a near miss): ``CONTROL_STATIC``, whose threshold ≈ 120σ̂² lies above
+    every eigenvalue (r̂ = 0)."""
     found = []
-    for i in range(REPLICATES):
-        rng = np.random.default_rng([ctx.seed, TAG_STATIC, i])
-        if wrong:
-            task = capacity.linear_qk_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=NOISE)
-        else:
+    swapped = substituted(spectra, "tracy_widom_threshold", _swapped_threshold)
+    with swapped if wrong else contextlib.nullcontext():
+        for i in range(REPLICATES):
+            rng = np.random.default_rng([ctx.seed, TAG_STATIC, i])
             task = capacity.static_task(
                 ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=NOISE, spec=ST_SPEC
             )
-        found.append(capacity.token_gram_count(task.y).rank)
-    return _verdict(found, "token-Gram count on " + ("linear-QK" if wrong else "static") + " data")
+            found.append(capacity.token_gram_count(task.y).rank)
+    return _verdict(found, "token-Gram count on static data")
+
+
+def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
+    """Statistical criterion over the 10 replicate streams of ``static_count``: the same count
+    on ``linear_qk_task`` data of the sizes of (a) (n = d = 16, d_v = 8, r* = 3, noise 0.1)
+    returns r* in fewer than 9 of 10 (residual = hits ≤ 8): it over-counts (module docstring:
+    the Gram's fluctuations are not Wishart). Control: ``CONTROL_NAIVE``, substituted into
+    ``reference.capacity.tasks``."""
+    found = []
+    static = substituted(tasks, "linear_attention_mixing", _static_attention)
+    with static if wrong else contextlib.nullcontext():
+        for i in range(REPLICATES):
+            rng = np.random.default_rng([ctx.seed, TAG_STATIC, i])
+            task = capacity.linear_qk_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=NOISE)
+            found.append(capacity.token_gram_count(task.y).rank)
+    hits = sum(1 for k in found if k == RSTAR)
+    return Outcome.bound(
+        float(hits),
+        float(REPLICATES - 1 - MAX_MISSES),
+        f"token-Gram count on linear-QK data: r̂ = r* in {hits} of {REPLICATES}; r̂ = {found}",
+    )
 
 
 def floored_gap(sv: np.ndarray, stderr: float, n: int) -> int:
@@ -93,21 +136,18 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
     """Statistical criterion over 10 independent replicates (default_rng([seed, 402, i])):
     ``linear_qk_task`` with S = 300, n = 16, d = d_v = 12, r* = 3 (flat K = UVᵀ), noise 0.1,
     W_V unknown; r̂ = the largest-gap rank of σ(Ĉ) of ``pooled_regression``, floored at
-    max(SE, σ₁/n). Pass: r̂ = r* in at least 9 of 10 replicates (misses ≤ 1). Control: the
-    static rule ``token_gram_count`` applied to the same linear-QK data, which over-counts: the
-    Gram's fluctuations under input-conditioned mixing are not those of a Wishart with iid
-    columns, so part of its bulk around aI (EB-5) lies above the Tracy–Widom edge."""
+    max(SE, σ₁/n). Pass: r̂ = r* in at least 9 of 10 replicates (misses ≤ 1). Control (a near
+    miss, one less): ``CONTROL_LINEAR``, substituted into ``reference.capacity``. Subtler
+    variants are not rejected at these sizes (docs/verification.md)."""
     found = []
-    for i in range(REPLICATES):
-        rng = np.random.default_rng([ctx.seed, TAG_LINEAR, i])
-        task = capacity.linear_qk_task(LQ_S, LQ_N, LQ_D, LQ_D, RSTAR, rng, noise=NOISE)
-        if wrong:
-            found.append(capacity.token_gram_count(task.y).rank)
-        else:
+    near_miss = substituted(capacity, "largest_gap_rank", zero_based_gap)
+    with near_miss if wrong else contextlib.nullcontext():
+        for i in range(REPLICATES):
+            rng = np.random.default_rng([ctx.seed, TAG_LINEAR, i])
+            task = capacity.linear_qk_task(LQ_S, LQ_N, LQ_D, LQ_D, RSTAR, rng, noise=NOISE)
             reg = capacity.pooled_regression(task.x, task.y)
             found.append(floored_gap(np.linalg.svd(reg.coef, compute_uv=False), reg.stderr, LQ_N))
-    what = "token-Gram count" if wrong else "floored gap of the pooled regression"
-    return _verdict(found, what)
+    return _verdict(found, "floored gap of the pooled regression")
 
 
 register(
@@ -129,8 +169,9 @@ register(
             r"$\sigma(A^*)=(1,0.75,0.5)$, $\sigma=0.1$ and (b) at $S=300$, $n=16$, $d=d_v=12$, "
             r"$r^*=3$, flat $K=UV^\top$, $\sigma=0.1$, each returns $r^*$ in at least 9 of 10 "
             r"independent replicates. The naive transfer fails: the token-Gram count of (a) "
-            r"applied to linear-QK data (with the sizes of (a) or of (b)) returns $r^*$ in "
-            r"fewer than 9 of 10: its population Gram is $aI+b\mathbf{1}\mathbf{1}^\top$ (EB-5), "
+            r"applied to linear-QK data with the sizes of (a) returns $r^*$ in "
+            r"fewer than 9 of 10 (checked; measured also at the sizes of (b)): its population "
+            r"Gram is $aI+b\mathbf{1}\mathbf{1}^\top$ (EB-5), "
             r"with no spike that carries $r^*$, and its fluctuations under input-conditioned "
             r"mixing are not those of a Wishart matrix with iid columns, so the count over-counts "
             r"part of the bulk as signal (measured at seeds 0--10: $\hat r\in\{4,\dots,9\}$ in "
@@ -149,6 +190,12 @@ register(
                 "pooled regression, floored gap, linear QK, ≥ 9 of 10",
                 linear_pooled,
                 CONTROL_LINEAR,
+            ),
+            Check(
+                "float64",
+                "naive transfer: token-Gram count on linear QK, < 9 of 10",
+                naive_transfer,
+                CONTROL_NAIVE,
             ),
         ),
         seeds=(

@@ -8,6 +8,7 @@ span{I, 11ᵀ}. Its rank is then 0, 1, n − 1 or n whatever r* = rank K is (bac
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 
@@ -16,7 +17,7 @@ import sympy as sp
 from hypothesis import strategies as st
 
 from proofs_checks.bounds import FLOAT64_U, gamma
-from proofs_checks.harness import property_check, seeds
+from proofs_checks.harness import property_check, seeds, substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 from reference.linalg import frobenius
@@ -28,10 +29,41 @@ N, D, M, RSTAR, BETA = 5, 4, 3, 2, 2.0
 MC_N, MC_D, MC_RSTAR, MC_S = 6, 8, 3, 20_000
 #: Pass criterion of the Monte Carlo check: T = ‖(I − Π)M̂‖²/v̂ ≤ CHI2_CUT for every functional.
 CHI2_CUT = 30.0
-#: Scale of the positional signal of the negative control: x_i ← x_i + POS·p_i, p_i ~ N(0, I).
-POS = 0.5
 TAG_EXACT, TAG_MC = 501, 502
-CONTROL = "a fixed positional signal 0.5·p_i (p_i ~ N(0, I_d)) added to token i"
+CONTROL = (
+    "a relative-position bias (j − i)/n added to the logits, substituted into the mixings of "
+    "reference.capacity"
+)
+_LINEAR, _SOFTMAX = capacity.linear_attention_mixing, capacity.softmax_attention_mixing
+
+
+def relative_positions(n: int) -> np.ndarray:
+    """B_ij = (j − i)/n: the bias of the control, a Toeplitz matrix with zero diagonal, which no
+    permutation-equivariant mixer can produce (PBPᵀ ≠ B for the transposition of 1 and n)."""
+    i = np.arange(n)
+    return (i[None, :] - i[:, None]) / n
+
+
+def _biased_linear(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(XKXᵀ + B)/n."""
+    return _LINEAR(x, k) + relative_positions(np.shape(x)[-2]) / np.shape(x)[-2]
+
+
+def _biased_softmax(x: np.ndarray, k: np.ndarray, beta: float = 1.0) -> np.ndarray:
+    """rowsoftmax(βXKXᵀ/√d + B): rowsoftmax(L) with each entry of row i multiplied by e^{B_ij}
+    and the row renormalised."""
+    a = _SOFTMAX(x, k, beta) * np.exp(relative_positions(np.shape(x)[-2]))
+    return a / a.sum(axis=-1, keepdims=True)
+
+
+def positional_bias(wrong: bool) -> contextlib.AbstractContextManager:
+    """The control: both mixings of ``reference.capacity`` with the bias B in their logits."""
+    if not wrong:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(substituted(capacity, "linear_attention_mixing", _biased_linear))
+    stack.enter_context(substituted(capacity, "softmax_attention_mixing", _biased_softmax))
+    return stack
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,17 +182,17 @@ def structure_ratio(
 def exact_case(
     n: int, d: int, m: int, rstar: int, kind: str, beta: float, seed: int, wrong: bool, tag: int
 ) -> tuple[float, list[str]]:
-    """One seeded instance: m Gaussian sequences, symmetrized over S_n (plus the positional
-    signal under the control), kernel ``planted_kernel(d, r*)``, W_V = ``orthonormal(d, d)``,
-    10 sampled permutations."""
+    """One seeded instance: m Gaussian sequences, symmetrized over S_n, kernel
+    ``planted_kernel(d, r*)``, W_V = ``orthonormal(d, d)``, 10 sampled permutations (and the
+    transposition of the first and last tokens); the mixings biased under the control."""
     rng = np.random.default_rng([seed, tag])
     k = capacity.planted_kernel(d, rstar, rng)
     w = capacity.orthonormal(d, d, rng)
     x = symmetrized(rng.standard_normal((m, n, d)))
-    if wrong:
-        x = x + POS * rng.standard_normal((n, d))
-    perms = np.array([rng.permutation(n) for _ in range(10)])
-    return structure_ratio(functionals(x, k, w, kind, beta), perms)
+    perms = [rng.permutation(n) for _ in range(10)]
+    perms.append(np.r_[n - 1, np.arange(1, n - 1), 0])
+    with positional_bias(wrong):
+        return structure_ratio(functionals(x, k, w, kind, beta), np.array(perms))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,13 +262,12 @@ def monte_carlo(ctx: Context, wrong: bool) -> Outcome:
     k = capacity.planted_kernel(MC_D, MC_RSTAR, rng)
     w = capacity.orthonormal(MC_D, MC_D, rng)
     x = rng.standard_normal((MC_S, MC_N, MC_D))
-    if wrong:
-        x = x + POS * rng.standard_normal((MC_N, MC_D))
-    lin = capacity.linear_attention_mixing(x, k)
-    samples = {
-        "softmax E[A]": capacity.softmax_attention_mixing(x, k, BETA),
-        "linear E[FXᵀ]": lin @ x @ w @ np.swapaxes(x, 1, 2),
-    }
+    with positional_bias(wrong):
+        lin = capacity.linear_attention_mixing(x, k)
+        samples = {
+            "softmax E[A]": capacity.softmax_attention_mixing(x, k, BETA),
+            "linear E[FXᵀ]": lin @ x @ w @ np.swapaxes(x, 1, 2),
+        }
     worst, rows = 0.0, []
     for name, z in samples.items():
         mean = z.mean(axis=0)

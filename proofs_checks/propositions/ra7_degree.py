@@ -10,7 +10,7 @@ import sympy as sp
 from hypothesis import strategies as st
 
 import reference as ref
-from proofs_checks.bounds import relative_tolerance
+from proofs_checks.bounds import gamma, relative_tolerance
 from proofs_checks.harness import (
     frame_problem,
     ladder,
@@ -26,10 +26,8 @@ from proofs_checks.registry import Check, Context, Outcome, Proposition, registe
 from reference import mp
 from reference.linalg import frobenius
 
-#: The claimed degree of each rule, and the deliberately wrong claims of the negative control.
+#: The claimed degree of each rule.
 DEGREES = {"rsgd": 1, "riemannian_adam": 0, "normalized_rsgd": 0}
-SWAPPED = {"rsgd": 0, "riemannian_adam": 1, "normalized_rsgd": 1}
-CONTROL = "the degrees swapped (fixed step claimed 0, Adam and normalised claimed 1)"
 RULES = {
     "rsgd": lambda: ref.optim.rsgd(LR),
     "riemannian_adam": lambda: ref.optim.riemannian_adam(LR, eps=0.0),
@@ -37,35 +35,102 @@ RULES = {
 }
 
 
-def claimed(wrong: bool) -> dict[str, int]:
-    return SWAPPED if wrong else DEGREES
+#: The near miss of every check but the range ends, substituted into the library: Adam built
+#: with the default ε = 1e-8 whatever ε is asked for (an ε its builder drops), in
+#: ``reference.optim`` and in the transcription ``reference.mp``. Degree zero then fails by
+#: ≈ ε/(c·RMS(P_W G)): 1e-5 at c = 1e-3 in float64, 7e7 × the tolerance.
+EPS_DROPPED = "Adam's ε = 0 dropped by its builder (the default 1e-8 taken instead)"
+DROPPED_EPS = 1e-8
+
+_RIEMANNIAN_ADAM = ref.optim.riemannian_adam
+_ADAM_TRAJECTORY = mp.adam_trajectory
 
 
-def symbolic_degree(ctx: Context, wrong: bool) -> Outcome:
-    """One step from a fresh state with gradient g = (g_0, g_1, g_2), c > 0: SymPy reduces
-    ξ(cg) − c^k ξ(g) to zero for rsgd ξ = −lr·g (k = 1), Adam with ε = 0
-    ξ = −lr·(1 − β1)g/(1 − β1) / sqrt((1 − β2)s(g)/(1 − β2)) (k = 0) and normalised
-    ξ = −lr·g/RMS(g) (k = 0), with s(g) = RMS(g)² = Σg_i²/3."""
+def _eps_dropped(lr: float, *args: object, eps: float = DROPPED_EPS, **options: object):
+    return _RIEMANNIAN_ADAM(lr, *args, **options)
+
+
+def _trajectory_eps_dropped(w0, egrads, lr, betas=BETAS, eps=DROPPED_EPS, *args, **options):
+    return _ADAM_TRAJECTORY(w0, egrads, lr, betas, DROPPED_EPS, *args, **options)
+
+
+def eps_dropped(wrong: bool) -> contextlib.AbstractContextManager:
+    """``EPS_DROPPED`` in ``reference.optim`` and ``reference.mp`` when ``wrong``."""
+    if not wrong:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(substituted(ref.optim, "riemannian_adam", _eps_dropped))
+    stack.enter_context(substituted(mp, "adam_trajectory", _trajectory_eps_dropped))
+    return stack
+
+
+def one_step_maps() -> tuple[dict, list, list]:
+    """The one-step maps from a fresh state on ℝ³ (gradient g = (g_0, g_1, g_2), s(g) = RMS(g)²
+    = Σg_i²/3): rsgd ξ = −lr·g, Adam with ε = 0
+    ξ = −lr·((1 − β1)g/(1 − β1))/sqrt((1 − β2)s(g)/(1 − β2)) and normalised ξ = −lr·g/RMS(g);
+    with their symbols (g, [c, lr, β1, β2])."""
     c, lr = sp.symbols("c lr", positive=True)
     b1, b2 = sp.symbols("beta1 beta2", positive=True)
     g = sp.Matrix(sp.symbols("g0:3", real=True))
-    rms = sp.sqrt(sum(x**2 for x in g) / 3)
+
+    def rms(v: sp.Matrix) -> sp.Expr:
+        return sp.sqrt(sum(x**2 for x in v) / 3)
+
     steps = {
         "rsgd": lambda v: -lr * v,
         "riemannian_adam": lambda v: (
-            -lr
-            * ((1 - b1) * v / (1 - b1))
-            / sp.sqrt(
-                (1 - b2) * (rms**2).subs(dict(zip(g, v, strict=True)), simultaneous=True) / (1 - b2)
-            )
+            -lr * ((1 - b1) * v / (1 - b1)) / sp.sqrt((1 - b2) * rms(v) ** 2 / (1 - b2))
         ),
-        "normalized_rsgd": lambda v: (
-            -lr * v / rms.subs(dict(zip(g, v, strict=True)), simultaneous=True)
-        ),
+        "normalized_rsgd": lambda v: -lr * v / rms(v),
     }
-    degrees = claimed(wrong)
-    left = [name for name, f in steps.items() if not vanishes(f(c * g) - c ** degrees[name] * f(g))]
-    return Outcome(not left, float(len(left)), 0.0, f"identities left nonzero: {left or 'none'}")
+    return steps, list(g), [c, lr, b1, b2]
+
+
+#: Gradients at which the transcribed maps are held to the library's: an entry of each sign,
+#: one much smaller than the others.
+LIBRARY_POINTS = ((0.3, -1.2, 2.0), (1e-3, 5.0, -0.25), (-7.0, 0.5, 3.0))
+
+
+def transcription_gap() -> float:
+    """max over rules and ``LIBRARY_POINTS`` of ‖ξ_sympy(g) − ξ_lib(g)‖/‖ξ_lib(g)‖, the library's
+    step being one step of ``RULES[name]`` on ``reference.Euclidean(3)`` from a fresh state."""
+    steps, g, (_, lr, b1, b2) = one_step_maps()
+    worst = 0.0
+    for name, f in steps.items():
+        numeric = sp.lambdify([g], f(sp.Matrix(g)).subs({lr: LR, b1: BETAS[0], b2: BETAS[1]}))
+        geometry, x = ref.Euclidean(3), np.zeros(3)
+        for point in LIBRARY_POINTS:
+            opt = RULES[name]()
+            lib = opt.update(geometry, x, np.array(point), opt.init(geometry, x))[0]
+            ours = np.asarray(numeric(list(point)), dtype=float).reshape(3)
+            worst = max(worst, frobenius(ours - lib) / frobenius(lib))
+    return worst
+
+
+#: Bound on ``transcription_gap``: each side computes an entry of the step in at most 16
+#: roundings of relative size ≤ u (a mean of three squares, two moment factors and their bias
+#: corrections, a square root, a division, the learning rate), so each is within γ_16 of the
+#: exact value entrywise, and the two within 2γ_16 of each other in norm.
+TRANSCRIPTION_TOL = 2 * gamma(16)
+
+
+def symbolic_degree(ctx: Context, wrong: bool) -> Outcome:
+    """SymPy reduces ξ(cg) − c^k ξ(g) to zero for the one-step maps of ``one_step_maps``
+    (c > 0; rsgd k = 1, Adam with ε = 0 and normalised k = 0), and those maps are the library's:
+    evaluated at ``LIBRARY_POINTS`` they equal its one-step maps on ℝ³ within
+    ``TRANSCRIPTION_TOL``. Control (a near miss): ``EPS_DROPPED`` substituted into
+    ``reference.optim``, so that the library's Adam keeps ε = 1e-8 (gap ≈ ε/RMS(g) ≈ 1e-8)."""
+    steps, g, (c, *_) = one_step_maps()
+    v = sp.Matrix(g)
+    left = [name for name, f in steps.items() if not vanishes(f(c * v) - c ** DEGREES[name] * f(v))]
+    with eps_dropped(wrong):
+        gap = transcription_gap()
+    return Outcome(
+        not left and gap <= TRANSCRIPTION_TOL,
+        gap,
+        TRANSCRIPTION_TOL,
+        f"identities left nonzero: {left or 'none'}; transcription vs library {gap:.2e}",
+    )
 
 
 def spread(prob) -> float:
@@ -74,7 +139,7 @@ def spread(prob) -> float:
     return frobenius(g) / frobenius(prob.geometry.proj(prob.w0, g))
 
 
-def degree_gap(d: int, r: int, seed: int, c: float, degrees: dict[str, int]) -> tuple[float, str]:
+def degree_gap(d: int, r: int, seed: int, c: float) -> tuple[float, str]:
     """max over rules of ‖ξ(cG) − c^k ξ(G)‖/‖c^k ξ(G)‖ for one step from a fresh state, and the
     measured degrees log(‖ξ(cG)‖/‖ξ(G)‖)/log c."""
     prob = frame_problem(d, r, 1, seed)
@@ -84,32 +149,18 @@ def degree_gap(d: int, r: int, seed: int, c: float, degrees: dict[str, int]) -> 
         state = opt.init(prob.geometry, prob.w0)
         xi = opt.update(prob.geometry, prob.w0, prob.grads[0], state)[0]
         xic = opt.update(prob.geometry, prob.w0, c * prob.grads[0], state)[0]
-        expected = c ** degrees[name] * xi
+        expected = c ** DEGREES[name] * xi
         if frobenius(expected) > 0:
             worst = max(worst, frobenius(xic - expected) / frobenius(expected))
             measured.append(f"{name} {np.log(frobenius(xic) / frobenius(xi)) / np.log(c):.6f}")
     return worst, ", ".join(measured)
 
 
-#: The near miss of the float64 check, substituted into ``reference.optim``: Adam built with the
-#: default ε = 1e-8 whatever ε is asked for (an ε the builder drops). Degree zero then fails by
-#: ≈ ε/(c·RMS(P_W G)), 1e-5 at c = 1e-3: 7e7 × the tolerance.
-EPS_DROPPED = "Adam's ε = 0 dropped by its builder (the default 1e-8 taken instead)"
-
-
-_RIEMANNIAN_ADAM = ref.optim.riemannian_adam
-
-
-def _eps_dropped(lr: float, *args: object, eps: float = 1e-8, **options: object):
-    return _RIEMANNIAN_ADAM(lr, *args, **options)
-
-
 def float64_degree(ctx: Context, wrong: bool) -> Outcome:
     """At St(64, 16), c = 1e3 and 1e-3: relative gap ≤ ``relative_tolerance(d, r)``. Control
     (a near miss): ``EPS_DROPPED`` substituted into ``reference.optim``, the claim unchanged."""
-    dropped = substituted(ref.optim, "riemannian_adam", _eps_dropped)
-    with dropped if wrong else contextlib.nullcontext():
-        results = [degree_gap(D, R, ctx.seed, c, DEGREES) for c in (1e3, 1e-3)]
+    with eps_dropped(wrong):
+        results = [degree_gap(D, R, ctx.seed, c) for c in (1e3, 1e-3)]
     res = max(r for r, _ in results)
     tol = relative_tolerance(D, R, spread(frame_problem(D, R, 1, ctx.seed)))
     return Outcome.bound(res, tol, f"measured degrees at c = 1e3: {results[0][1]}")
@@ -117,9 +168,10 @@ def float64_degree(ctx: Context, wrong: bool) -> Outcome:
 
 def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
     """At St(6, 3) with c = 1e3 at 30 and 60 digits: rsgd ξ = −lr·P_W(cG) and the Adam step of
-    the mpmath trajectory (ε = 0), relative gap ≤ ``relative_tolerance(d, r, u)``."""
+    the mpmath trajectory (ε = 0), relative gap ≤ ``relative_tolerance(d, r, u)``. Control:
+    ``EPS_DROPPED`` substituted into ``reference.mp`` (the gap then stays ≈ 1e-8 at every
+    precision)."""
     prob = frame_problem(MP_D, MP_R, 1, ctx.seed)
-    degrees = claimed(wrong)
 
     def measure(dps: int) -> float:
         c, w, g = mpmath.mpf(1000), mp.to_mp(prob.w0), mp.to_mp(prob.grads[0])
@@ -130,15 +182,16 @@ def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
             ),
         }
         return max(
-            mp.frobenius(b - c ** degrees[k] * a) / mp.frobenius(c ** degrees[k] * a)
+            mp.frobenius(b - c ** DEGREES[k] * a) / mp.frobenius(c ** DEGREES[k] * a)
             for k, (a, b) in pairs.items()
         )
 
-    return ladder(
-        measure,
-        lambda u: relative_tolerance(MP_D, MP_R, spread(prob), u),
-        "relative gap ξ(cG) vs c^k ξ(G)",
-    )
+    with eps_dropped(wrong):
+        return ladder(
+            measure,
+            lambda u: relative_tolerance(MP_D, MP_R, spread(prob), u),
+            "relative gap ξ(cG) vs c^k ξ(G)",
+        )
 
 
 #: The ends of float64's range: gradients scaled by 2^-1060 (their entries subnormal) and by
@@ -264,12 +317,15 @@ def _one_scale(geometry, x, u) -> list[float]:
 
 def property_degree(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds and c = 10^[-100, 100] (St(1, 1) excluded: its
-    only tangent vector is 0): relative gap ≤ ``relative_tolerance(d, r)``."""
+    only tangent vector is 0): relative gap ≤ ``relative_tolerance(d, r)``. Control:
+    ``EPS_DROPPED`` substituted into ``reference.optim`` (a gap ≥ ε/RMS(P_W G)·|1 − 10^-0.5|
+    at every example)."""
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed, c_exp = example
         tol = relative_tolerance(d, r, spread(frame_problem(d, r, 1, seed)))
-        return degree_gap(d, r, seed, 10.0**c_exp, claimed(wrong))[0], tol
+        with eps_dropped(wrong):
+            return degree_gap(d, r, seed, 10.0**c_exp)[0], tol
 
     strategy = st.tuples(
         shapes().filter(lambda s: s[0] > 1),
@@ -294,10 +350,15 @@ register(
             "no trust-region cap (a cap truncates degree one)",
         ),
         checks=(
-            Check("symbolic", "homogeneity of the three one-step maps", symbolic_degree, CONTROL),
+            Check(
+                "symbolic",
+                "homogeneity of the three one-step maps, the library's",
+                symbolic_degree,
+                EPS_DROPPED,
+            ),
             Check("float64", "measured degrees at c = 1e±3", float64_degree, EPS_DROPPED),
-            Check("mpmath", "degree gap falls with precision", mpmath_degree, CONTROL),
-            Check("property", "degrees over shapes, seeds and c", property_degree, CONTROL),
+            Check("mpmath", "degree gap falls with precision", mpmath_degree, EPS_DROPPED),
+            Check("property", "degrees over shapes, seeds and c", property_degree, EPS_DROPPED),
             Check(
                 "float64",
                 "degree zero for subnormal gradients",
