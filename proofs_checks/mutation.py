@@ -30,6 +30,20 @@ from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 
+_GEOMETRY_TESTS = [
+    "tests/test_geometries.py",
+    "tests/test_geometry_laws.py",
+    "tests/test_partial_isometry.py",
+    "tests/test_bad_input.py",
+]
+_CAPACITY_TESTS = ["tests/test_capacity.py", "tests/test_eb_statistical.py", "tests/test_rank.py"]
+_PORT_TESTS = [
+    "tests/test_torch_port.py",
+    "tests/test_torch_geometries.py",
+    "tests/test_port_agreement.py",
+    "tests/test_reliability_torch.py",
+]
+
 #: Source file -> the tests that judge its mutants after certify.
 JUDGES: dict[str, list[str]] = {
     "reference/optim.py": [
@@ -54,6 +68,19 @@ JUDGES: dict[str, list[str]] = {
         "tests/test_port_agreement.py",
         "tests/test_reliability_torch.py",
     ],
+    "reference/mp.py": ["tests/test_mp.py", "tests/test_cross_checks.py"],
+    **{
+        f"reference/{name}.py": _GEOMETRY_TESTS
+        for name in ("fixed_rank", "partial_isometry", "blocks")
+    },
+    **{
+        f"reference/capacity/{name}.py": _CAPACITY_TESTS
+        for name in ("spectra", "tasks", "pretraining", "trainers")
+    },
+    **{
+        f"torch_port/{name}.py": _PORT_TESTS
+        for name in ("linalg", "stiefel", "fixed_rank", "partial_isometry", "blocks")
+    },
 }
 
 _SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}

@@ -181,6 +181,59 @@ def test_a_transport_law_that_never_calls_transport_is_caught() -> None:
     assert not calls_the_implementation(p, dataclasses.replace(check, run=run))
 
 
+# -- controls substituted into the library ---------------------------------------------------------
+#: Propositions whose controls once held the same measurement to a wrong claim (the degrees
+#: swapped, the claim made for other data, a positional signal added to the data); each control
+#: now puts a near miss into the library, and must keep doing so.
+SUBSTITUTED_CONTROLS = ("RA-7", "EB-4", "EB-5", "EB-8")
+
+
+def _control_substitutes(check: Check, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Whether ``check``'s control runs under ``harness.substituted``."""
+    calls = []
+    original = harness.substituted
+
+    @contextlib.contextmanager
+    def recording(module: object, name: str, value: object) -> Iterator[None]:
+        calls.append(name)
+        with original(module, name, value):
+            yield
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "substituted", None) is original:
+            monkeypatch.setattr(module, "substituted", recording)
+    _clear_caches()
+    outcome = _guarded(check, CTX, True)
+    monkeypatch.undo()
+    return bool(calls) and not outcome.crashed
+
+
+@pytest.mark.parametrize(
+    ("proposition", "check"),
+    _checks(lambda p, c: (p.id in SUBSTITUTED_CONTROLS and c.kind != "symbolic") or p.id == "RA-7"),
+)
+def test_near_miss_controls_go_through_the_library(proposition, check, monkeypatch) -> None:
+    assert _control_substitutes(check, monkeypatch), (proposition.id, check.name, check.control)
+
+
+def test_a_control_held_to_a_wrong_claim_is_caught(monkeypatch) -> None:
+    """RA-7's property check with its old control restored (the degrees claimed swapped, the
+    library untouched): rejected, but not through the library."""
+    from proofs_checks.propositions import ra7_degree as ra7
+
+    check = next(c for c in REGISTRY["RA-7"].checks if c.kind == "property")
+
+    def swapped_claim(ctx: Context, wrong: bool) -> Outcome:
+        if not wrong:
+            return check.run(ctx, False)
+        gap = ra7.degree_gap(8, 3, ctx.seed, 1e3)[0]
+        return Outcome.bound(abs(gap - 1e3), 1e-12, "degrees swapped")
+
+    weakened = dataclasses.replace(check, run=swapped_claim)
+    assert not _guarded(weakened, CTX, True).passed
+    assert not _control_substitutes(weakened, monkeypatch)
+
+
 # -- tolerances ------------------------------------------------------------------------------------
 #: Tolerances that are not rounding bounds, by what they are: a normalised ratio, the Taylor
 #: slope's 0.1, a χ² criterion (5.48 = the 1 − 10⁻⁶ quantile scale used by EB-5 and EB-7),
