@@ -182,9 +182,8 @@ def test_a_transport_law_that_never_calls_transport_is_caught() -> None:
 
 
 # -- controls substituted into the library ---------------------------------------------------------
-#: Propositions whose controls once held the same measurement to a wrong claim (the degrees
-#: swapped, the claim made for other data, a positional signal added to the data); each control
-#: now puts a near miss into the library, and must keep doing so.
+#: Propositions every control of which puts a near miss into the library (not the same
+#: measurement held to a wrong claim, such as degrees swapped or the claim made for other data).
 SUBSTITUTED_CONTROLS = ("RA-7", "EB-4", "EB-5", "EB-8")
 
 
@@ -216,9 +215,9 @@ def test_near_miss_controls_go_through_the_library(proposition, check, monkeypat
     assert _control_substitutes(check, monkeypatch), (proposition.id, check.name, check.control)
 
 
-def test_a_control_held_to_a_wrong_claim_is_caught(monkeypatch) -> None:
-    """RA-7's property check with its old control restored (the degrees claimed swapped, the
-    library untouched): rejected, but not through the library."""
+def test_a_control_that_leaves_the_library_untouched_is_caught(monkeypatch) -> None:
+    """RA-7's property check with a control that measures the honest library and holds the gap
+    to a wrong value: it is rejected, and the test above sees that no substitution ran."""
     from proofs_checks.propositions import ra7_degree as ra7
 
     check = next(c for c in REGISTRY["RA-7"].checks if c.kind == "property")
@@ -227,7 +226,7 @@ def test_a_control_held_to_a_wrong_claim_is_caught(monkeypatch) -> None:
         if not wrong:
             return check.run(ctx, False)
         gap = ra7.degree_gap(8, 3, ctx.seed, 1e3)[0]
-        return Outcome.bound(abs(gap - 1e3), 1e-12, "degrees swapped")
+        return Outcome.bound(abs(gap - 1e3), 1e-12, "the gap held to a wrong value")
 
     weakened = dataclasses.replace(check, run=swapped_claim)
     assert not _guarded(weakened, CTX, True).passed

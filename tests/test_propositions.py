@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import sympy as sp
 
 import reference as ref
 from proofs_checks import REGISTRY
@@ -96,3 +97,17 @@ def test_outcome_bound_rejects_nan() -> None:
 def test_unknown_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown check kind"):
         Check("numeric", "x", _always(True), "y")
+
+
+@pytest.mark.parametrize("rule", ["rsgd", "riemannian_adam", "normalized_rsgd"])
+def test_ra7_symbolic_identities_fail_at_the_wrong_degree(rule) -> None:
+    """RA-7's SymPy identity ξ(cg) − c^k ξ(g) = 0 is not reduced to zero for 1 − k in place of
+    k: ``vanishes`` and the maps can reject a wrong degree (the check's own control acts on its
+    comparison with the library)."""
+    from proofs_checks.harness import vanishes
+    from proofs_checks.propositions.ra7_degree import DEGREES, one_step_maps
+
+    steps, g, (c, *_) = one_step_maps()
+    v, f = sp.Matrix(g), steps[rule]
+    assert vanishes(f(c * v) - c ** DEGREES[rule] * f(v))
+    assert not vanishes(f(c * v) - c ** (1 - DEGREES[rule]) * f(v))

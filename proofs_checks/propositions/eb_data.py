@@ -48,7 +48,7 @@ RSTAR, NOISE = 3, 0.1
 REPLICATES, MAX_MISSES = 10, 1
 TAG_STATIC, TAG_LINEAR = 401, 402
 
-#: The near misses, each substituted into ``reference.capacity``.
+#: The controls, each substituted into ``reference.capacity``.
 CONTROL_STATIC = (
     "p and N swapped in the Tracy-Widom threshold of token_gram_count (the count's noise edge "
     "at Wishart_N(p) instead of Wishart_p(N))"
@@ -67,7 +67,7 @@ def _swapped_threshold(noise: float, p: int, dof: int, quantile: float = 0.99) -
 
 
 def zero_based_gap(s: np.ndarray, floor: float = 0.0) -> int:
-    """``CONTROL_LINEAR``: ``largest_gap_rank`` less one."""
+    """The near miss of EB-4 (b) and EB-8 (P): ``largest_gap_rank`` less one."""
     return _LARGEST_GAP(s, floor) - 1
 
 
@@ -91,8 +91,9 @@ def static_count(ctx: Context, wrong: bool) -> Outcome:
     ``static_task`` with S = 200, n = 16, d = 16, d_v = 8, r* = 3, σ(A*) = (1, 0.75, 0.5),
     noise 0.1; r̂ = ``token_gram_count(Y).rank`` (Tracy–Widom 99% threshold, σ̂² estimated from
     the data, W* unknown). Pass: r̂ = r* in at least 9 of 10 replicates (residual = number of
-    misses ≤ 1). Control (a near miss): ``CONTROL_STATIC``, whose threshold ≈ 120σ̂² lies above
-    every eigenvalue (r̂ = 0)."""
+    misses ≤ 1). Control, substituted into ``reference.capacity.spectra``: p and N swapped in
+    the Tracy–Widom threshold, a one-token variant whose effect is gross: its threshold
+    ≈ 120·mean(λ) lies above λ₁ ≤ 16·mean(λ) whatever the data (r̂ = 0)."""
     found = []
     swapped = substituted(spectra, "tracy_widom_threshold", _swapped_threshold)
     with swapped if wrong else contextlib.nullcontext():
@@ -109,8 +110,9 @@ def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
     """Statistical criterion over the 10 replicate streams of ``static_count``: the same count
     on ``linear_qk_task`` data of the sizes of (a) (n = d = 16, d_v = 8, r* = 3, noise 0.1)
     returns r* in fewer than 9 of 10 (residual = hits ≤ 8): it over-counts (module docstring:
-    the Gram's fluctuations are not Wishart). Control: ``CONTROL_NAIVE``, substituted into
-    ``reference.capacity.tasks``."""
+    the Gram's fluctuations are not Wishart). Control, substituted into
+    ``reference.capacity.tasks``: the attention's input dependence removed, A(X) = K (a static
+    mixer of rank r*, for which the count returns r*)."""
     found = []
     static = substituted(tasks, "linear_attention_mixing", _static_attention)
     with static if wrong else contextlib.nullcontext():
@@ -137,8 +139,9 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
     ``linear_qk_task`` with S = 300, n = 16, d = d_v = 12, r* = 3 (flat K = UVᵀ), noise 0.1,
     W_V unknown; r̂ = the largest-gap rank of σ(Ĉ) of ``pooled_regression``, floored at
     max(SE, σ₁/n). Pass: r̂ = r* in at least 9 of 10 replicates (misses ≤ 1). Control (a near
-    miss, one less): ``CONTROL_LINEAR``, substituted into ``reference.capacity``. Subtler
-    variants are not rejected at these sizes (docs/verification.md)."""
+    miss, one less), substituted into the package namespace ``reference.capacity`` that the
+    rule is called through: the largest-gap rank's + 1 dropped. Subtler variants are not
+    rejected at these sizes (docs/verification.md)."""
     found = []
     near_miss = substituted(capacity, "largest_gap_rank", zero_based_gap)
     with near_miss if wrong else contextlib.nullcontext():
@@ -199,8 +202,9 @@ register(
             ),
         ),
         seeds=(
-            "numpy default_rng([seed, 401, i]) (static and control tasks) and [seed, 402, i] "
-            "(linear-QK tasks) for replicate i = 0…9; the certificate's seed defaults to 0"
+            "numpy default_rng([seed, 401, i]) (static count and naive transfer) and "
+            "[seed, 402, i] (pooled regression) for replicate i = 0…9; the certificate's seed "
+            "defaults to 0"
         ),
     )
 )

@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from proofs_checks.harness import substituted
+from proofs_checks.propositions.eb_data import CONTROL_LINEAR, zero_based_gap
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 
@@ -32,16 +33,12 @@ TAG = 801
 
 #: The near misses, one less than the estimator, each substituted into ``reference.capacity``.
 CONTROL_FULL = "the energy rank's + 1 dropped (the 0-based index where the energy reaches η)"
-CONTROL_PARTIAL = "the largest-gap rank's + 1 dropped (the 0-based index of the largest gap)"
-_ENERGY, _LARGEST_GAP = capacity.energy_threshold_rank, capacity.largest_gap_rank
+CONTROL_PARTIAL = CONTROL_LINEAR
+_ENERGY = capacity.energy_threshold_rank
 
 
 def _zero_based_energy(s: np.ndarray, eta: float = 0.9) -> int:
     return _ENERGY(s, eta) - 1
-
-
-def _zero_based_gap(s: np.ndarray, floor: float = 0.0) -> int:
-    return _LARGEST_GAP(s, floor) - 1
 
 
 def replicates(seed: int, psd: bool, near_miss: tuple[str, object] | None) -> tuple:
@@ -93,7 +90,8 @@ def full_recovery(ctx: Context, wrong: bool) -> Outcome:
     ``softmax_task`` with S = 500, n = 16, d = d_v = 8, r* = 3, K = UVᵀ (flat), β = 2, noise
     0.01, W_V unknown. A replicate recovers r* when the largest-gap rank of σ(coef) floored at
     max(SE, σ₁/n) AND the energy rank r_0.9 both equal r*. Pass: at least 9 of 10 (residual =
-    misses ≤ 1). Control (a near miss): ``CONTROL_FULL``."""
+    misses ≤ 1). Control (a near miss), substituted into ``reference.capacity``: the energy
+    rank's + 1 dropped."""
     rows = replicates(
         ctx.seed, False, ("energy_threshold_rank", _zero_based_energy) if wrong else None
     )
@@ -105,8 +103,9 @@ def partial_recovery(ctx: Context, wrong: bool) -> Outcome:
     """Statistical criterion over the same 10 replicates with a PSD K = UUᵀ (self-attention
     bias), β = 2: a replicate shows partial recovery when the floored largest-gap rank equals
     r* AND the energy rank over-counts, r_0.9 > r* (so r_0.99 > r* too). Pass: at least 9 of 10
-    (residual = misses ≤ 1). Control (a near miss): ``CONTROL_PARTIAL``."""
-    rows = replicates(ctx.seed, True, ("largest_gap_rank", _zero_based_gap) if wrong else None)
+    (residual = misses ≤ 1). Control (a near miss), substituted into ``reference.capacity``:
+    the largest-gap rank's + 1 dropped."""
+    rows = replicates(ctx.seed, True, ("largest_gap_rank", zero_based_gap) if wrong else None)
     hits = sum(1 for gap, r9, _, _ in rows if gap == RSTAR and r9 > RSTAR)
     return _outcome(rows, hits, "gap = r* < r_0.9 for K = UUᵀ (partial recovery)")
 
