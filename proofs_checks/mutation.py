@@ -42,6 +42,7 @@ _PORT_TESTS = [
     "tests/test_torch_geometries.py",
     "tests/test_port_agreement.py",
     "tests/test_reliability_torch.py",
+    "tests/test_capturable.py",
 ]
 
 #: Source file -> the tests that judge its mutants after certify.

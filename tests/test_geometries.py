@@ -172,3 +172,13 @@ def test_quotient_steps_do_not_depend_on_the_representative(make_geo) -> None:
             y, state = opt.step(geo, y, geo.egrad_from_matrix(y, grad(geo.to_matrix(y))), state)
         ends.append(geo.to_matrix(y))
     assert np.linalg.norm(ends[0] - ends[1]) <= 10 * law.law_tolerance(geo, x)
+
+
+@pytest.mark.parametrize("name", ["fixed_rank_embedded", "fixed_rank_quotient"])
+def test_full_rank_r_equal_to_min_m_n_is_accepted(name) -> None:
+    """r = min(m, n) is allowed (r ≤ min(m, n)); r = min(m, n) + 1 is refused with both."""
+    geometry = ref.GEOMETRIES[name](4, 3, 3)
+    x = geometry.random_point(np.random.default_rng(0))
+    geometry.check_point(x)
+    with pytest.raises(ValueError, match=r"r ≤ min\(m, n\), got r=4 > min\(4, 3\)"):
+        ref.GEOMETRIES[name](4, 3, 4)

@@ -515,3 +515,12 @@ def test_no_warnings_from_a_plain_run():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SmoothProblem("block_partial_isometry_quotient").run_port(PORT["momentum"], steps=3)
+
+
+def test_the_port_stiefel_accepts_square_frames_and_refuses_r_above_d() -> None:
+    """St(d, d) (r = d, the orthogonal group) is allowed; r = d + 1 is refused."""
+    from torch_port.stiefel import Stiefel as PortStiefel
+
+    assert PortStiefel(3, 3).r == 3
+    with pytest.raises(ValueError, match=r"r ≤ d .* got r=4 > d=3"):
+        PortStiefel(3, 4)
