@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -186,39 +188,79 @@ def _run(args: list[str], cwd: Path, timeout: float) -> int:
         return -1  # a mutant that hangs a judge is killed by it
 
 
-def judge(selected: list[tuple[Mutant, str]], progress: bool = True) -> list[dict]:
-    """Run each mutant through certify, then its file's tests when certify lets it through."""
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp) / "project"
-        _copy_project(work)
-        out = Path(tmp) / "certificate"
-        certify_args = [sys.executable, "-m", "proofs_checks", "--quick", "--out", str(out)]
-        if _run(certify_args, work, 600) != 0:  # else every mutant would look killed
-            raise RuntimeError("rattn certify --quick fails on the unmutated copy")
-        for mutant, text in tqdm(selected, desc="mutants", disable=not progress, file=sys.stderr):
-            target = work / mutant.file
-            original = target.read_text(encoding="utf-8")
-            target.write_text(text, encoding="utf-8")
-            try:
-                certify = _run(certify_args, work, 600)
-                tests = None
-                if certify == 0:
-                    tests = _run(
-                        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-                        + JUDGES[mutant.file],
-                        work,
-                        900,
-                    )
-            finally:
-                target.write_text(original, encoding="utf-8")
-            verdict = (
-                "killed by certify"
-                if certify != 0
-                else ("killed by the tests" if tests != 0 else "survived")
+def seen_by(file: str) -> list[str]:
+    """The ids of the propositions whose checks import ``file``'s module, directly or through
+    other modules (``registry.imported_closure``, the closure the implementation hash covers).
+    No other proposition runs its code, so certify judges a mutant of ``file`` by these alone."""
+    from proofs_checks.certificate import REGISTRY
+    from proofs_checks.registry import imported_closure, project_sources
+
+    module = ".".join(Path(file).with_suffix("").parts)
+    sources = project_sources()
+    return [
+        p.id
+        for p in REGISTRY.values()
+        if module in imported_closure({c.run.__module__ for c in p.checks}, sources)
+    ]
+
+
+def _verdict(mutant: Mutant, text: str, work: Path, ids: list[str]) -> dict:
+    """Certify with ``ids``, then the file's tests if certify lets the mutant through."""
+    target = work / mutant.file
+    original = target.read_text(encoding="utf-8")
+    target.write_text(text, encoding="utf-8")
+    try:
+        certify = _run(_certify_args(work, ids), work, 600) if ids else None
+        tests = None
+        if not certify:
+            tests = _run(
+                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+                + JUDGES[mutant.file],
+                work,
+                900,
             )
-            rows.append(
-                {**asdict(mutant), "certify_exit": certify, "tests_exit": tests, "verdict": verdict}
+    finally:
+        target.write_text(original, encoding="utf-8")
+    verdict = "killed by certify" if certify else ("killed by the tests" if tests else "survived")
+    return {**asdict(mutant), "certify_exit": certify, "tests_exit": tests, "verdict": verdict}
+
+
+def _certify_args(work: Path, ids: list[str]) -> list[str]:
+    out = work.parent / "certificate"
+    return [sys.executable, "-m", "proofs_checks", *ids, "--quick", "--out", str(out)]
+
+
+def judge(selected: list[tuple[Mutant, str]], progress: bool = True, jobs: int = 1) -> list[dict]:
+    """Run each mutant through certify (the propositions ``seen_by`` its file), then its file's
+    tests when certify lets it through; ``jobs`` mutants at a time, each in its own copy."""
+    ids = {file: seen_by(file) for file in {m.file for m, _ in selected}}
+    with tempfile.TemporaryDirectory() as tmp:
+        copies: queue.SimpleQueue[Path] = queue.SimpleQueue()
+        for k in range(jobs):
+            work = Path(tmp) / f"copy{k}" / "project"
+            _copy_project(work)
+            copies.put(work)
+        work = copies.get()
+        if _run(_certify_args(work, []), work, 600) != 0:  # else every mutant would look killed
+            raise RuntimeError("rattn certify --quick fails on the unmutated copy")
+        copies.put(work)
+
+        def one(item: tuple[Mutant, str]) -> dict:
+            work = copies.get()
+            try:
+                return _verdict(item[0], item[1], work, ids[item[0].file])
+            finally:
+                copies.put(work)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            rows = list(
+                tqdm(
+                    pool.map(one, selected),
+                    total=len(selected),
+                    desc="mutants",
+                    disable=not progress,
+                    file=sys.stderr,
+                )
             )
     return rows
 
@@ -245,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", default=list(JUDGES), help="sources (default: all)")
     parser.add_argument("--limit", type=int, default=None, help="at most N mutants per file")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants judged at a time")
     parser.add_argument("--out", default="mutation.json", help="where to write the results")
     parser.add_argument(
         "--rejudge",
@@ -265,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.rejudge is not None:
         earlier = json.loads(Path(args.rejudge).read_text(encoding="utf-8"))
         selected = to_rejudge(args.files, earlier)
-    rows = judge(selected)
+    rows = judge(selected, jobs=args.jobs)
     Path(args.out).write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
     for verdict in ("killed by certify", "killed by the tests", "survived"):
         print(f"{verdict}: {sum(r['verdict'] == verdict for r in rows)} of {len(rows)}")

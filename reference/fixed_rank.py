@@ -13,6 +13,11 @@ from reference.geometry import PairMixin, Point, Tangent, check_finite, check_sh
 from reference.linalg import Array, orthonormality_residual, polar, qr_signfixed, transpose
 from reference.stiefel import DEFAULT_ATOL
 
+#: Retractions of R1: the rank-r truncated SVD of W + ξ (second order) and a first-order QR.
+RETRACTIONS = ("projection", "qr")
+#: R2 refuses points with κ(A)²κ(B)²·u above this: its r×r solves would lose more than 8 digits.
+CONDITION_LIMIT = 1e-8
+
 
 def _check_sizes(owner: str, m: int, n: int, r: int) -> None:
     check_sizes(owner, m=m, n=n, r=r)
@@ -68,7 +73,7 @@ class FixedRankEmbedded(PairMixin):
 
     def __init__(self, m: int, n: int, r: int, retraction: str = "projection"):
         _check_sizes(type(self).__name__, m, n, r)
-        if retraction not in ("projection", "qr"):
+        if retraction not in RETRACTIONS:
             raise ValueError(f"unknown retraction {retraction!r}; choose 'projection' or 'qr'")
         self.m, self.n, self.r = int(m), int(n), int(r)
         self.retraction = retraction
@@ -330,8 +335,9 @@ class FixedRankQuotient(PairMixin):
         _rank_check("A", x[0])
         _rank_check("B", x[1])
         ka, kb = np.linalg.cond(x[0]), np.linalg.cond(x[1])
-        if (ka * kb) ** 2 * np.finfo(np.float64).eps / 2 > 1e-8:
+        scale = (ka * kb) ** 2 * np.finfo(np.float64).eps / 2
+        if scale > CONDITION_LIMIT:
             raise ValueError(
                 f"ill-conditioned factors: κ(A) = {ka:.3e}, κ(B) = {kb:.3e}, so κ(A)²κ(B)²·u "
-                f"= {(ka * kb) ** 2 * np.finfo(np.float64).eps / 2:.1e} > 1e-8"
+                f"= {scale:.1e} > {CONDITION_LIMIT:.0e}"
             )

@@ -114,9 +114,11 @@ class _FramePair(PairMixin):
         """(‖UᵀU − I_r‖, ‖VᵀV − I_r‖)."""
         return linalg.orthonormality_residual(x[0]), linalg.orthonormality_residual(x[1])
 
-    def check_point(self, x: Point, atol: float = DEFAULT_ATOL) -> None:
+    def check_point(self, x: Point, atol: float | None = None) -> None:
         """Raise ValueError unless x is a tuple (U, V) of finite arrays of shapes (m, r), (n, r)
-        with ‖UᵀU − I‖ ≤ atol and ‖VᵀV − I‖ ≤ atol (the message gives both residuals)."""
+        with ‖UᵀU − I‖ ≤ atol and ‖VᵀV − I‖ ≤ atol (default ``DEFAULT_ATOL`` = √ε; the message
+        gives both residuals)."""
+        atol = DEFAULT_ATOL if atol is None else atol  # read at call time
         label = f"{self.name} point"
         if not same_structure(x, (None, None)):
             raise ValueError(
@@ -193,8 +195,9 @@ class PartialIsometryEmbedded(_FramePair):
         omega, up, vp = u
         return (uu @ omega + up) @ transpose(vv) + uu @ transpose(vp)
 
-    def check_tangent(self, x: Point, u: Tangent, atol: float = DEFAULT_ATOL) -> None:
+    def check_tangent(self, x: Point, u: Tangent, atol: float | None = None) -> None:
         """Raise ValueError unless ‖Ω + Ωᵀ‖, ‖UᵀU_p‖ and ‖VᵀV_p‖ are ≤ atol·max(1, ‖u‖)."""
+        atol = DEFAULT_ATOL if atol is None else atol  # read at call time
         check_shapes(f"{self.name} tangent", self.tangent_shapes, u)
         check_finite(f"{self.name} tangent", u)
         omega, up, vp = u
@@ -379,9 +382,10 @@ class PartialIsometryQuotient(_FactorSpaceMixin, _FramePair):
         """‖skew(Uᵀξ_U + Vᵀξ_V)‖: zero exactly for horizontal (ξ_U, ξ_V)."""
         return frobenius(skew(transpose(x[0]) @ u[0] + transpose(x[1]) @ u[1]))
 
-    def check_tangent(self, x: Point, u: Tangent, atol: float = DEFAULT_ATOL) -> None:
+    def check_tangent(self, x: Point, u: Tangent, atol: float | None = None) -> None:
         """Raise ValueError unless ‖sym(Uᵀξ_U)‖, ‖sym(Vᵀξ_V)‖ (tangency to St × St) and
         ‖skew(Uᵀξ_U + Vᵀξ_V)‖ (horizontality) are ≤ atol·max(1, ‖u‖)."""
+        atol = DEFAULT_ATOL if atol is None else atol  # read at call time
         check_shapes(f"{self.name} tangent", self.point_shapes, u)
         check_finite(f"{self.name} tangent", u)
         res = (
@@ -459,8 +463,9 @@ class StiefelPair(_FactorSpaceMixin, _FramePair):
         self.moment_groups = self.product.moment_groups  # ((0,), (1,)): one per frame
         self.dim = self.product.dim
 
-    def check_tangent(self, x: Point, u: Tangent, atol: float = DEFAULT_ATOL) -> None:
+    def check_tangent(self, x: Point, u: Tangent, atol: float | None = None) -> None:
         """Raise ValueError unless each factor is Stiefel-tangent (``Stiefel.check_tangent``)."""
+        atol = DEFAULT_ATOL if atol is None else atol  # read at call time
         check_shapes(f"{self.name} tangent", self.point_shapes, u)
         self.row_frames.check_tangent(x[0], u[0], atol)
         self.col_frames.check_tangent(x[1], u[1], atol)

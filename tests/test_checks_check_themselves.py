@@ -48,6 +48,7 @@ def _geometry_classes() -> set[type]:
 
 #: What each GEO law exercises (a word of its check's name -> the method it must call).
 GEO_LAWS = {
+    "stated thresholds": "check_point",
     "transport": "transport",
     "gradient": "egrad_to_rgrad",
     "retraction": "retract",

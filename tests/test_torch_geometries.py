@@ -8,7 +8,7 @@ resume, decay, bad input).
 
 Agreement bound in float64 (as ``tests/test_torch_port.py``). One step of either side rounds
 O((m+n)r²) products, a few r×r or 2r×2r factorisations (QR, SVD, an inverse square root by
-eigendecomposition on the reference side and by a polynomial or Newton–Schulz iteration here)
+eigendecomposition on the reference side and by a polynomial here)
 and a handful of per-frame scalars, in different orders, so the two sides may differ by a few
 hundred units of roundoff per step (≤ 1e-14 at these sizes); along these smooth, contracting
 runs differences add rather than multiply, so 40 steps × 1e-14 ≤ 1e-12 is asserted for what
@@ -476,7 +476,7 @@ def test_bad_groups_and_inputs_are_refused_before_any_change():
 # -- linear algebra ------------------------------------------------------------------------------
 @pytest.mark.parametrize("size", [1e-6, 1e-3, 3e-2, 0.3, 2.0])
 def test_polar_routes_agree_with_the_reference(size):
-    """linalg.polar takes a polynomial, Newton–Schulz or eigh route by the Gram's distance from
+    """linalg.polar takes a polynomial or the eigh route by the Gram's distance from
     I; every route agrees with reference.linalg.polar (eigh of the formed Gram)."""
     rng = np.random.default_rng(7)
     w = np.stack([ref.Stiefel(20, 5).random_point(rng) for _ in range(4)])

@@ -18,6 +18,9 @@ from torch_port import linalg
 from torch_port.geometry import Draw, FactoredGeometry, check_factor_shapes, finite_or_raise
 from torch_port.linalg import Tensor, transpose
 
+#: R2 refuses points with κ(A)²κ(B)²·u above this (u of float64), as the reference does.
+CONDITION_LIMIT = 1e-8
+
 WIDE = torch.float64
 
 
@@ -382,9 +385,10 @@ class FixedRankQuotient(FactoredGeometry):
             )
         amplification = 1.0 / (ra * rb) * eps / 2  # κ(A)²κ(B)²·u
         _raise_if(
-            amplification > 1e-8,
+            amplification > CONDITION_LIMIT,
             lambda: (
-                f"ill-conditioned factors: κ(A)²κ(B)²·u = {float(amplification.max()):.1e} > 1e-8"
+                f"ill-conditioned factors: κ(A)²κ(B)²·u = {float(amplification.max()):.1e} "
+                f"> {CONDITION_LIMIT:.0e}"
             ),
         )
 

@@ -163,7 +163,7 @@ def gram64(a: Tensor, buffer: Tensor | None = None) -> Tensor:
 #: batch, ``polar`` takes the eigendecomposition route (δ ≤ 0.5 certifies κ(AᵀA) ≤ 3).
 POLAR_ITERATIVE_MAX_DEVIATION = 0.5
 #: Cost of one batched r×r ``eigh`` in units of one batched r×r product (measured on CPU for
-#: r = 64: ~13); a polynomial or Newton–Schulz route is taken when it needs fewer products.
+#: r = 64: ~13); the polynomial route is taken when it needs fewer products.
 EIGH_COST_IN_PRODUCTS = 12
 
 
@@ -184,15 +184,6 @@ def _paterson_stockmeyer_cost(k: int) -> tuple[int, int]:
     s = max(1, math.isqrt(k))
     s = s if s * s >= k else s + 1
     return (s - 1) + (-(-(k + 1) // s) - 1), s
-
-
-def _newton_schulz_steps(delta: float) -> int:
-    """Steps of the coupled Newton–Schulz iteration that take a deviation ‖X − I‖₂ ≤ delta
-    below 1e-17 (the eigenvalue error map is e ↦ (3e² + e³)/4)."""
-    steps, e = 0, delta
-    while e > 1e-17:
-        e, steps = (3.0 * e * e + e**3) / 4.0, steps + 1
-    return steps
 
 
 def _plus_identity(t: Tensor, c: float) -> Tensor:
@@ -229,30 +220,17 @@ def _inv_sqrt_taylor(e: Tensor, degree: int) -> Tensor:
     return sym(out).reshape(shape)
 
 
-def _inv_sqrt_newton_schulz(x: Tensor, steps: int) -> Tensor:
-    """X^{-1/2} for symmetric X with ‖X − I‖₂ < 1 by the coupled iteration
-    T = (3I − Z Y)/2, Y ← Y T, Z ← T Z (Y → X^{1/2}, Z → X^{-1/2}; Higham 2008, §6.7)."""
-    eye = eye_like(x)
-    y, z = x, eye.expand_as(x)
-    for _ in range(steps):
-        t = 1.5 * eye - 0.5 * (z @ y)
-        y, z = y @ t, t @ z
-    return sym(z)
-
-
 def _inv_sqrt_near_identity(e: Tensor, delta: float) -> Tensor | None:
-    """(I + E)^{-1/2} for symmetric E with ‖E‖_F ≤ delta, by the cheaper of a Taylor polynomial
-    and Newton–Schulz, each run until its error bound is below 1e-17; None when ``eigh`` would
-    be cheaper."""
+    """(I + E)^{-1/2} for symmetric E with ‖E‖_F ≤ delta by the Taylor polynomial whose error
+    bound is below 1e-17; None when ``eigh`` would be cheaper. (The coupled Newton–Schulz
+    iteration, e ↦ (3e² + e³)/4 per step of three products, never needs fewer products than
+    this polynomial for δ ≤ 0.5, so it is not offered.)"""
     if not delta <= POLAR_ITERATIVE_MAX_DEVIATION:
         return None
-    taylor, _ = _paterson_stockmeyer_cost(_taylor_degree(delta))
-    steps = _newton_schulz_steps(delta)
-    if min(taylor, 3 * steps) > EIGH_COST_IN_PRODUCTS:
+    degree = _taylor_degree(delta)
+    if _paterson_stockmeyer_cost(degree)[0] > EIGH_COST_IN_PRODUCTS:
         return None
-    if taylor <= 3 * steps:
-        return _inv_sqrt_taylor(e, _taylor_degree(delta))
-    return _inv_sqrt_newton_schulz(_plus_identity(e.clone(), 1.0), steps)
+    return _inv_sqrt_taylor(e, degree)
 
 
 def polar(a: Tensor) -> Tensor:
@@ -269,9 +247,9 @@ def polar(a: Tensor) -> Tensor:
     entries, and for float64 A the rare matrices whose Gram overflows or underflows are redone
     scaled. The inverse square root of the normalised Gram X = AᵀA/α (α its mean eigenvalue)
     comes from a few batched r×r products when every X of the batch is near I (a retraction
-    step: AᵀA = I + ξᵀξ): a Taylor polynomial of (I + E)^{-1/2} (Paterson–Stockmeyer) or the
-    coupled Newton–Schulz iteration, whichever needs fewer products, run until its error bound
-    on δ = max ‖X − I‖_F is below 1e-17; else (δ > 0.5, or more products than an ``eigh``)
+    step: AᵀA = I + ξᵀξ): a Taylor polynomial of (I + E)^{-1/2} (Paterson–Stockmeyer) whose
+    error bound on δ = max ‖X − I‖_F is below 1e-17; else (δ > 0.5, or more products than
+    an ``eigh``)
     from ``eigh``, with the reference's rank and conditioning checks (δ ≤ 0.5 certifies
     κ(AᵀA) ≤ 3, so those checks cannot fail there). One host synchronisation for all checks.
     """

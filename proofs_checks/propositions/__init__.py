@@ -19,3 +19,4 @@ from proofs_checks.propositions import eb_softmax
 from proofs_checks.propositions import ref_adam
 from proofs_checks.propositions import ref_rules
 from proofs_checks.propositions import port
+from proofs_checks.propositions import port_geometry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 
 import reference as ref
+from proofs_checks import geometry_cases as cases
 from proofs_checks import geometry_laws as law
 from proofs_checks.bounds import frame_error
 from proofs_checks.harness import substituted
@@ -471,6 +473,72 @@ def check_constraints(case: Case) -> Callable[[Context, bool], Outcome]:
     return run
 
 
+def check_options(name: str) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """Each retraction the geometry is built with (``geometry_cases.OPTIONS``): R_x(0) = x,
+        the slopes of the order it claims (``retraction_order``, as in the retraction check),
+        and R_x(ξ) satisfies the constraints for a unit ξ (``law.constraints`` ≤
+        ``law_tolerance``). Residual: the worst shortfall, inf for a point off the manifold,
+        tolerance 0. Control: every retraction claims second order (the first-order QR then
+        falls short)."""
+        worst, details = 0.0, []
+        for option in cases.OPTIONS[name]:
+            geo = ref.GEOMETRIES[name](*PLAIN, **option)
+            if wrong:
+                geo = copy.copy(geo)
+                geo.retraction_order = 2
+            rng = np.random.default_rng(ctx.seed)
+            x = geo.random_point(rng)
+            xi = geo.random_tangent(x, rng)
+            xi = law.times(1.0 / geo.norm(x, xi), xi)
+            shortfall, _ = _retraction_shortfall(geo, x, geo.retraction_order, ctx.seed)
+            off = law.constraints(geo, geo.retract(x, xi))
+            if off > law.law_tolerance(geo, x):
+                shortfall = np.inf
+            worst = max(worst, shortfall)
+            order = geo.retraction_order
+            details.append(f"{option['retraction']} (order {order}): {shortfall:.2f}")
+        return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
+
+    return run
+
+
+def check_validation(name: str) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """``check_point`` refuses exactly beyond the stated thresholds and the constructor
+        exactly outside 1 ≤ r ≤ min(m, n): every case of ``geometry_cases.validity_cases``
+        (a factor at 0.99 and 1.01 × atol, R1's core at 0.99 and 1.01 × its rank tolerance,
+        R2's conditioning at 0.99 and 1.01 × 1e-8) and of ``size_cases``. Residual: the number
+        of wrong decisions, tolerance 0. Control: atol and R2's limit doubled, substituted into
+        ``reference.fixed_rank`` and ``reference.partial_isometry``."""
+        geo = ref.GEOMETRIES[name](*cases.SIZES)
+        rng = np.random.default_rng([ctx.seed, 7])
+        x = geo.random_point(rng)
+        atol = ref.stiefel.DEFAULT_ATOL
+        validity = cases.validity_cases(name, x, rng)
+        with contextlib.ExitStack() as stack:
+            if wrong:
+                for module in (ref.fixed_rank, ref.partial_isometry):
+                    stack.enter_context(substituted(module, "DEFAULT_ATOL", 2 * atol))
+                limit = 2 * ref.fixed_rank.CONDITION_LIMIT
+                stack.enter_context(substituted(ref.fixed_rank, "CONDITION_LIMIT", limit))
+            wrong_calls = [
+                c.label for c in validity if cases.refuses(geo.check_point, c.point) != c.refused
+            ] + [
+                f"sizes {sizes}"
+                for sizes, refused in cases.size_cases(name)
+                if cases.refuses(ref.GEOMETRIES[name], *sizes) != refused
+            ]
+        return Outcome(
+            not wrong_calls,
+            float(len(wrong_calls)),
+            0.0,
+            f"wrong decisions: {wrong_calls or 'none'}",
+        )
+
+    return run
+
+
 #: GEO-stiefel's checks of what the other Stiefel geometries build on.
 STIEFEL_ONLY = [
     Check(
@@ -528,6 +596,24 @@ def _register(name: str) -> None:
     ]
     if name == "stiefel":
         checks += STIEFEL_ONLY
+    if name in cases.ORTHONORMAL:
+        checks.append(
+            Check(
+                "float64",
+                "validation: refused exactly beyond the stated thresholds",
+                check_validation(name),
+                "atol and R2's conditioning limit doubled",
+            )
+        )
+    if name in cases.OPTIONS and name != "stiefel" and "retraction" in cases.OPTIONS[name][0]:
+        checks.append(
+            Check(
+                "float64",
+                "every retraction option: R(0) = x and its claimed order",
+                check_options(name),
+                "every option claims second order",
+            )
+        )
     if getattr(geo, "quotient", False):
         checks.append(
             Check(

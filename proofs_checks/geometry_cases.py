@@ -1,0 +1,130 @@
+"""Cases on which both the reference's and the port's geometries are checked: every option a
+geometry is built with, and points that sit just inside or just outside its stated validity
+thresholds (so a threshold moved by a factor of 2, or a comparison turned, changes a decision).
+
+The thresholds, as the geometries' docstrings state them (written here, not read from the
+library: a threshold moved in the library must not move its cases with it):
+
+- an orthonormal factor F is accepted while ‖FᵀF − I‖ ≤ atol = √ε;
+- R1's core S while σ_r(S)/σ_1(S) > r·ε (its rank test);
+- R2's factors while κ(A)²κ(B)²·u ≤ ``CONDITION_LIMIT`` = 1e-8;
+- sizes while 1 ≤ r ≤ min(m, n).
+
+Each case is exact to far better than its 1% margin: an orthonormal factor F is moved to
+F(I + σD) with D a unit symmetric r×r direction, so ‖(I + σD)² − I‖ = 2σ + O(σ²) with σ ≈ 1e-8
+(the O(σ²) term and the 1e-16 rounding of the residual are 1e-8 of the margin); S is diagonal,
+diag(1, …, 1, c), and A has the columns e_1, …, e_{r−1}, σ·e_r with B = [e_1, …, e_r], whose
+singular values, Grams and condition numbers every SVD and symmetric eigensolver returns to
+within a few ulps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import reference as ref
+from reference.linalg import frobenius
+
+#: The plain geometries' sizes (m, n, r) of these cases (r = 3: a last index differs from a
+#: second) and St(d, r)'s (GEO's STIEFEL).
+SIZES = (6, 5, 3)
+STIEFEL = (7, 3)
+#: The stated thresholds: orthonormality (√ε) and R2's conditioning (κ(A)²κ(B)²·u).
+EPS = float(np.finfo(np.float64).eps)
+ATOL = math.sqrt(EPS)
+CONDITION_LIMIT = 1e-8
+#: How far inside (0.99) and outside (1.01) a threshold each case sits.
+MARGINS = (0.99, 1.01)
+
+#: Every option each geometry is built with (DESIGN §4): its retractions, or for R2 its metrics.
+OPTIONS: dict[str, tuple[dict[str, str], ...]] = {
+    "stiefel": (*({"retraction": r} for r in ref.stiefel.RETRACTIONS), {"metric": "canonical"}),
+    "fixed_rank_embedded": tuple({"retraction": r} for r in ref.fixed_rank.RETRACTIONS),
+    "fixed_rank_quotient": ({"metric": "preconditioned"}, {"metric": "balanced"}),
+    "partial_isometry_embedded": tuple(
+        {"retraction": r} for r in ref.partial_isometry.EMBEDDED_RETRACTIONS
+    ),
+    "partial_isometry_quotient": tuple(
+        {"retraction": r} for r in ref.partial_isometry.FACTOR_RETRACTIONS
+    ),
+    "stiefel_pair": tuple({"retraction": r} for r in ref.partial_isometry.FACTOR_RETRACTIONS),
+}
+
+#: The positions of the orthonormal factors in a point.
+ORTHONORMAL = {
+    "fixed_rank_embedded": (0, 2),
+    "fixed_rank_quotient": (),
+    "partial_isometry_embedded": (0, 1),
+    "partial_isometry_quotient": (0, 1),
+    "stiefel_pair": (0, 1),
+}
+
+
+@dataclass(frozen=True)
+class Validity:
+    """A point and whether the stated thresholds refuse it."""
+
+    label: str
+    point: Any
+    refused: bool
+
+
+def _unit_symmetric(rng: np.random.Generator, r: int) -> np.ndarray:
+    c = rng.standard_normal((r, r))
+    return (c + c.T) / frobenius(c + c.T)
+
+
+def validity_cases(name: str, x: tuple, rng: np.random.Generator) -> list[Validity]:
+    """The cases of a plain geometry ``name`` (at ``SIZES``, or St(d, r) at ``STIEFEL``) around
+    the valid point ``x``: x itself (accepted), each orthonormal factor (or the frame) moved to
+    a residual of k·atol, R1's core S with σ_r/σ_1 = k·r·ε, R2's factors with
+    κ(A)²κ(B)²·u = k·1e-8, for k in ``MARGINS``."""
+    atol, eps = ATOL, EPS
+    cases = [Validity("as drawn", x, False)]
+    if name == "stiefel":
+        d = _unit_symmetric(rng, STIEFEL[1])
+        for k in MARGINS:
+            moved = x @ (np.eye(STIEFEL[1]) + (k * atol / 2) * d)
+            cases.append(Validity(f"frame at {k}·atol", moved, k > 1))
+        return cases
+    m, n, r = SIZES
+    for i in ORTHONORMAL[name]:
+        d = _unit_symmetric(rng, r)
+        for k in MARGINS:
+            moved = list(x)
+            moved[i] = x[i] @ (np.eye(r) + (k * atol / 2) * d)
+            cases.append(Validity(f"factor {i} at {k}·atol", tuple(moved), k > 1))
+    if name == "fixed_rank_embedded":
+        for k in MARGINS:
+            core = np.diag([1.0] * (r - 1) + [k * r * eps])
+            cases.append(Validity(f"S with σ_r/σ_1 = {k}·r·ε", (x[0], core, x[2]), k < 1))
+    if name == "fixed_rank_quotient":
+        b = np.eye(n, r)
+        for k in MARGINS:
+            a = np.eye(m, r)
+            a[r - 1, r - 1] = np.sqrt(eps / 2 / (k * CONDITION_LIMIT))
+            cases.append(Validity(f"κ(A)²κ(B)²·u = {k}·1e-8", (a, b), k > 1))
+    return cases
+
+
+def size_cases(name: str) -> list[tuple[tuple[int, int, int], bool]]:
+    """((m, n, r), refused) at the rank's ends: r = 1 and r = min(m, n) are legal sizes,
+    r = min(m, n) + 1 (above n, and above m when m < n) is not; for St(d, r), (d, r)."""
+    if name == "stiefel":
+        d, _ = STIEFEL
+        return [((d, 1), False), ((d, d), False), ((d, d + 1), True)]
+    m, n, _ = SIZES
+    return [((m, n, 1), False), ((m, n, n), False), ((m, n, n + 1), True), ((n, m, n + 1), True)]
+
+
+def refuses(fn: Any, *args: Any) -> bool:
+    """Whether ``fn(*args)`` raises ValueError (the refusal every validator gives)."""
+    try:
+        fn(*args)
+    except ValueError:
+        return True
+    return False

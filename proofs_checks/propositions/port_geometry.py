@@ -1,0 +1,266 @@
+"""PORT-5: the port's geometries are the reference's, method by method and decision by decision.
+
+PORT-1 compares whole optimizer steps; the methods a step does not call (every retraction
+option, the transports and matrices of tangent vectors, the group action, the vertical vectors,
+the polar factor's other routes, the validators) are compared here on the same float64 inputs,
+for St(d, r) and the five plain geometries (the block variants are built from these).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import reference as ref
+from proofs_checks import geometry_cases as cases
+from proofs_checks import geometry_laws as law
+from proofs_checks.bounds import frame_error
+from proofs_checks.harness import substituted
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+from reference.geometry import parts, tree_map
+from reference.linalg import skew
+
+NAMES = ("stiefel", *cases.ORTHONORMAL)
+
+
+def _sizes(name: str) -> tuple[int, ...]:
+    return cases.STIEFEL if name == "stiefel" else cases.SIZES
+
+
+def _geometries(name: str, option: dict[str, str]) -> tuple[Any, Any]:
+    from torch_port.geometries import GEOMETRIES
+
+    make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
+    return make(*_sizes(name), **option), GEOMETRIES[name](*_sizes(name), **option)
+
+
+def _torch(v: Any) -> Any:
+    import torch
+
+    if isinstance(v, tuple):
+        return tuple(_torch(p) for p in v)
+    return torch.as_tensor(np.asarray(v, dtype=np.float64))
+
+
+def _numpy(v: Any) -> list[np.ndarray]:
+    items = v if isinstance(v, tuple | list) else (v,)
+    return [np.asarray(p.detach().numpy() if hasattr(p, "detach") else p) for p in items]
+
+
+def _calls(rg: Any, x: Any, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    """(method, arguments) of every method both sides have, on one point x: an ambient z, a
+    tangent u, a step ξ (‖ξ‖ = 0.3) to y = R_x(ξ), a vertical Ω, a group element."""
+    z = tree_map(lambda p: rng.standard_normal(np.shape(p)), x)
+    u = rg.proj(x, z)
+    xi = law.times(0.3 / rg.norm(x, u), u)
+    y = rg.retract(x, xi)
+    g = rg.egrad_to_rgrad(x, tree_map(lambda p: rng.standard_normal(np.shape(p)), x))
+    calls = [
+        ("proj", (x, z)),
+        ("egrad_to_rgrad", (x, z)),
+        ("proj_tangent", (x, law.times(2.0, u))),
+        ("retract", (x, xi)),
+        ("transport", (x, y, u)),
+        ("inner", (x, u, g)),
+        ("norm", (x, u)),
+        ("to_matrix", (x,)),
+        ("tangent_to_matrix", (x, u)),
+        ("pair", (x,)),
+    ]
+    if hasattr(rg, "pair"):
+        pair = rg.pair(x)
+        calls.append(
+            ("egrad_from_pair", (x, tuple(rng.standard_normal(np.shape(p)) for p in pair)))
+        )
+    r = np.shape(parts(x)[0])[-1]
+    omega = skew(rng.standard_normal((r, r)))
+    if hasattr(rg, "vertical"):
+        calls.append(("vertical", (x, omega)))
+        calls.append(("act", (x, law.random_group_element(rg, rng))))
+    if hasattr(rg, "horizontal_residual"):
+        calls.append(("horizontal_residual", (x, tree_map(np.add, u, rg.vertical(x, omega)))))
+    return calls
+
+
+def _one_newton_schulz_step(original: Callable) -> Callable:
+    """The polar factor one Newton–Schulz step short: A(3I − AᵀA)/2, right to first order in
+    AᵀA − I (so wrong by O(‖ξ‖⁴) ≈ 1e-2 for a step of 0.3)."""
+
+    def variant(a, *args, **kwargs):
+        gram = a.transpose(-2, -1) @ a
+        eye = gram.new_zeros(gram.shape) + gram.new_ones(gram.shape[-1]).diag()
+        return a @ (3.0 * eye - gram) / 2.0
+
+    return variant
+
+
+def methods(ctx: Context, wrong: bool) -> Outcome:
+    """St(7, 3) and the five plain geometries at (6, 5, 3), each with every option it is built
+    with (``geometry_cases.OPTIONS``): every method both sides have (``_calls``), on the same
+    float64 point, evaluated by the reference and by the port. Each side evaluates at most ten
+    products of inner dimension k ≤ (largest size) + 2r and factorisations of r×r or 2r×2r
+    matrices, so each is within ``law_tolerance`` (20·γ_k times the conditioning of R1's and
+    R2's r×r solves) of the exact value, relative to the output's size: residual
+    max ‖port − reference‖/(2·law_tolerance·max(1, ‖reference‖)), tolerance 1. Control: the
+    port's polar factor one Newton–Schulz step short, substituted into ``torch_port.linalg``."""
+    from torch_port import linalg as tl
+
+    worst, where, count = 0.0, "", 0
+    patch = (
+        substituted(tl, "polar", _one_newton_schulz_step(tl.polar))
+        if wrong
+        else contextlib.nullcontext()
+    )
+    with patch:
+        for name in NAMES:
+            for option in cases.OPTIONS[name]:
+                rg, tg = _geometries(name, option)
+                rng = np.random.default_rng([ctx.seed, 8])
+                x = rg.random_point(rng)
+                tol = 2 * law.law_tolerance(rg, x)
+                for method, args in _calls(rg, x, rng):
+                    if not hasattr(tg, method):
+                        continue
+                    want = _numpy(getattr(rg, method)(*args))
+                    got = _numpy(getattr(tg, method)(*(_torch(a) for a in args)))
+                    size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
+                    dev = max(
+                        float(np.linalg.norm(np.ravel(g - w)))
+                        for g, w in zip(got, want, strict=True)
+                    )
+                    count += 1
+                    if dev / (tol * size) > worst:
+                        worst, where = dev / (tol * size), f"{name} {option} {method}"
+    return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
+
+
+def _route_matrices(rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
+    """W + 1e-3·G (the Taylor polynomial: δ ≈ 1e-3), W·diag(1, 2, 3) (δ > 0.5, κ = 3: eigh),
+    W·diag(1, 1, 1/20) (κ = 20 > 10: the SVD), and 2^700·(W + 0.3·G) (a Gram beyond float64:
+    rescaled first)."""
+    d, r = cases.STIEFEL
+    w = ref.Stiefel(d, r).random_point(rng)
+    g = rng.standard_normal((d, r))
+    return [
+        ("Taylor", w + 1e-3 * g),
+        ("eigh", w @ np.diag([1.0, 2.0, 3.0])),
+        ("SVD", w @ np.diag([1.0, 1.0, 1.0 / 20.0])),
+        ("rescaled", 2.0**700 * (w + 0.3 * g)),
+    ]
+
+
+def polar_routes(ctx: Context, wrong: bool) -> Outcome:
+    """Every route of the port's polar factor (``_route_matrices``) against
+    ``reference.linalg.polar`` of the same matrix: each route's forward error is at most κ × its
+    orthonormality bound (``frame_error``: the inverse square root of a Gram of condition κ²
+    amplifies the Gram's relative error by ≤ κ²/2 and A adds κ), so the two agree within
+    2κ·frame_error(7, 3, κ). Residual: the worst deviation over its bound, tolerance 1. Control:
+    the port's polar factor one Newton–Schulz step short, substituted into
+    ``torch_port.linalg``."""
+    from torch_port import linalg as tl
+
+    rng = np.random.default_rng([ctx.seed, 10])
+    worst, details = 0.0, []
+    patch = (
+        substituted(tl, "polar", _one_newton_schulz_step(tl.polar))
+        if wrong
+        else contextlib.nullcontext()
+    )
+    with patch:
+        for label, a in _route_matrices(rng):
+            kappa = float(np.linalg.cond(a))
+            bound = 2 * kappa * frame_error(*cases.STIEFEL, kappa=kappa)
+            got = tl.polar(_torch(a)).numpy()
+            ratio = float(np.linalg.norm(got - ref.linalg.polar(a))) / bound
+            worst = max(worst, ratio)
+            details.append(f"{label} {ratio:.1e}")
+    return Outcome.bound(worst, 1.0, "deviation/bound: " + ", ".join(details))
+
+
+def _atol_doubled(original: Callable) -> Callable:
+    return lambda dtype: 2.0 * original(dtype)
+
+
+def validation(ctx: Context, wrong: bool) -> Outcome:
+    """The port's ``check_point`` decides as the stated thresholds do on every case of
+    ``geometry_cases.validity_cases`` (the point as drawn; each orthonormal factor at 0.99 and
+    1.01 × atol; R1's core at 0.99 and 1.01 × r·ε; R2's conditioning at 0.99 and 1.01 × 1e-8),
+    and its constructors accept and refuse the sizes of ``size_cases`` (r = 1, r = min(m, n),
+    r = min(m, n) + 1), for St(7, 3) and the five plain geometries. Residual: the number of
+    wrong decisions, tolerance 0. Control: the port's atol and R2's limit doubled, substituted
+    into ``torch_port.geometry``, ``torch_port.stiefel`` and ``torch_port.fixed_rank``."""
+    from torch_port import fixed_rank, geometry, stiefel
+    from torch_port.geometries import GEOMETRIES
+
+    wrong_calls, count = [], 0
+    with contextlib.ExitStack() as stack:
+        if wrong:
+            for module in (geometry, stiefel):
+                doubled = _atol_doubled(module.default_atol)
+                stack.enter_context(substituted(module, "default_atol", doubled))
+            limit = 2 * fixed_rank.CONDITION_LIMIT
+            stack.enter_context(substituted(fixed_rank, "CONDITION_LIMIT", limit))
+        for name in NAMES:
+            rg, tg = _geometries(name, {})
+            rng = np.random.default_rng([ctx.seed, 9])
+            for c in cases.validity_cases(name, rg.random_point(rng), rng):
+                count += 1
+                if cases.refuses(tg.check_point, _torch(c.point)) != c.refused:
+                    wrong_calls.append(f"{name}: {c.label}")
+            for sizes, refused in cases.size_cases(name):
+                count += 1
+                if cases.refuses(GEOMETRIES[name], *sizes) != refused:
+                    wrong_calls.append(f"{name}: sizes {sizes}")
+    return Outcome(
+        not wrong_calls,
+        float(len(wrong_calls)),
+        0.0,
+        f"wrong decisions: {wrong_calls or 'none'} of {count}",
+    )
+
+
+register(
+    Proposition(
+        id="PORT-5",
+        title="The port's geometries are the reference's, method by method",
+        statement=(
+            r"For $\mathrm{St}(7,3)$ and the five plain geometries at $(m,n,r)=(6,5,3)$, with "
+            r"every retraction and metric they are built with, every method of the port "
+            r"(projections, gradients, retractions, transports, metrics, matrices of points "
+            r"and tangents, the group action and vertical vectors) agrees with the "
+            r"reference's on the same float64 inputs within the rounding bound of "
+            r"\texttt{law\_tolerance}, every route of its polar factor agrees with the "
+            r"reference's polar factor within $2\kappa$ times its orthonormality bound, and "
+            r"the port's validators accept and refuse exactly "
+            r"the points and sizes the stated thresholds do."
+        ),
+        hypotheses=(
+            "float64 inputs drawn by the reference",
+            "thresholds √ε (orthonormality), r·ε (R1's core), κ(A)²κ(B)²·u ≤ 1e-8 (R2)",
+        ),
+        checks=(
+            Check(
+                "float64",
+                "every method as the reference's",
+                methods,
+                "the polar factor one Newton–Schulz step short",
+            ),
+            Check(
+                "float64",
+                "every route of the polar factor",
+                polar_routes,
+                "the polar factor one Newton–Schulz step short",
+            ),
+            Check(
+                "float64",
+                "validation as the stated thresholds",
+                validation,
+                "atol and R2's conditioning limit doubled",
+            ),
+        ),
+        requires=("torch",),
+    )
+)
