@@ -13,7 +13,7 @@ library: a threshold moved in the library must not move its cases with it):
 Each case is exact to far better than its 1% margin: an orthonormal factor F is moved to
 F(I + σD) with D a unit symmetric r×r direction, so ‖(I + σD)² − I‖ = 2σ + O(σ²) with σ ≈ 1e-8
 (the O(σ²) term and the 1e-16 rounding of the residual are 1e-8 of the margin); S is diagonal,
-diag(1, …, 1, c), and A has the columns e_1, …, e_{r−1}, σ·e_r with B = [e_1, …, e_r], whose
+diag(1, …, 1, c), and A and B have the columns e_1, …, e_{r−1}, σ·e_r, whose
 singular values, Grams and condition numbers every SVD and symmetric eigensolver returns to
 within a few ulps.
 """
@@ -103,10 +103,10 @@ def validity_cases(name: str, x: tuple, rng: np.random.Generator) -> list[Validi
             core = np.diag([1.0] * (r - 1) + [k * r * eps])
             cases.append(Validity(f"S with σ_r/σ_1 = {k}·r·ε", (x[0], core, x[2]), k < 1))
     if name == "fixed_rank_quotient":
-        b = np.eye(n, r)
         for k in MARGINS:
-            a = np.eye(m, r)
-            a[r - 1, r - 1] = np.sqrt(eps / 2 / (k * CONDITION_LIMIT))
+            # κ(A) = κ(B) = 1/σ, so κ(A)²κ(B)²·u = u/σ⁴ (each factor carries half the limit)
+            a, b = np.eye(m, r), np.eye(n, r)
+            a[r - 1, r - 1] = b[r - 1, r - 1] = (eps / 2 / (k * CONDITION_LIMIT)) ** 0.25
             cases.append(Validity(f"κ(A)²κ(B)²·u = {k}·1e-8", (a, b), k > 1))
     return cases
 
@@ -119,6 +119,11 @@ def size_cases(name: str) -> list[tuple[tuple[int, int, int], bool]]:
         return [((d, 1), False), ((d, d), False), ((d, d + 1), True)]
     m, n, _ = SIZES
     return [((m, n, 1), False), ((m, n, n), False), ((m, n, n + 1), True), ((n, m, n + 1), True)]
+
+
+#: GQA patterns (n_heads, n_kv_heads): one head, MHA, MQA, GQA, and refused ones (zero heads, a
+#: head count that is not a multiple of the key heads).
+GQA_CASES = ((1, 1), (2, 2), (2, 1), (4, 2), (0, 1), (1, 0), (3, 2), (2, 4))
 
 
 def refuses(fn: Any, *args: Any) -> bool:

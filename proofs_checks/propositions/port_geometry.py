@@ -180,6 +180,14 @@ def polar_routes(ctx: Context, wrong: bool) -> Outcome:
     return Outcome.bound(worst, 1.0, "deviation/bound: " + ", ".join(details))
 
 
+def _pattern(gqa: Callable, heads: tuple[int, int]) -> list | None:
+    """The GQA pattern, or None when it is refused."""
+    try:
+        return gqa(*heads)
+    except ValueError:
+        return None
+
+
 def _atol_doubled(original: Callable) -> Callable:
     return lambda dtype: 2.0 * original(dtype)
 
@@ -189,10 +197,11 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
     ``geometry_cases.validity_cases`` (the point as drawn; each orthonormal factor at 0.99 and
     1.01 × atol; R1's core at 0.99 and 1.01 × r·ε; R2's conditioning at 0.99 and 1.01 × 1e-8),
     and its constructors accept and refuse the sizes of ``size_cases`` (r = 1, r = min(m, n),
-    r = min(m, n) + 1), for St(7, 3) and the five plain geometries. Residual: the number of
+    r = min(m, n) + 1), for St(7, 3) and the five plain geometries; its GQA patterns are the
+    reference's, refusals included (``GQA_CASES``). Residual: the number of
     wrong decisions, tolerance 0. Control: the port's atol and R2's limit doubled, substituted
     into ``torch_port.geometry``, ``torch_port.stiefel`` and ``torch_port.fixed_rank``."""
-    from torch_port import fixed_rank, geometry, stiefel
+    from torch_port import blocks, fixed_rank, geometry, stiefel
     from torch_port.geometries import GEOMETRIES
 
     wrong_calls, count = [], 0
@@ -214,6 +223,10 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
                 count += 1
                 if cases.refuses(GEOMETRIES[name], *sizes) != refused:
                     wrong_calls.append(f"{name}: sizes {sizes}")
+        for heads in cases.GQA_CASES:
+            count += 1
+            if _pattern(ref.blocks.gqa_pattern, heads) != _pattern(blocks.gqa_pattern, heads):
+                wrong_calls.append(f"gqa_pattern{heads}")
     return Outcome(
         not wrong_calls,
         float(len(wrong_calls)),
