@@ -81,12 +81,15 @@ def _targets(proposition: Proposition, check: Check) -> list[tuple[object, str]]
         key = next(k for k in GEO_LAWS if k in check.name)
         methods = [GEO_LAWS[key]] + (["proj"] if key == "projection" else [])
         return [(cls, m) for cls in _geometry_classes() for m in methods if hasattr(cls, m)]
-    if pid.startswith("EB-"):
+    if pid.startswith("EB-"):  # the package's names and its modules' own (called as module.f)
+        modules = [cap] + [m for k, m in sys.modules.items() if k.startswith("reference.capacity.")]
         return [
-            (cap, n)
-            for n in dir(cap)
+            (module, n)
+            for module in modules
+            for n in dir(module)
             if not n.startswith("_")
-            and getattr(getattr(cap, n), "__module__", "").startswith("reference.capacity")
+            and callable(getattr(module, n))
+            and getattr(getattr(module, n), "__module__", "").startswith("reference.capacity")
         ]
     return []
 

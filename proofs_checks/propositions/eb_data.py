@@ -30,10 +30,11 @@ import contextlib
 
 import numpy as np
 
+from proofs_checks import capacity_domains as domain
 from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
-from reference.capacity import spectra, tasks
+from reference.capacity import pretraining, spectra, tasks
 
 #: (a) Static surrogate: S = 200, n = 16, d = 16, d_v = 8, r* = 3 with the decaying spectrum
 #: σ(A*) = (1, 0.75, 0.5), noise σ = 0.1 (W* has orthonormal columns, ‖W*‖² = d_v: the smallest
@@ -153,6 +154,25 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
     return _verdict(found, "floored gap of the pooled regression")
 
 
+def domains(ctx: Context, wrong: bool) -> Outcome:
+    """Every call of ``capacity_domains.EDGES``: the estimators and task builders at the ends
+    of their domains (S·d = n for the static OLS, S = d + 1 for the first-order regression,
+    n = d = d_v for the inversion, r = 1 and r = d for a kernel, …) are accepted and one step
+    past them refused. Residual: the number of wrong decisions, tolerance 0. Control: the
+    static mixer's OLS refusing S·d = n, substituted into ``reference.capacity.pretraining``."""
+    variant = domain.ols_refusing_its_end(pretraining.ols_static_mixer)
+    with (
+        substituted(pretraining, "ols_static_mixer", variant) if wrong else contextlib.nullcontext()
+    ):
+        wrong_calls = domain.wrong_decisions(ctx.seed)
+    return Outcome(
+        not wrong_calls,
+        float(len(wrong_calls)),
+        0.0,
+        f"wrong decisions: {wrong_calls or 'none'} of {len(domain.EDGES)}",
+    )
+
+
 register(
     Proposition(
         id="EB-4",
@@ -178,7 +198,8 @@ register(
             r"with no spike that carries $r^*$, and its fluctuations under input-conditioned "
             r"mixing are not those of a Wishart matrix with iid columns, so the count over-counts "
             r"part of the bulk as signal (measured at seeds 0--10: $\hat r\in\{4,\dots,9\}$ in "
-            r"216 of 220 replicates, $\hat r=r^*$ in 2)."
+            r"216 of 220 replicates, $\hat r=r^*$ in 2). The estimators and task builders "
+            r"accept the ends of the sizes they identify and refuse one past them."
         ),
         hypotheses=(
             "tokens iid N(0, I_d), noise iid N(0, σ²) independent of the tokens",
@@ -199,6 +220,12 @@ register(
                 "naive transfer: token-Gram count on linear QK, < 9 of 10",
                 naive_transfer,
                 CONTROL_NAIVE,
+            ),
+            Check(
+                "float64",
+                "domains: every estimator's ends accepted, one past refused",
+                domains,
+                "the static mixer's OLS refusing S·d = n (S·d ≤ n)",
             ),
         ),
         seeds=(

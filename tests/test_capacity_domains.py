@@ -1,0 +1,40 @@
+"""EB-4's domain check: every function of ``capacity_domains.EDGES`` is tried on both sides of
+an end, and a function that refuses its own end (an off-by-one) is caught, whichever it is."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from proofs_checks import capacity_domains as cd
+from proofs_checks.harness import substituted
+
+
+def test_every_function_is_tried_inside_and_outside_its_domain() -> None:
+    decisions = defaultdict(set)
+    for edge in cd.EDGES:
+        decisions[edge.function].add(edge.refused)
+    assert all(d == {False, True} for d in decisions.values()), dict(decisions)
+
+
+def _refusing_everything(original):
+    def variant(*args, **kwargs):
+        raise ValueError("refused")
+
+    return variant
+
+
+@pytest.mark.parametrize("edge", [e for e in cd.EDGES if not e.refused], ids=lambda e: e.label)
+def test_a_function_that_refuses_its_end_is_caught(edge) -> None:
+    original = getattr(edge.module, edge.function)
+    with substituted(edge.module, edge.function, _refusing_everything(original)):
+        assert edge.label in cd.wrong_decisions(0)
+    assert cd.wrong_decisions(0) == []
+
+
+def test_the_ols_near_miss_refuses_only_the_end() -> None:
+    with substituted(
+        cd.pretraining, "ols_static_mixer", cd.ols_refusing_its_end(cd.pretraining.ols_static_mixer)
+    ):
+        assert cd.wrong_decisions(0) == ["OLS mixer at S·d = n"]
