@@ -3,7 +3,7 @@
 PORT-1 compares whole optimizer steps; the methods a step does not call (every retraction
 option, the transports and matrices of tangent vectors, the group action, the vertical vectors,
 the polar factor's other routes, the validators) are compared here on the same float64 inputs,
-for St(d, r) and the five plain geometries (the block variants are built from these).
+for St(d, r), the five plain geometries and the per-head views of their block variants.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
     products of inner dimension k ≤ (largest size) + 2r and factorisations of r×r or 2r×2r
     matrices, so each is within ``law_tolerance`` (20·γ_k times the conditioning of R1's and
     R2's r×r solves) of the exact value, relative to the output's size: residual
-    max ‖port − reference‖/(2·law_tolerance·max(1, ‖reference‖)), tolerance 1. Control: the
+    max ‖port − reference‖/(2·law_tolerance·max(1, ‖reference‖)), tolerance 1; and the block
+    variants' per-head views (``head_factors``, ``egrad_from_heads``) alike. Control: the
     port's polar factor one Newton–Schulz step short, substituted into ``torch_port.linalg``."""
     from torch_port import linalg as tl
 
@@ -134,7 +135,48 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                     count += 1
                     if dev / (tol * size) > worst:
                         worst, where = dev / (tol * size), f"{name} {option} {method}"
+        for name in BLOCKS:
+            rg, tg = _block_geometries(name)
+            rng = np.random.default_rng([ctx.seed, 8])
+            x = rg.random_point(rng)
+            tol = 2 * law.law_tolerance(rg, x)
+            for method, want, got in _block_calls(rg, tg, x, rng):
+                size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
+                dev = max(
+                    float(np.linalg.norm(np.ravel(g - w))) for g, w in zip(got, want, strict=True)
+                )
+                count += 1
+                if dev / (tol * size) > worst:
+                    worst, where = dev / (tol * size), f"{name} {method}"
     return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
+
+
+#: The block variants at two query heads sharing one key head (one group: the rows stacked).
+BLOCKS = tuple(f"block_{name}" for name in cases.ORTHONORMAL)
+HEADS = {"n_heads": 2, "n_kv_heads": 1}
+
+
+def _block_geometries(name: str) -> tuple[Any, Any]:
+    from torch_port.geometries import GEOMETRIES
+
+    return ref.GEOMETRIES[name](*cases.SIZES, **HEADS), GEOMETRIES[name](*cases.SIZES, **HEADS)
+
+
+def _block_calls(rg: Any, tg: Any, x: Any, rng: np.random.Generator) -> list[tuple]:
+    """(method, reference's output, port's output) of the per-head views of a block variant
+    (one group: the port's point is the reference's with a group dimension of 1)."""
+    (xg,) = x
+    xt = tuple(_torch(p)[None] for p in xg)
+    a, b = rg.head_factors(x)
+    got_a, got_b = tg.head_factors(xt)
+    g_a = [rng.standard_normal(np.shape(f)) for f in a]
+    g_b = [rng.standard_normal(np.shape(f)) for f in b]
+    want = rg.egrad_from_heads(x, g_a, g_b)[0]
+    got = tg.egrad_from_heads(xt, _torch(np.stack(g_a)), _torch(np.stack(g_b)))
+    return [
+        ("head_factors", [np.stack(a), np.stack(b)], _numpy((got_a, got_b))),
+        ("egrad_from_heads", list(want), [p[0] for p in _numpy(got)]),
+    ]
 
 
 def _route_matrices(rng: np.random.Generator) -> list[tuple[str, np.ndarray]]:
@@ -243,7 +285,8 @@ register(
             r"For $\mathrm{St}(7,3)$ and the five plain geometries at $(m,n,r)=(6,5,3)$, with "
             r"every retraction and metric they are built with, every method of the port "
             r"(projections, gradients, retractions, transports, metrics, matrices of points "
-            r"and tangents, the group action and vertical vectors) agrees with the "
+            r"and tangents, the group action and vertical vectors, and the block variants' "
+            r"per-head factors and gradients) agrees with the "
             r"reference's on the same float64 inputs within the rounding bound of "
             r"\texttt{law\_tolerance}, every route of its polar factor agrees with the "
             r"reference's polar factor within $2\kappa$ times its orthonormality bound, and "
