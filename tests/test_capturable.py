@@ -37,10 +37,10 @@ def _model(dtype=torch.float64, seed: int = 0) -> list:
     ]
 
 
-def _optimizer(params: list, cap: bool, **kw):
+def _optimizer(params: list, cap: bool, lr=LR, **kw):
     return tp.RiemannianAdam(
         [{"params": params[:3], "geometry": "stiefel"}, {"params": params[3:]}],
-        lr=LR,
+        lr=lr,
         trust_radius=RADIUS,
         weight_decay=0.01,
         capturable=cap,
@@ -337,3 +337,57 @@ def test_a_state_of_the_wrong_layout_is_refused_before_anything_changes():
     with pytest.raises(ValueError, match="capturable=True expects"):
         opt.step()
     assert all(torch.equal(a, p) for a, p in zip(before, params, strict=True))
+
+
+def _graphs_of_a_scheduled_run(lr, gamma: float) -> tuple[int, list]:
+    """Graphs compiled over 4 steps with StepLR(γ) after each (the step compiled before the
+    scheduler wraps it), and the parameters reached."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    params = _model()
+    opt = _optimizer(params, True, lr=lr)
+    step = torch.compile(opt.step, fullgraph=True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=gamma)
+    for k in range(4):
+        _grads(params, k)
+        step()
+        sched.step()
+    return counters["stats"]["unique_graphs"], params
+
+
+def test_a_tensor_lr_changes_under_a_scheduler_without_recompiling():
+    """With lr a 0-d tensor the scheduler's in-place fill_ reaches the compiled step: four
+    learning rates cost no more graphs than one (the first step, which creates the state, and
+    the later ones), while a float lr compiles again for each new value (the negative control:
+    the count sees recompilations). The scheduled steps equal eager steps with the same float
+    learning rates within 4·step_error."""
+    constant, _ = _graphs_of_a_scheduled_run(torch.tensor(LR, dtype=torch.float64), 1.0)
+    scheduled, params = _graphs_of_a_scheduled_run(torch.tensor(LR, dtype=torch.float64), 0.5)
+    floats, _ = _graphs_of_a_scheduled_run(LR, 0.5)
+    assert scheduled == constant and floats > constant, (constant, scheduled, floats)
+    eager = _model()
+    opt = _optimizer(eager, True)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for k in range(4):
+        _grads(eager, k)
+        opt.step()
+        sched.step()
+    for a, b in zip(params, eager, strict=True):
+        assert float((a - b).abs().max()) <= 4 * step_error(D, R)
+
+
+@pytest.mark.parametrize(
+    ("lr", "cap", "message"),
+    [
+        (torch.tensor(1e-2), False, "tensor lr needs capturable=True"),
+        (torch.tensor([1e-2]), True, "0-d floating tensor"),
+        (torch.tensor(1), True, "0-d floating tensor"),
+        (torch.tensor(-1e-2), True, "lr must be a positive finite number"),
+        (torch.tensor(float("nan")), True, "lr must be a positive finite number"),
+    ],
+)
+def test_a_tensor_lr_is_checked(lr, cap, message):
+    with pytest.raises(ValueError, match=message):
+        _optimizer(_model(), cap, lr=lr)

@@ -524,3 +524,15 @@ def test_the_port_stiefel_accepts_square_frames_and_refuses_r_above_d() -> None:
     assert PortStiefel(3, 3).r == 3
     with pytest.raises(ValueError, match=r"r ≤ d .* got r=4 > d=3"):
         PortStiefel(3, 4)
+
+
+def test_r2_random_points_have_the_stated_scale() -> None:
+    """R2's random A, B are Gaussian scaled by 1/√m and 1/√n: E‖A‖_F² = E‖B‖_F² = r. Over a
+    batch of N = 400 points the mean of ‖A‖_F² (variance 2r/m per point) has standard
+    deviation sqrt(2r/(m·N)) ≈ 0.041 at (m, r) = (6, 2); a tolerance of 6 of them fails an
+    honest draw with probability below 2e-9."""
+    g = GEOMETRIES["fixed_rank_quotient"](M, N, R)
+    a, b = g.random_point(torch.Generator().manual_seed(0), (400,))
+    for f, rows in ((a, M), (b, N)):
+        mean = float((f**2).sum((-2, -1)).mean())
+        assert abs(mean - R) <= 6 * (2 * R / (rows * 400)) ** 0.5, (rows, mean)

@@ -80,7 +80,7 @@ def adam_frames(
     sqrt_v: Tensor,
     t: Tensor,
     *,
-    lr: float,
+    lr: float | Tensor,
     betas: tuple[float, float],
     eps: float,
     radius: float,
@@ -211,9 +211,13 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     every = [p for ps in frames.values() for p in ps] + [p for _, ps in plain for p in ps]
     if not every:
         return loss
-    devices = {p.device for p in every}
+    devices = {p.device for p in every} | {
+        g["lr"].device for g in opt.param_groups if isinstance(g["lr"], Tensor)
+    }
     if len(devices) > 1:
-        raise ValueError(f"capturable=True needs every parameter on one device, got {devices}")
+        raise ValueError(
+            f"capturable=True needs every parameter (and a tensor lr) on one device, got {devices}"
+        )
     frame_states = {key: [_state(opt, p, frame=True) for p in ps] for key, ps in frames.items()}
     for _, ps in plain:  # every layout checked before anything is computed or written
         for p in ps:

@@ -54,6 +54,23 @@ def is_real(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+def tensor_lr(lr: Any, capturable: bool) -> float:
+    """A learning rate given as a tensor: a 0-d floating tensor with a positive finite value,
+    only for ``capturable=True`` (whose step reads it on the device, so a scheduler's in-place
+    ``fill_`` changes it without a recompilation); its value is read here, once."""
+    if not capturable:
+        raise ValueError(
+            "a tensor lr needs capturable=True (the eager step reads lr on the host); pass a "
+            f"float, or capturable=True; got a tensor of shape {tuple(lr.shape)}"
+        )
+    if lr.ndim != 0 or not lr.is_floating_point():
+        raise ValueError(
+            f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}, dtype "
+            f"{lr.dtype}"
+        )
+    return positive("lr", float(lr))
+
+
 def positive(name: str, v: Any) -> float:
     if not (is_real(v) and math.isfinite(v) and v > 0.0):
         raise ValueError(f"{name} must be a positive finite number, got {v!r}")

@@ -95,7 +95,10 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
     # -- groups ------------------------------------------------------------------------------
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         """Validate the hyperparameters of one group (subclasses extend)."""
-        checks.positive("lr", group["lr"])
+        if isinstance(group["lr"], torch.Tensor):
+            checks.tensor_lr(group["lr"], bool(group.get("capturable", False)))
+        else:
+            checks.positive("lr", group["lr"])
         checks.betas(group["betas"])
         checks.nonnegative("eps", group["eps"])
         checks.nonnegative("weight_decay", group["weight_decay"])
