@@ -136,46 +136,58 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                     if dev / (tol * size) > worst:
                         worst, where = dev / (tol * size), f"{name} {option} {method}"
         for name in BLOCKS:
-            rg, tg = _block_geometries(name)
-            rng = np.random.default_rng([ctx.seed, 8])
-            x = rg.random_point(rng)
-            tol = 2 * law.law_tolerance(rg, x)
-            for method, want, got in _block_calls(rg, tg, x, rng):
-                size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
-                dev = max(
-                    float(np.linalg.norm(np.ravel(g - w))) for g, w in zip(got, want, strict=True)
-                )
-                count += 1
-                if dev / (tol * size) > worst:
-                    worst, where = dev / (tol * size), f"{name} {method}"
+            for options in BLOCK_OPTIONS:
+                rg, tg = _block_geometries(name, options)
+                if [tuple(b) for b in tg.pattern] != [tuple(b) for b in rg.pattern]:
+                    worst, where = np.inf, f"{name} {options}: pattern {tg.pattern}"
+                    continue
+                rng = np.random.default_rng([ctx.seed, 8])
+                x = rg.random_point(rng)
+                tol = 2 * law.law_tolerance(rg, x)
+                for method, want, got in _block_calls(rg, tg, x, rng):
+                    size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
+                    dev = max(
+                        float(np.linalg.norm(np.ravel(g - w)))
+                        for g, w in zip(got, want, strict=True)
+                    )
+                    count += 1
+                    if dev / (tol * size) > worst:
+                        worst, where = dev / (tol * size), f"{name} {options} {method}"
     return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
 
 
-#: The block variants at two query heads sharing one key head (one group: the rows stacked).
+#: The block variants: with their defaults (two query heads sharing one key head: one group,
+#: the rows stacked), and with blocks (0, 1), (1, 0) (two groups, the key heads reordered).
 BLOCKS = tuple(f"block_{name}" for name in cases.ORTHONORMAL)
-HEADS = {"n_heads": 2, "n_kv_heads": 1}
+BLOCK_OPTIONS = ({}, {"pattern": [(0, 1), (1, 0)]})
 
 
-def _block_geometries(name: str) -> tuple[Any, Any]:
+def _block_geometries(name: str, options: dict) -> tuple[Any, Any]:
     from torch_port.geometries import GEOMETRIES
 
-    return ref.GEOMETRIES[name](*cases.SIZES, **HEADS), GEOMETRIES[name](*cases.SIZES, **HEADS)
+    return (
+        ref.GEOMETRIES[name](*cases.SIZES, **options),
+        GEOMETRIES[name](*cases.SIZES, **options),
+    )
 
 
 def _block_calls(rg: Any, tg: Any, x: Any, rng: np.random.Generator) -> list[tuple]:
-    """(method, reference's output, port's output) of the per-head views of a block variant
-    (one group: the port's point is the reference's with a group dimension of 1)."""
-    (xg,) = x
-    xt = tuple(_torch(p)[None] for p in xg)
+    """(method, reference's output, port's output) of the per-head views of a block variant:
+    the port's point is the reference's groups stacked along a group dimension."""
+    xt = tuple(_torch(np.stack([xg[k] for xg in x])) for k in range(len(x[0])))
     a, b = rg.head_factors(x)
     got_a, got_b = tg.head_factors(xt)
     g_a = [rng.standard_normal(np.shape(f)) for f in a]
     g_b = [rng.standard_normal(np.shape(f)) for f in b]
-    want = rg.egrad_from_heads(x, g_a, g_b)[0]
-    got = tg.egrad_from_heads(xt, _torch(np.stack(g_a)), _torch(np.stack(g_b)))
+    want = rg.egrad_from_heads(x, g_a, g_b)
+    got = _numpy(tg.egrad_from_heads(xt, _torch(np.stack(g_a)), _torch(np.stack(g_b))))
     return [
         ("head_factors", [np.stack(a), np.stack(b)], _numpy((got_a, got_b))),
-        ("egrad_from_heads", list(want), [p[0] for p in _numpy(got)]),
+        (
+            "egrad_from_heads",
+            [w[k] for w in want for k in range(len(w))],
+            [g[c] for c in range(len(want)) for g in got],
+        ),
     ]
 
 
