@@ -71,6 +71,7 @@ class Validity:
     label: str
     point: Any
     refused: bool
+    tangent: Any = None  # a tangent case: check_tangent(point, tangent)
 
 
 def _unit_symmetric(rng: np.random.Generator, r: int) -> np.ndarray:
@@ -108,6 +109,48 @@ def validity_cases(name: str, x: tuple, rng: np.random.Generator) -> list[Validi
             a, b = np.eye(m, r), np.eye(n, r)
             a[r - 1, r - 1] = b[r - 1, r - 1] = (eps / 2 / (k * CONDITION_LIMIT)) ** 0.25
             cases.append(Validity(f"κ(A)²κ(B)²·u = {k}·1e-8", (a, b), k > 1))
+    return cases
+
+
+#: The geometries whose tangent validators are checked, and the tangent norms ‖ξ‖ of the cases
+#: (below and above 1, where the tolerance atol·max(1, ‖ξ‖) switches).
+TANGENT_CHECKED = (
+    "stiefel",
+    "partial_isometry_embedded",
+    "partial_isometry_quotient",
+    "stiefel_pair",
+)
+TANGENT_NORMS = (0.5, 3.0)
+
+
+def tangent_cases(name: str, geo: Any, x: Any, rng: np.random.Generator) -> list[Validity]:
+    """Tangent vectors with a defect of k·atol·max(1, ‖ξ‖) in what ``check_tangent`` measures,
+    for k in ``MARGINS`` and ‖ξ‖ in ``TANGENT_NORMS``: a symmetric σD added where only a skew or
+    zero part is tangent. St(d, r) and P3's first factor: ξ + W·σD, ‖2 sym(Wᵀ·)‖ = 2σ (P3: ‖ξ‖ of
+    that factor); P1: Ω + σD, ‖Ω + Ωᵀ‖ = 2σ; P2: ξ_U + U·σD, ‖sym(Uᵀξ_U)‖ = σ. Each defect is
+    orthogonal to the tangent vector (a symmetric part against a skew or zero one), so ‖ξ‖ moves
+    by O(σ²) only."""
+    cases = []
+    for size in TANGENT_NORMS:
+        u = geo.random_tangent(x, rng)
+        first = u if name == "stiefel" else u[0]
+        scale = size / (frobenius(first) if name in ("stiefel", "stiefel_pair") else geo.norm(x, u))
+        u = u * scale if name == "stiefel" else tuple(p * scale for p in u)
+        r = (STIEFEL if name == "stiefel" else SIZES)[-1]
+        d = _unit_symmetric(rng, r)
+        for k in MARGINS:
+            if name == "partial_isometry_quotient":
+                sigma = k * ATOL * max(1.0, size)
+            else:
+                sigma = k * ATOL * max(1.0, size) / 2
+            if name == "stiefel":
+                moved = u + x @ (sigma * d)
+            elif name == "partial_isometry_embedded":
+                moved = (u[0] + sigma * d, *u[1:])
+            else:
+                moved = (u[0] + x[0] @ (sigma * d), *u[1:])
+            label = f"tangent at {k}·atol, ‖ξ‖ = {size}"
+            cases.append(Validity(label, x, k > 1, moved))
     return cases
 
 

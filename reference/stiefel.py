@@ -146,8 +146,10 @@ class Stiefel:
         """‖WᵀW − I_r‖, the distance of the Gram from the identity."""
         return linalg.orthonormality_residual(x)
 
-    def check_point(self, x: Array, atol: float = DEFAULT_ATOL) -> None:
-        """Raise ValueError unless x has shape (d, r), is finite and ‖xᵀx − I‖ ≤ atol."""
+    def check_point(self, x: Array, atol: float | None = None) -> None:
+        """Raise ValueError unless x has shape (d, r), is finite and ‖xᵀx − I‖ ≤ atol
+        (default ``DEFAULT_ATOL`` = √ε)."""
+        atol = DEFAULT_ATOL if atol is None else atol  # read at call time
         check_shapes("Stiefel point", [self.shape], x)
         check_finite("Stiefel point", x)
         res = self.residual(x)
@@ -156,8 +158,9 @@ class Stiefel:
                 f"point is off St({self.d}, {self.r}): ‖WᵀW − I‖ = {res:.3e} > {atol:.1e}"
             )
 
-    def check_tangent(self, x: Array, u: Array, atol: float = DEFAULT_ATOL) -> None:
-        """Raise ValueError unless ‖Wᵀξ + ξᵀW‖ ≤ atol·max(1, ‖ξ‖)."""
+    def check_tangent(self, x: Array, u: Array, atol: float | None = None) -> None:
+        """Raise ValueError unless ‖Wᵀξ + ξᵀW‖ ≤ atol·max(1, ‖ξ‖) (default atol √ε)."""
+        atol = DEFAULT_ATOL if atol is None else atol  # read at call time
         check_shapes("Stiefel tangent", [self.shape], u)
         check_finite("Stiefel tangent", u)
         res = frobenius(2.0 * sym(transpose(x) @ u))

@@ -94,3 +94,30 @@ def test_mutants_are_judged_by_the_propositions_that_import_their_file() -> None
     capacity = mutation.seen_by("reference/capacity/tasks.py")
     assert not any(i.startswith("GEO-") for i in capacity)
     assert any(i.startswith("EB-") for i in capacity)
+
+
+def _tangent_defect(name: str, x, u) -> float:
+    """What ``check_tangent`` measures, over atol·max(1, ‖ξ‖), computed here with NumPy."""
+    sym = lambda a: (a + a.T) / 2  # noqa: E731
+    atol = np.sqrt(2 * U)
+    if name == "stiefel":
+        return np.linalg.norm(2 * sym(x.T @ u)) / (atol * max(1.0, np.linalg.norm(u)))
+    size = np.sqrt(sum(np.sum(p**2) for p in u))
+    if name == "partial_isometry_embedded":
+        return np.linalg.norm(u[0] + u[0].T) / (atol * max(1.0, size))
+    if name == "partial_isometry_quotient":
+        return np.linalg.norm(sym(x[0].T @ u[0])) / (atol * max(1.0, size))
+    return np.linalg.norm(2 * sym(x[0].T @ u[0])) / (atol * max(1.0, np.linalg.norm(u[0])))
+
+
+@pytest.mark.parametrize("name", cases.TANGENT_CHECKED)
+def test_each_tangent_case_sits_at_its_stated_multiple(name) -> None:
+    rng = np.random.default_rng(4)
+    geo = ref.Stiefel(*cases.STIEFEL) if name == "stiefel" else ref.GEOMETRIES[name](*cases.SIZES)
+    x = geo.random_point(rng)
+    found = cases.tangent_cases(name, geo, x, rng)
+    assert len(found) == len(cases.MARGINS) * len(cases.TANGENT_NORMS)
+    for case in found:
+        k = float(re.search(r"(0\.99|1\.01)", case.label).group(1))
+        assert _tangent_defect(name, x, case.tangent) == pytest.approx(k, rel=1e-6), case.label
+        assert case.refused == (k > 1)

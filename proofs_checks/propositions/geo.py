@@ -294,59 +294,12 @@ def every_stiefel_retraction(ctx: Context, wrong: bool) -> Outcome:
     return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
 
 
-#: The validators' cases: (kind, size multiplier k, ‖ξ‖): a defect of k × the tolerance
-#: (atol for a point, atol·max(1, ‖ξ‖) for a tangent), refused for k > 1 and accepted for k < 1,
-#: at ‖ξ‖ below and above 1 (where max(1, ‖ξ‖) switches).
-VALIDATION_CASES = [
-    (kind, k, n) for kind in ("tangent",) for k in (0.99, 1.01) for n in (0.5, 3.0)
-] + [("point", k, 1.0) for k in (0.99, 1.01)]
-
-
 def _refused(fn: Callable, *args: Any) -> bool:
     try:
         fn(*args)
     except ValueError:
         return True
     return False
-
-
-def stiefel_validation(ctx: Context, wrong: bool) -> Outcome:
-    """``check_point`` and ``check_tangent`` of St(7, 3) refuse exactly beyond their stated
-    tolerances (``DEFAULT_ATOL`` = sqrt(ε)): with S = σD (D a unit symmetric direction), the
-    point W(I + S) has ‖(I + S)² − I‖ = ‖2S + S²‖ = 2σ(1 + O(σ)), and the vector u = ξ + W·S
-    (ξ tangent, ⊥ W·S) has ‖Wᵀu + uᵀW‖ = ‖2S‖ = 2σ and ‖u‖ = ‖ξ‖(1 + O(σ²)); σ is set so that
-    the defect is k × the tolerance (atol, or atol·max(1, ‖u‖)) for k = 0.99 and 1.01. σ ≈ 1e-8,
-    so the O(σ) terms and the 1e-15 rounding of the defects are far below the 1% margins.
-    Residual: the number of wrong decisions, tolerance 0. Control: both tolerances doubled."""
-    atol = ref.stiefel.DEFAULT_ATOL
-    geo = ref.Stiefel(*STIEFEL)
-    rng = np.random.default_rng([ctx.seed, 5])
-    w = geo.random_point(rng)
-    if wrong:
-        geo = law.patched(
-            geo,
-            check_point=lambda self, x: type(self).check_point(self, x, 2 * atol),
-            check_tangent=lambda self, x, u: type(self).check_tangent(self, x, u, 2 * atol),
-        )
-    c = rng.standard_normal((STIEFEL[1], STIEFEL[1]))
-    direction = (c + c.T) / frobenius(c + c.T)
-    wrong_calls = []
-    for kind, k, size in VALIDATION_CASES:
-        sigma = k * atol * max(1.0, size) / 2
-        if kind == "tangent":
-            xi = geo.random_tangent(w, rng)
-            xi = xi * (size / frobenius(xi))
-            refused = _refused(geo.check_tangent, w, xi + w @ (sigma * direction))
-        else:
-            refused = _refused(geo.check_point, w @ (np.eye(STIEFEL[1]) + sigma * direction))
-        if refused != (k > 1):
-            wrong_calls.append(f"{kind} k={k} ‖ξ‖={size}: {'refused' if refused else 'accepted'}")
-    return Outcome(
-        not wrong_calls,
-        float(len(wrong_calls)),
-        0.0,
-        f"wrong decisions: {wrong_calls or 'none'} of {len(VALIDATION_CASES)}",
-    )
 
 
 #: The scalings of the nearest-point check: exact powers of two, far from 1 both ways.
@@ -508,26 +461,38 @@ def check_validation(name: str) -> Callable[[Context, bool], Outcome]:
         """``check_point`` refuses exactly beyond the stated thresholds and the constructor
         exactly outside 1 ≤ r ≤ min(m, n): every case of ``geometry_cases.validity_cases``
         (a factor at 0.99 and 1.01 × atol, R1's core at 0.99 and 1.01 × its rank tolerance,
-        R2's conditioning at 0.99 and 1.01 × 1e-8) and of ``size_cases``. Residual: the number
-        of wrong decisions, tolerance 0. Control: atol and R2's limit doubled, substituted into
-        ``reference.fixed_rank`` and ``reference.partial_isometry``."""
-        geo = ref.GEOMETRIES[name](*cases.SIZES)
+        R2's conditioning at 0.99 and 1.01 × 1e-8; St(d, r), P1, P2, P3: ``check_tangent`` at
+        0.99 and 1.01 × atol·max(1, ‖ξ‖), ``tangent_cases``) and of ``size_cases``. Residual:
+        the number of wrong decisions, tolerance 0. Control: atol and R2's limit doubled,
+        substituted into ``reference.stiefel``, ``reference.fixed_rank`` and
+        ``reference.partial_isometry``."""
+        make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
+        geo = make(*(cases.STIEFEL if name == "stiefel" else cases.SIZES))
         rng = np.random.default_rng([ctx.seed, 7])
         x = geo.random_point(rng)
         atol = ref.stiefel.DEFAULT_ATOL
         validity = cases.validity_cases(name, x, rng)
+        if name in cases.TANGENT_CHECKED:
+            validity += cases.tangent_cases(name, geo, x, rng)
         with contextlib.ExitStack() as stack:
             if wrong:
-                for module in (ref.fixed_rank, ref.partial_isometry):
+                for module in (ref.stiefel, ref.fixed_rank, ref.partial_isometry):
                     stack.enter_context(substituted(module, "DEFAULT_ATOL", 2 * atol))
                 limit = 2 * ref.fixed_rank.CONDITION_LIMIT
                 stack.enter_context(substituted(ref.fixed_rank, "CONDITION_LIMIT", limit))
             wrong_calls = [
-                c.label for c in validity if cases.refuses(geo.check_point, c.point) != c.refused
+                c.label
+                for c in validity
+                if (
+                    cases.refuses(geo.check_point, c.point)
+                    if c.tangent is None
+                    else cases.refuses(geo.check_tangent, c.point, c.tangent)
+                )
+                != c.refused
             ] + [
                 f"sizes {sizes}"
                 for sizes, refused in cases.size_cases(name)
-                if cases.refuses(ref.GEOMETRIES[name], *sizes) != refused
+                if cases.refuses(make, *sizes) != refused
             ]
         return Outcome(
             not wrong_calls,
@@ -546,12 +511,6 @@ STIEFEL_ONLY = [
         "every retraction: R(0) = x and its claimed order",
         every_stiefel_retraction,
         "the exponential map with +S (first order only)",
-    ),
-    Check(
-        "float64",
-        "validation: refused exactly beyond the stated tolerances",
-        stiefel_validation,
-        "both tolerances doubled",
     ),
     Check(
         "float64",
@@ -596,7 +555,7 @@ def _register(name: str) -> None:
     ]
     if name == "stiefel":
         checks += STIEFEL_ONLY
-    if name in cases.ORTHONORMAL:
+    if name in cases.ORTHONORMAL or name == "stiefel":
         checks.append(
             Check(
                 "float64",

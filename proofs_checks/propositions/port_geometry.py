@@ -249,7 +249,8 @@ def _atol_doubled(original: Callable) -> Callable:
 def validation(ctx: Context, wrong: bool) -> Outcome:
     """The port's ``check_point`` decides as the stated thresholds do on every case of
     ``geometry_cases.validity_cases`` (the point as drawn; each orthonormal factor at 0.99 and
-    1.01 × atol; R1's core at 0.99 and 1.01 × r·ε; R2's conditioning at 0.99 and 1.01 × 1e-8),
+    1.01 × atol; R1's core at 0.99 and 1.01 × r·ε; R2's conditioning at 0.99 and 1.01 × 1e-8;
+    the Stiefel tangent validator at 0.99 and 1.01 × atol·max(1, ‖ξ‖)),
     and its constructors accept and refuse the sizes of ``size_cases`` (r = 1, r = min(m, n),
     r = min(m, n) + 1), for St(7, 3) and the five plain geometries; its GQA patterns are the
     reference's, refusals included (``GQA_CASES``). Residual: the number of
@@ -269,9 +270,18 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
         for name in NAMES:
             rg, tg = _geometries(name, {})
             rng = np.random.default_rng([ctx.seed, 9])
-            for c in cases.validity_cases(name, rg.random_point(rng), rng):
+            x = rg.random_point(rng)
+            found = cases.validity_cases(name, x, rng)
+            if name == "stiefel":  # the port's one tangent validator
+                found += cases.tangent_cases(name, rg, x, rng)
+            for c in found:
                 count += 1
-                if cases.refuses(tg.check_point, _torch(c.point)) != c.refused:
+                refused = (
+                    cases.refuses(tg.check_point, _torch(c.point))
+                    if c.tangent is None
+                    else cases.refuses(tg.check_tangent, _torch(c.point), _torch(c.tangent))
+                )
+                if refused != c.refused:
                     wrong_calls.append(f"{name}: {c.label}")
             for sizes, refused in cases.size_cases(name):
                 count += 1
