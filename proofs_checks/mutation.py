@@ -1,16 +1,19 @@
 """Mutation testing of the code under test: small deliberate bugs, one at a time, judged first by
 ``rattn certify --quick`` and then, for the mutants it lets through, by the test suite.
 
-    python -m proofs_checks.mutation [--limit N] [--out FILE.json] [FILE ...]
+    python -m proofs_checks.mutation [--limit N] [--jobs J] [--out FILE.json] [FILE ...]
 
 A mutant changes one node of one function of a source file (``MUTATIONS``): an arithmetic
 operator swapped (+ ↔ −, * ↔ /), a comparison made strict or loose (< ↔ ≤, > ↔ ≥), a numeric
 constant doubled (an integer incremented), a unary minus dropped. Each runs in a copy of the
 project (the packages, the tests and ``pyproject.toml``, first on ``PYTHONPATH``), so the working
-tree is never touched. A mutant is *killed by certify* when ``rattn certify --quick`` exits
-non-zero, *killed by the tests* when the tests named for its file (``JUDGES``) fail, and
-*survives* otherwise (an equivalent mutant, or a gap in the checks). Long: minutes per mutant;
-not part of the default test command.
+tree is never touched. A mutant is *killed by certify* when ``rattn certify --quick`` of the
+propositions whose checks import its file (``seen_by``: no other proposition runs its code)
+exits non-zero, *killed by the tests* when the tests named for its file (``JUDGES``) fail, and
+*survives* otherwise (an equivalent mutant, or a gap in the checks). Both judges must pass on
+the unmutated copy first, else every mutant would look killed. ``--jobs`` judges that many
+mutants at a time, each in its own copy. Long: tens of seconds per mutant; not part of the
+default test command.
 """
 
 from __future__ import annotations
@@ -213,16 +216,15 @@ def _verdict(mutant: Mutant, text: str, work: Path, ids: list[str]) -> dict:
         certify = _run(_certify_args(work, ids), work, 600) if ids else None
         tests = None
         if not certify:
-            tests = _run(
-                [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-                + JUDGES[mutant.file],
-                work,
-                900,
-            )
+            tests = _run(_pytest_args(JUDGES[mutant.file]), work, 900)
     finally:
         target.write_text(original, encoding="utf-8")
     verdict = "killed by certify" if certify else ("killed by the tests" if tests else "survived")
     return {**asdict(mutant), "certify_exit": certify, "tests_exit": tests, "verdict": verdict}
+
+
+def _pytest_args(tests: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
 
 
 def _certify_args(work: Path, ids: list[str]) -> list[str]:
@@ -243,6 +245,9 @@ def judge(selected: list[tuple[Mutant, str]], progress: bool = True, jobs: int =
         work = copies.get()
         if _run(_certify_args(work, []), work, 600) != 0:  # else every mutant would look killed
             raise RuntimeError("rattn certify --quick fails on the unmutated copy")
+        for tests in {tuple(JUDGES[m.file]) for m, _ in selected}:
+            if _run(_pytest_args(list(tests)), work, 900) != 0:
+                raise RuntimeError(f"the judges {list(tests)} fail on the unmutated copy")
         copies.put(work)
 
         def one(item: tuple[Mutant, str]) -> dict:

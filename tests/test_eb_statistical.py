@@ -50,7 +50,7 @@ def test_statistical_propositions_state_seeds_sizes_and_criterion(pid):
     assert any("10 replicates" in h or "9" in h for h in p.hypotheses) or pid == "EB-6"
     for c in p.checks:
         doc = " ".join(c.run.__doc__.split())
-        if c.kind == "float64":
+        if c.kind == "float64" and not c.name.startswith("domains"):  # EB-4's: deterministic
             assert "10" in doc and ("9 of 10" in doc or "bound" in doc or "≥" in doc), c.name
         assert c.control
 
