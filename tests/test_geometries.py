@@ -182,3 +182,16 @@ def test_full_rank_r_equal_to_min_m_n_is_accepted(name) -> None:
     geometry.check_point(x)
     with pytest.raises(ValueError, match=r"r ≤ min\(m, n\), got r=4 > min\(4, 3\)"):
         ref.GEOMETRIES[name](4, 3, 4)
+
+
+def test_r2_random_points_have_the_stated_scale() -> None:
+    """R2's random A, B are Gaussian scaled by 1/√m and 1/√n: E‖A‖_F² = E‖B‖_F² = r. Over
+    N = 400 points the mean of ‖A‖_F² (variance 2r/m per point) has standard deviation
+    sqrt(2r/(m·N)) ≈ 0.041 at (m, r) = (6, 2); 6 of them fail an honest draw with probability
+    below 2e-9."""
+    geo = ref.GEOMETRIES["fixed_rank_quotient"](6, 5, 2)
+    rng = np.random.default_rng(0)
+    points = [geo.random_point(rng) for _ in range(400)]
+    for k, rows in ((0, 6), (1, 5)):
+        mean = float(np.mean([np.sum(x[k] ** 2) for x in points]))
+        assert abs(mean - 2) <= 6 * (2 * 2 / (rows * 400)) ** 0.5, (rows, mean)

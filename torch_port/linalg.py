@@ -71,20 +71,6 @@ def frobenius(a: Tensor, dims: tuple[int, ...] = (-2, -1)) -> Tensor:
     return torch.where((s == 0) | ~torch.isfinite(s), s, n)
 
 
-def rms(a: Tensor, dims: tuple[int, ...] = (-2, -1)) -> Tensor:
-    """RMS(A) = s·(sqrt(Σ (A_ij/s)²)/sqrt(entries)) per matrix: finite for every finite A.
-
-    The division by sqrt(entries) comes before the multiplication by s, so a matrix whose
-    entries all lie near the largest float does not overflow (``reference.linalg.rms`` takes the
-    mean inside the square root instead; both are within an ulp of each other)."""
-    s = max_abs(a, dims)
-    k = 1
-    for d in dims:
-        k *= a.shape[d]
-    n = s * (_scaled_sqrt_sum(a, s, dims) / math.sqrt(k))
-    return torch.where((s == 0) | ~torch.isfinite(s), s, n)
-
-
 #: Below these norms (float64, float32) an unscaled sum of squares may have lost entries to
 #: underflow (entries below sqrt(smallest normal)); ``frobenius_fast`` then recomputes scaled.
 _TINY_NORM = {torch.float64: 1e-140, torch.float32: 1e-11}

@@ -30,11 +30,20 @@ def _sizes(name: str) -> tuple[int, ...]:
     return cases.STIEFEL if name == "stiefel" else cases.SIZES
 
 
-def _geometries(name: str, option: dict[str, str]) -> tuple[Any, Any]:
+def _geometries(
+    name: str, option: dict[str, str], sizes: tuple[int, ...] | None = None
+) -> tuple[Any, Any]:
     from torch_port.geometries import GEOMETRIES
 
     make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
-    return make(*_sizes(name), **option), GEOMETRIES[name](*_sizes(name), **option)
+    sizes = _sizes(name) if sizes is None else sizes
+    return make(*sizes, **option), GEOMETRIES[name](*sizes, **option)
+
+
+def _claims(geo: Any) -> tuple:
+    """What a geometry states about itself: the order of its retraction, its dimension, and
+    whether it is embedded and a quotient."""
+    return (geo.retraction_order, geo.dim, geo.embedded, geo.quotient)
 
 
 def _torch(v: Any) -> Any:
@@ -253,7 +262,9 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
     the Stiefel tangent validator at 0.99 and 1.01 × atol·max(1, ‖ξ‖)),
     and its constructors accept and refuse the sizes of ``size_cases`` (r = 1, r = min(m, n),
     r = min(m, n) + 1), for St(7, 3) and the five plain geometries; its GQA patterns are the
-    reference's, refusals included (``GQA_CASES``). Residual: the number of
+    reference's, refusals included (``GQA_CASES``); and every option's claims (``_claims``: the
+    retraction's order, the dimension, embedded, quotient) at r = 1 and r = 3 are the
+    reference's. Residual: the number of
     wrong decisions, tolerance 0. Control: the port's atol and R2's limit doubled, substituted
     into ``torch_port.geometry``, ``torch_port.stiefel`` and ``torch_port.fixed_rank``."""
     from torch_port import blocks, fixed_rank, geometry, stiefel
@@ -287,6 +298,14 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
                 count += 1
                 if cases.refuses(GEOMETRIES[name], *sizes) != refused:
                     wrong_calls.append(f"{name}: sizes {sizes}")
+        for name in NAMES:
+            for option in cases.OPTIONS[name]:
+                for r in (1, _sizes(name)[-1]):
+                    count += 1
+                    sizes = (*_sizes(name)[:-1], r)
+                    rg, tg = _geometries(name, option, sizes)
+                    if _claims(tg) != _claims(rg):
+                        wrong_calls.append(f"{name} {option} at r = {r}: claims {_claims(tg)}")
         for heads in cases.GQA_CASES:
             count += 1
             if _pattern(ref.blocks.gqa_pattern, heads) != _pattern(blocks.gqa_pattern, heads):
