@@ -614,3 +614,65 @@ def test_attention_mixing_validates_its_input():
         cap.softmax_attention_mixing(np.full((4, 3), np.nan), np.eye(3))
     with pytest.raises(ValueError, match="beta"):
         cap.softmax_attention_mixing(x, np.eye(3), np.inf)
+
+
+def _documented_defaults() -> dict[str, dict]:
+    """The table "Defaults" of docs/entropic_bound.md: module.function -> {argument: value}."""
+    import ast
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "entropic_bound.md").read_text()
+    section = text.split("### Defaults", 1)[1].split("###", 1)[0]
+    table = {}
+    for name, args in re.findall(r"^\| `([a-z_.]+)` \| (.+?) \|$", section, flags=re.M):
+        table[name] = {
+            k.strip(): ast.literal_eval(v.strip())
+            for k, v in (item.split("=") for item in args.split(", "))
+        }
+    return table
+
+
+def test_the_capacity_defaults_are_the_documented_ones() -> None:
+    """Every public function of the capacity modules that has defaults is in the table, with
+    the table's values (a changed default changes every run that leaves it out, which no check
+    with explicit arguments sees); a default changed in the table is caught too."""
+    import inspect
+
+    from reference.capacity import pretraining, spectra, tasks, trainers
+
+    found = {}
+    for module in (tasks, spectra, trainers, pretraining):
+        short = module.__name__.rpartition(".")[2]
+        for name, fn in vars(module).items():
+            if (
+                name.startswith("_")
+                or not inspect.isfunction(fn)
+                or fn.__module__ != module.__name__
+            ):
+                continue
+            params = inspect.signature(fn).parameters.items()
+            given = {k: p.default for k, p in params if p.default is not inspect.Parameter.empty}
+            if given:
+                found[f"{short}.{name}"] = given
+    documented = _documented_defaults()
+    assert found == documented
+    documented["tasks.softmax_task"]["noise"] = 0.02
+    assert found != documented
+
+
+def test_the_token_gram_count_is_scale_free() -> None:
+    """The count, its noise level and threshold are homogeneous in Y: G(cY) = c²G(Y) for an
+    exact power of two c, so the count is the same and the noise and threshold scale by c²
+    (the rounding floor n·ε·λ₁ scales with λ₁); a floor taken in absolute terms would count
+    nothing for c = 2⁻⁴⁰ or everything for 2⁴⁰."""
+    from reference.capacity import spectra, tasks
+
+    task = tasks.static_task(200, 16, 16, 8, 3, seed=1, noise=0.1)
+    base = spectra.token_gram_count(task.y)
+    assert base.rank == 3
+    for c in (2.0**-40, 2.0**40):
+        got = spectra.token_gram_count(c * task.y)
+        assert got.rank == base.rank
+        assert got.noise == pytest.approx(c * c * base.noise, rel=1e-12)
+        assert got.threshold == pytest.approx(c * c * base.threshold, rel=1e-12)
