@@ -6,14 +6,14 @@
 A mutant changes one node of one function of a source file (``MUTATIONS``): an arithmetic
 operator swapped (+ ↔ −, * ↔ /), a comparison made strict or loose (< ↔ ≤, > ↔ ≥), a numeric
 constant doubled (an integer incremented), a unary minus dropped. Each runs in a copy of the
-project (the packages, the tests and ``pyproject.toml``, first on ``PYTHONPATH``), so the working
-tree is never touched. A mutant is *killed by certify* when ``rattn certify --quick`` of the
-propositions whose checks import its file (``seen_by``: no other proposition runs its code)
-exits non-zero, *killed by the tests* when the tests named for its file (``JUDGES``) fail, and
-*survives* otherwise (an equivalent mutant, or a gap in the checks). Both judges must pass on
-the unmutated copy first, else every mutant would look killed. ``--jobs`` judges that many
-mutants at a time, each in its own copy. Long: tens of seconds per mutant; not part of the
-default test command.
+project (the packages, the tests, the docs they read and ``pyproject.toml``, first on
+``PYTHONPATH``), so the working tree is never touched. A mutant is *killed by certify* when
+``rattn certify --quick`` of the propositions whose checks import its file (``seen_by``: no
+other proposition runs its code) exits non-zero, *killed by the tests* when the tests named
+for its file (``JUDGES``) fail, and *survives* otherwise (an equivalent mutant, or a gap in
+the checks). Both judges must pass on the unmutated copy first, else every mutant would look
+killed. ``--jobs`` judges that many mutants at a time, each in its own copy. Long: tens of
+seconds per mutant; not part of the default test command.
 """
 
 from __future__ import annotations
@@ -176,7 +176,13 @@ def mutants(file: str) -> list[tuple[Mutant, str]]:
 
 
 def _copy_project(dest: Path) -> None:
-    for name in ("reference", "proofs_checks", "torch_port", "tests"):
+    for name in (
+        "reference",
+        "proofs_checks",
+        "torch_port",
+        "tests",
+        "docs",
+    ):  # docs: tests read them
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
 
