@@ -61,7 +61,8 @@ def _numpy(v: Any) -> list[np.ndarray]:
 
 def _calls(rg: Any, x: Any, rng: np.random.Generator) -> list[tuple[str, tuple]]:
     """(method, arguments) of every method both sides have, on one point x: an ambient z, a
-    tangent u, a step ξ (‖ξ‖ = 0.3) to y = R_x(ξ), a vertical Ω, a group element."""
+    tangent u, a vector of the tangent layout that is not tangent (for ``proj_tangent``), a
+    step ξ (‖ξ‖ = 0.3) to y = R_x(ξ), a vertical Ω, a group element."""
     z = tree_map(lambda p: rng.standard_normal(np.shape(p)), x)
     u = rg.proj(x, z)
     xi = law.times(0.3 / rg.norm(x, u), u)
@@ -70,7 +71,7 @@ def _calls(rg: Any, x: Any, rng: np.random.Generator) -> list[tuple[str, tuple]]
     calls = [
         ("proj", (x, z)),
         ("egrad_to_rgrad", (x, z)),
-        ("proj_tangent", (x, law.times(2.0, u))),
+        ("proj_tangent", (x, tree_map(lambda p: rng.standard_normal(np.shape(p)), u))),
         ("retract", (x, xi)),
         ("transport", (x, y, u)),
         ("inner", (x, u, g)),
