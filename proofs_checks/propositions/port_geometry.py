@@ -95,6 +95,13 @@ def _calls(rg: Any, x: Any, rng: np.random.Generator) -> list[tuple[str, tuple]]
     return calls
 
 
+def _ratio(want: list[np.ndarray], got: list[np.ndarray], tol: float) -> float:
+    """max ‖got − want‖ over the parts, relative to tol·max(1, ‖want‖)."""
+    size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
+    dev = max(float(np.linalg.norm(np.ravel(g - w))) for g, w in zip(got, want, strict=True))
+    return dev / (tol * size)
+
+
 def _one_newton_schulz_step(original: Callable) -> Callable:
     """The polar factor one Newton–Schulz step short: A(3I − AᵀA)/2, right to first order in
     AᵀA − I (so wrong by O(‖ξ‖⁴) ≈ 1e-2 for a step of 0.3)."""
@@ -137,14 +144,9 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                         continue
                     want = _numpy(getattr(rg, method)(*args))
                     got = _numpy(getattr(tg, method)(*(_torch(a) for a in args)))
-                    size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
-                    dev = max(
-                        float(np.linalg.norm(np.ravel(g - w)))
-                        for g, w in zip(got, want, strict=True)
-                    )
                     count += 1
-                    if dev / (tol * size) > worst:
-                        worst, where = dev / (tol * size), f"{name} {option} {method}"
+                    if _ratio(want, got, tol) > worst:
+                        worst, where = _ratio(want, got, tol), f"{name} {option} {method}"
         for name in BLOCKS:
             for options in BLOCK_OPTIONS:
                 rg, tg = _block_geometries(name, options)
@@ -155,14 +157,9 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                 x = rg.random_point(rng)
                 tol = 2 * law.law_tolerance(rg, x)
                 for method, want, got in _block_calls(rg, tg, x, rng):
-                    size = max(1.0, float(np.sqrt(sum(np.sum(w**2) for w in want))))
-                    dev = max(
-                        float(np.linalg.norm(np.ravel(g - w)))
-                        for g, w in zip(got, want, strict=True)
-                    )
                     count += 1
-                    if dev / (tol * size) > worst:
-                        worst, where = dev / (tol * size), f"{name} {options} {method}"
+                    if _ratio(want, got, tol) > worst:
+                        worst, where = _ratio(want, got, tol), f"{name} {options} {method}"
     return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
 
 
