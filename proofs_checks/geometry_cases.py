@@ -8,14 +8,14 @@ library: a threshold moved in the library must not move its cases with it):
 - an orthonormal factor F is accepted while ‖FᵀF − I‖ ≤ atol = √ε;
 - R1's core S while σ_r(S)/σ_1(S) > r·ε (its rank test);
 - R2's factors while κ(A)²κ(B)²·u ≤ ``CONDITION_LIMIT`` = 1e-8;
+- a tangent vector while its defect (``tangent_cases``) is ≤ atol·max(1, ‖ξ‖);
 - sizes while 1 ≤ r ≤ min(m, n).
 
 Each case is exact to far better than its 1% margin: an orthonormal factor F is moved to
 F(I + σD) with D a unit symmetric r×r direction, so ‖(I + σD)² − I‖ = 2σ + O(σ²) with σ ≈ 1e-8
 (the O(σ²) term and the 1e-16 rounding of the residual are 1e-8 of the margin); S is diagonal,
-diag(1, …, 1, c), and A and B have the columns e_1, …, e_{r−1}, σ·e_r, whose
-singular values, Grams and condition numbers every SVD and symmetric eigensolver returns to
-within a few ulps.
+diag(1, …, 1, c), and A and B have the columns e_1, …, e_{r−1}, σ·e_r, whose singular values,
+Grams and condition numbers every SVD and symmetric eigensolver returns to within a few ulps.
 """
 
 from __future__ import annotations
