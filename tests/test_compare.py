@@ -133,7 +133,11 @@ def test_bench_port_small_runs():
     assert res["targets"][-1]["state_met"]
     text = format_port(res)
     assert "port / AdamW" in text and "Where one port step goes" in text
-    assert res["profile"]["float32"]["sites"][0]["site"].startswith("torch_port/")
+    # operators are charged to torch_port source lines; everything else shares one row (which
+    # row is first depends on the machine's timing, so the order is not asserted)
+    sites = [x["site"] for x in res["profile"]["float32"]["sites"]]
+    inside = [x for x in sites if x.startswith("torch_port/")]
+    assert len(inside) >= len(sites) - 1 and set(sites) - set(inside) <= {"outside torch_port"}
 
 
 @pytest.mark.parametrize("name", sorted(cmp.GEOMETRY_ADAPTERS))
