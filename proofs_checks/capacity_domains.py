@@ -54,7 +54,8 @@ def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
     return args
 
 
-S = np.array([1.0, 0.5, 0.1])
+#: A spectrum for the rank estimators' parameter ends.
+SPECTRUM = np.array([1.0, 0.5, 0.1])
 
 EDGES = [
     Edge("OLS mixer at S·d = n", pretraining, "ols_static_mixer", _xy(2, 4, 2, 2), False),
@@ -117,12 +118,16 @@ EDGES = [
         lambda rng: (np.eye(2), np.eye(2), 0),
         True,
     ),
-    Edge("τ = 0", spectra, "numerical_rank", lambda rng: (S, 0.0), False),
-    Edge("τ = 1", spectra, "numerical_rank", lambda rng: (S, 1.0), True),
-    Edge("η = 1", spectra, "energy_threshold_rank", lambda rng: (S, 1.0), False),
-    Edge("η = 0", spectra, "energy_threshold_rank", lambda rng: (S, 0.0), True),
-    Edge("gap floor at n = 1", spectra, "attention_gap_floor", lambda rng: (S, 0.0, 1), False),
-    Edge("gap floor at n = 0", spectra, "attention_gap_floor", lambda rng: (S, 0.0, 0), True),
+    Edge("τ = 0", spectra, "numerical_rank", lambda rng: (SPECTRUM, 0.0), False),
+    Edge("τ = 1", spectra, "numerical_rank", lambda rng: (SPECTRUM, 1.0), True),
+    Edge("η = 1", spectra, "energy_threshold_rank", lambda rng: (SPECTRUM, 1.0), False),
+    Edge("η = 0", spectra, "energy_threshold_rank", lambda rng: (SPECTRUM, 0.0), True),
+    Edge(
+        "gap floor at n = 1", spectra, "attention_gap_floor", lambda rng: (SPECTRUM, 0.0, 1), False
+    ),
+    Edge(
+        "gap floor at n = 0", spectra, "attention_gap_floor", lambda rng: (SPECTRUM, 0.0, 0), True
+    ),
     Edge("MP edge at p = dof = 1", spectra, "mp_edge", lambda rng: (1.0, 1, 1), False),
     Edge("MP edge at p = 0", spectra, "mp_edge", lambda rng: (1.0, 0, 1), True),
     Edge("MP edge at dof = 0", spectra, "mp_edge", lambda rng: (1.0, 1, 0), True),

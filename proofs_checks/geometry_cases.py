@@ -21,6 +21,7 @@ Grams and condition numbers every SVD and symmetric eigensolver returns to withi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,13 @@ class Validity:
     point: Any
     refused: bool
     tangent: Any = None  # a tangent case: check_tangent(point, tangent)
+
+    def refused_by(self, geo: Any, convert: Callable[[Any], Any] = lambda v: v) -> bool:
+        """Whether ``geo``'s validator refuses the case (its arrays passed through ``convert``,
+        e.g. to torch tensors)."""
+        if self.tangent is None:
+            return refuses(geo.check_point, convert(self.point))
+        return refuses(geo.check_tangent, convert(self.point), convert(self.tangent))
 
 
 def _unit_symmetric(rng: np.random.Generator, r: int) -> np.ndarray:

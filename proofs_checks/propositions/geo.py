@@ -472,16 +472,7 @@ def check_validation(name: str) -> Callable[[Context, bool], Outcome]:
                     stack.enter_context(substituted(module, "DEFAULT_ATOL", 2 * atol))
                 limit = 2 * ref.fixed_rank.CONDITION_LIMIT
                 stack.enter_context(substituted(ref.fixed_rank, "CONDITION_LIMIT", limit))
-            wrong_calls = [
-                c.label
-                for c in validity
-                if (
-                    cases.refuses(geo.check_point, c.point)
-                    if c.tangent is None
-                    else cases.refuses(geo.check_tangent, c.point, c.tangent)
-                )
-                != c.refused
-            ] + [
+            wrong_calls = [c.label for c in validity if c.refused_by(geo) != c.refused] + [
                 f"sizes {sizes}"
                 for sizes, refused in cases.size_cases(name)
                 if cases.refuses(make, *sizes) != refused

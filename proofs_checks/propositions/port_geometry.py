@@ -102,16 +102,20 @@ def _ratio(want: list[np.ndarray], got: list[np.ndarray], tol: float) -> float:
     return dev / (tol * size)
 
 
-def _one_newton_schulz_step(original: Callable) -> Callable:
+def _polar_one_step_short(a: Any, *args: Any, **kwargs: Any) -> Any:
     """The polar factor one Newton–Schulz step short: A(3I − AᵀA)/2, right to first order in
     AᵀA − I (so wrong by O(‖ξ‖⁴) ≈ 1e-2 for a step of 0.3)."""
+    from torch_port import linalg as tl
 
-    def variant(a, *args, **kwargs):
-        gram = a.transpose(-2, -1) @ a
-        eye = gram.new_zeros(gram.shape) + gram.new_ones(gram.shape[-1]).diag()
-        return a @ (3.0 * eye - gram) / 2.0
+    return a @ (3.0 * tl.eye_like(a) - tl.transpose(a) @ a) / 2.0
 
-    return variant
+
+def _polar_control(wrong: bool) -> contextlib.AbstractContextManager:
+    """The control of the method and route checks: ``_polar_one_step_short`` substituted for
+    ``torch_port.linalg.polar``."""
+    from torch_port import linalg as tl
+
+    return substituted(tl, "polar", _polar_one_step_short) if wrong else contextlib.nullcontext()
 
 
 def methods(ctx: Context, wrong: bool) -> Outcome:
@@ -124,15 +128,8 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
     max ‖port − reference‖/(2·law_tolerance·max(1, ‖reference‖)), tolerance 1; and the block
     variants' per-head views (``head_factors``, ``egrad_from_heads``) alike. Control: the
     port's polar factor one Newton–Schulz step short, substituted into ``torch_port.linalg``."""
-    from torch_port import linalg as tl
-
     worst, where, count = 0.0, "", 0
-    patch = (
-        substituted(tl, "polar", _one_newton_schulz_step(tl.polar))
-        if wrong
-        else contextlib.nullcontext()
-    )
-    with patch:
+    with _polar_control(wrong):
         for name in NAMES:
             for option in cases.OPTIONS[name]:
                 rg, tg = _geometries(name, option)
@@ -145,8 +142,8 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                     want = _numpy(getattr(rg, method)(*args))
                     got = _numpy(getattr(tg, method)(*(_torch(a) for a in args)))
                     count += 1
-                    if _ratio(want, got, tol) > worst:
-                        worst, where = _ratio(want, got, tol), f"{name} {option} {method}"
+                    if (ratio := _ratio(want, got, tol)) > worst:
+                        worst, where = ratio, f"{name} {option} {method}"
         for name in BLOCKS:
             for options in BLOCK_OPTIONS:
                 rg, tg = _block_geometries(name, options)
@@ -158,8 +155,8 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                 tol = 2 * law.law_tolerance(rg, x)
                 for method, want, got in _block_calls(rg, tg, x, rng):
                     count += 1
-                    if _ratio(want, got, tol) > worst:
-                        worst, where = _ratio(want, got, tol), f"{name} {options} {method}"
+                    if (ratio := _ratio(want, got, tol)) > worst:
+                        worst, where = ratio, f"{name} {options} {method}"
     return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
 
 
@@ -225,12 +222,7 @@ def polar_routes(ctx: Context, wrong: bool) -> Outcome:
 
     rng = np.random.default_rng([ctx.seed, 10])
     worst, details = 0.0, []
-    patch = (
-        substituted(tl, "polar", _one_newton_schulz_step(tl.polar))
-        if wrong
-        else contextlib.nullcontext()
-    )
-    with patch:
+    with _polar_control(wrong):
         for label, a in _route_matrices(rng):
             kappa = float(np.linalg.cond(a))
             bound = 2 * kappa * frame_error(*cases.STIEFEL, kappa=kappa)
@@ -285,12 +277,7 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
                 found += cases.tangent_cases(name, rg, x, rng)
             for c in found:
                 count += 1
-                refused = (
-                    cases.refuses(tg.check_point, _torch(c.point))
-                    if c.tangent is None
-                    else cases.refuses(tg.check_tangent, _torch(c.point), _torch(c.tangent))
-                )
-                if refused != c.refused:
+                if c.refused_by(tg, _torch) != c.refused:
                     wrong_calls.append(f"{name}: {c.label}")
             for sizes, refused in cases.size_cases(name):
                 count += 1
