@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_workers
+from conftest import run_as_worker, run_workers
 
 torch = pytest.importorskip("torch")
 
@@ -89,24 +89,16 @@ def _train(model, x, y, params_owner, trace=None):
     return opt
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, out: str) -> None:
     """One DDP process: its shard of the batch, 20 steps, its parameters saved to ``out``."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
-    try:
-        model = _model()
-        ddp = DistributedDataParallel(model)
-        x, y = _data()
-        shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        _train(ddp, x[shard], y[shard], ddp, trace=Path(out) / "run.npz")
-        torch.save(model.state_dict(), Path(out) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+    model = _model()
+    ddp = DistributedDataParallel(model)
+    x, y = _data()
+    shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    _train(ddp, x[shard], y[shard], ddp, trace=Path(out) / "run.npz")
+    torch.save(model.state_dict(), Path(out) / f"rank{rank}.pt")
 
 
 @pytest.mark.skipif(
@@ -148,4 +140,4 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
 
 if __name__ == "__main__":  # a DDP worker: python tests/test_ddp.py RANK PORT OUT_DIR
     sys.path.insert(0, str(ROOT))
-    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    run_as_worker(_worker, WORLD)

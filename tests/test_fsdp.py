@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_workers
+from conftest import run_as_worker, run_workers
 
 torch = pytest.importorskip("torch")
 
@@ -108,7 +108,7 @@ def _sharded():
     return model
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, out: str) -> None:
     """One FSDP2 process: 20 steps on its half of the batch with a checkpoint after 10; then a
     fresh model resumed from the checkpoint; full state dicts and byte counts saved to out."""
     import torch.distributed as dist
@@ -120,68 +120,57 @@ def _worker(rank: int, port: int, out: str) -> None:
         set_state_dict,
     )
 
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
-    )
+    x, y = _data()
+    shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    x, y = x[shard], y[shard]
+    model = _sharded()
+    opt = _optimizer(model)
+    # the bytes the optimizer's step sends (all-reduces), counted over one step
+    sent = []
+    all_reduce = dist.all_reduce
+
+    def counting(t, *args, **kwargs):
+        sent.append(t.numel() * t.element_size())
+        return all_reduce(t, *args, **kwargs)
+
+    _steps(model, opt, x, y, RESUME_AT - 1)
+    opt.zero_grad()
+    torch.mean((model(x) - y) ** 2).backward()
+    dist.all_reduce = counting
     try:
-        x, y = _data()
-        shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
-        x, y = x[shard], y[shard]
-        model = _sharded()
-        opt = _optimizer(model)
-        # the bytes the optimizer's step sends (all-reduces), counted over one step
-        sent = []
-        all_reduce = dist.all_reduce
-
-        def counting(t, *args, **kwargs):
-            sent.append(t.numel() * t.element_size())
-            return all_reduce(t, *args, **kwargs)
-
-        _steps(model, opt, x, y, RESUME_AT - 1)
-        opt.zero_grad()
-        torch.mean((model(x) - y) ** 2).backward()
-        dist.all_reduce = counting
-        try:
-            opt.step()
-        finally:
-            dist.all_reduce = all_reduce
-        model_sd, optim_sd = get_state_dict(model, opt)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{out}/ckpt")
-        _steps(model, opt, x, y, STEPS - RESUME_AT)
-        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        final = get_model_state_dict(model, options=full)
-
-        resumed = _sharded()
-        opt2 = _optimizer(resumed)
-        model_sd, optim_sd = get_state_dict(resumed, opt2)
-        state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=f"{out}/ckpt")
-        set_state_dict(
-            resumed, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-        _steps(resumed, opt2, x, y, STEPS - RESUME_AT)
-        again = get_model_state_dict(resumed, options=full)
-        # control: the rows' projection without the sum over ranks is another map
-        from torch_port.optim.points import Geometries
-
-        group = opt.param_groups[[g.get("geometry") for g in opt.param_groups].index("stiefel")]
-        sharded = Geometries().stiefel(group, model.single)
-        alone = Geometries().stiefel(group, torch.empty(16, 4, dtype=F64))
-        w = model.single.to_local().detach()
-        g = torch.randn(w.shape, dtype=F64, generator=torch.Generator().manual_seed(rank))
-        control = float(
-            (sharded.egrad_to_rgrad((w,), (g,))[0] - alone.egrad_to_rgrad((w,), (g,))[0])
-            .abs()
-            .max()
-        )
-        if rank == 0:
-            torch.save({"final": final, "resumed": again}, Path(out) / "states.pt")
-            locals_ = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
-            report = {"sent": sent, "local": locals_, "control": control}
-            Path(out, "bytes.json").write_text(json.dumps(report))
+        opt.step()
     finally:
-        dist.destroy_process_group()
+        dist.all_reduce = all_reduce
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{out}/ckpt")
+    _steps(model, opt, x, y, STEPS - RESUME_AT)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    final = get_model_state_dict(model, options=full)
+
+    resumed = _sharded()
+    opt2 = _optimizer(resumed)
+    model_sd, optim_sd = get_state_dict(resumed, opt2)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=f"{out}/ckpt")
+    set_state_dict(resumed, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    _steps(resumed, opt2, x, y, STEPS - RESUME_AT)
+    again = get_model_state_dict(resumed, options=full)
+    # control: the rows' projection without the sum over ranks is another map
+    from torch_port.optim.points import Geometries
+
+    group = opt.param_groups[[g.get("geometry") for g in opt.param_groups].index("stiefel")]
+    sharded = Geometries().stiefel(group, model.single)
+    alone = Geometries().stiefel(group, torch.empty(16, 4, dtype=F64))
+    w = model.single.to_local().detach()
+    g = torch.randn(w.shape, dtype=F64, generator=torch.Generator().manual_seed(rank))
+    control = float(
+        (sharded.egrad_to_rgrad((w,), (g,))[0] - alone.egrad_to_rgrad((w,), (g,))[0]).abs().max()
+    )
+    if rank == 0:
+        torch.save({"final": final, "resumed": again}, Path(out) / "states.pt")
+        locals_ = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
+        report = {"sent": sent, "local": locals_, "control": control}
+        Path(out, "bytes.json").write_text(json.dumps(report))
 
 
 needs_gloo = pytest.mark.skipif(
@@ -272,4 +261,4 @@ def test_columns_and_factor_rows_sharded_are_refused(tmp_path):
 
 if __name__ == "__main__":  # an FSDP worker: python tests/test_fsdp.py RANK PORT OUT_DIR
     sys.path.insert(0, str(ROOT))
-    _worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
+    run_as_worker(_worker, WORLD)
