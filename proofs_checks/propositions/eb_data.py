@@ -31,6 +31,7 @@ import contextlib
 import numpy as np
 
 from proofs_checks import capacity_domains as domain
+from proofs_checks import spectrum_forms as forms
 from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
@@ -173,6 +174,33 @@ def domains(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def estimator_forms(ctx: Context, wrong: bool) -> Outcome:
+    """Every comparison of ``spectrum_forms.comparisons(seed)``: the rank estimators, the
+    attention floor, the Marchenko–Pastur edge and the Tracy–Widom threshold of
+    ``reference.capacity`` against their definitions transcribed in exact rationals and in
+    mpmath (integers exactly, reals within the bounds derived there). Residual: the number of
+    wrong values, tolerance 0. Control (a near miss), substituted into
+    ``reference.capacity.spectra`` and the package namespace: the largest-gap rank's
+    denominators not floored, so values below the floor make a gap."""
+    unfloored = (
+        substituted(spectra, "largest_gap_rank", forms.unfloored_gap),
+        substituted(capacity, "largest_gap_rank", forms.unfloored_gap),
+    )
+    with contextlib.ExitStack() as stack:
+        for swap in unfloored if wrong else ():
+            stack.enter_context(swap)
+        found = list(forms.comparisons(ctx.seed))
+    bad = [c.label for c in found if c.wrong]
+    worst = max(c.ratio for c in found)
+    return Outcome(
+        not bad,
+        float(len(bad)),
+        0.0,
+        f"wrong values: {bad[:4] or 'none'} ({len(bad)}) of {len(found)}; the reals at "
+        f"{worst:.2g} of their bounds at most",
+    )
+
+
 register(
     Proposition(
         id="EB-4",
@@ -199,7 +227,10 @@ register(
             r"mixing are not those of a Wishart matrix with iid columns, so the count over-counts "
             r"part of the bulk as signal (measured at seeds 0--10: $\hat r\in\{4,\dots,9\}$ in "
             r"216 of 220 replicates, $\hat r=r^*$ in 2). The estimators and task builders "
-            r"accept the ends of the sizes they identify and refuse one past them."
+            r"accept the ends of the sizes they identify and refuse one past them, and the "
+            r"spectrum estimators (numerical, energy-threshold, entropy, Roy--Vetterli, stable "
+            r"and floored largest-gap ranks), the attention floor, the Marchenko--Pastur edge "
+            r"and the Tracy--Widom threshold equal their definitions."
         ),
         hypotheses=(
             "tokens iid N(0, I_d), noise iid N(0, σ²) independent of the tokens",
@@ -226,6 +257,12 @@ register(
                 "domains: every estimator's ends accepted, one past refused",
                 domains,
                 "the static mixer's OLS refusing S·d = n (S·d ≤ n)",
+            ),
+            Check(
+                "float64",
+                "estimators equal their definitions (exact rationals, mpmath)",
+                estimator_forms,
+                "the largest-gap rank's denominators not floored (σ_k/σ_{k+1})",
             ),
         ),
         seeds=(

@@ -1,0 +1,242 @@
+"""The spectrum estimators of ``reference.capacity`` against their definitions, transcribed here
+in exact rational arithmetic (``fractions.Fraction``: every float is a rational) and in mpmath at
+50 digits, independently of the library's code.
+
+What is compared, for every spectrum of ``spectra(seed)`` (flat spectra of rank 1 … 100, exact
+rank r with zeros, the docstrings' worked examples, a floor below which the values would make a
+gap, unsorted input, scales 1e-200 … 1e200, and random spectra of m = 1 … 64 values):
+
+- integers, exactly: the numerical rank #{σ_i > τσ₁} (τ as given), the energy-threshold rank
+  min{k : Σ_{i≤k} σ_i² ≥ η(1 − m·ε)Σσ_i²} with η the decimal it is written as and the slack
+  m·ε (ε = 2⁻⁵²) the docstring states (an exact tie ηr ∈ ℤ of a flat spectrum resolves to the
+  smaller k; at η = 1 a tail of energy below m·ε of the total, which the float sums cannot
+  see, does not count), and the largest-gap rank argmax_{σ_k > floor}
+  σ_k / max(σ_{k+1}, floor) (the first maximiser; ∞ when a zero follows a positive value, 0 when
+  σ₁ ≤ floor, 1 when m = 1). A random spectrum puts a value within one rounding of a threshold
+  or two ratios within one rounding of each other with probability of order m·u ≈ 1e-14 per
+  spectrum, so exact agreement is the claim;
+- reals, within derived bounds (u = 2⁻⁵³, γ_k = ku/(1 − ku)):
+  stable rank Σ(σ_i/σ₁)²: each term 3 roundings (a quotient, a square), the sum γ_{m−1}:
+  relative error ≤ γ_{m+2};
+  entropy ranks exp(−Σ p_i log p_i) (p_i = σ_i²/Σσ_j² or σ_i/Σσ_j): each p_i within γ_{m+3}
+  relative, each log within 2u|log p_i| (libm, 1 ulp) plus the γ_{m+3} it inherits, the products
+  and the sum γ_m·Σp_i|log p_i|: |ΔH| ≤ γ_{2m+8}(1 + L), L = max |log p_i| over p_i > 0; the
+  exponential adds 2u: relative error ≤ 1.01·γ_{2m+8}(1 + L) + 2u ≤ γ_{2m+12}(1 + L);
+  the attention floor max(SE, σ₁/n): one correctly rounded quotient, so the float of the exact
+  value, bit for bit;
+  the Marchenko–Pastur edge noise·(1 + √(p/N))²: p/N 1 rounding, √ halves it and adds one (1.5u),
+  1 + x adds one (2.5u), the square doubles it and pow adds ≤ 2u (7u), × noise (8u): γ_8;
+  the Tracy–Widom threshold noise·(μ + qσ)/N (Johnstone 2001): a, b = √(N − ½), √(p − ½) (u
+  each), a + b (2u), μ = (a + b)² (6u), 1/a + 1/b (3u), its cube root (u + 2u + u·|log| of the
+  rounded ⅓: 4.1u), σ (7.1u), qσ (8.1u, q the float of its decimal), μ + qσ (10.1u), × noise,
+  / N (12.1u): γ_13. The Tracy–Widom quantiles q are the table of Tracy & Widom (1996) and
+  Bejan (2005), written here again, not read from the library.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+
+from proofs_checks.bounds import FLOAT64_U, gamma
+from reference import capacity
+
+#: P(TW₁ ≤ q) = key: Tracy & Widom (1996), Bejan (2005).
+TW1_QUANTILES = {0.90: 0.4501, 0.95: 0.9793, 0.99: 2.0234}
+TAUS, ETAS, QUANTILES = (0.0, 1e-3, 1e-2, 0.5), (0.5, 0.9, 0.99, 1.0), (0.90, 0.95, 0.99)
+#: Noise edges at (noise, p, N): the sizes of EB-4 (a) and (b), p = N, p = 1 and a large N.
+EDGE_SIZES = ((0.01, 16, 1600), (0.01, 16, 3600), (2.5, 7, 7), (1.0, 1, 1), (1e-3, 64, 10**6))
+TAG = 403
+
+
+def _exact(s: np.ndarray) -> list[Fraction]:
+    return sorted((Fraction(float(v)) for v in s), reverse=True)
+
+
+def numerical_rank(s: np.ndarray, tau: float) -> int:
+    """#{i : σ_i > τσ₁}, 0 for a zero spectrum."""
+    f = _exact(s)
+    if not f or f[0] == 0:
+        return 0
+    return sum(1 for v in f if v > Fraction(tau) * f[0])
+
+
+def energy_threshold_rank(s: np.ndarray, eta: float) -> int:
+    """min{k : Σ_{i≤k} σ_i² ≥ η(1 − m·ε)Σσ_i²} with η the decimal ``repr(eta)`` names and the
+    relative slack m·ε (ε = 2⁻⁵²) of the docstring, 0 for a zero spectrum."""
+    f = _exact(s)
+    if not f or f[0] == 0:
+        return 0
+    total, cum = sum(v * v for v in f), Fraction(0)
+    target = Fraction(repr(eta)) * (1 - len(f) * Fraction(1, 2**52)) * total
+    for k, v in enumerate(f, start=1):
+        cum += v * v
+        if cum >= target:
+            return k
+    raise AssertionError("unreachable: the whole sum reaches η·total for η ≤ 1")
+
+
+def largest_gap_rank(s: np.ndarray, floor: float) -> int:
+    """argmax_{1≤k<m, σ_k > floor} σ_k / max(σ_{k+1}, floor), the first maximiser (∞ for a zero
+    after a positive value); 0 when σ₁ ≤ floor or σ₁ = 0, 1 when m = 1."""
+    f, lo = _exact(s), Fraction(floor)
+    if not f or f[0] == 0 or f[0] <= lo:
+        return 0
+    if len(f) == 1:
+        return 1
+    best, best_k = None, 0
+    for k in range(1, len(f)):
+        num, den = f[k - 1], max(f[k], lo)
+        if num <= lo:
+            continue
+        ratio = float("inf") if den == 0 else num / den
+        if best is None or ratio > best:
+            best, best_k = ratio, k
+    return best_k
+
+
+def stable_rank(s: np.ndarray) -> Fraction:
+    """Σσ_i²/σ₁², 0 for a zero spectrum."""
+    f = _exact(s)
+    if not f or f[0] == 0:
+        return Fraction(0)
+    return sum(v * v for v in f) / (f[0] * f[0])
+
+
+def entropy_rank(s: np.ndarray, power: int) -> tuple[mpmath.mpf, float]:
+    """exp(−Σ p_i log p_i), p_i = σ_i^power / Σσ_j^power (0 log 0 := 0; 0 for a zero spectrum),
+    at 50 digits, with L = max |log p_i| over p_i > 0 (the bound's factor)."""
+    with mpmath.workdps(50):
+        w = [mpmath.mpf(float(v)) ** power for v in s]
+        total = mpmath.fsum(w)
+        if total == 0:
+            return mpmath.mpf(0), 0.0
+        p = [x / total for x in w if x > 0]
+        h = -mpmath.fsum(x * mpmath.log(x) for x in p)
+        return mpmath.exp(h), float(max(abs(mpmath.log(x)) for x in p))
+
+
+def mp_edge(noise: float, p: int, dof: int) -> mpmath.mpf:
+    """noise·(1 + √(p/N))²."""
+    with mpmath.workdps(50):
+        return mpmath.mpf(noise) * (1 + mpmath.sqrt(mpmath.mpf(p) / dof)) ** 2
+
+
+def tracy_widom_threshold(noise: float, p: int, dof: int, quantile: float) -> mpmath.mpf:
+    """noise·(μ + qσ)/N with μ = (a + b)², σ = (a + b)(1/a + 1/b)^{1/3}, a = √(N − ½),
+    b = √(p − ½) (Johnstone 2001), q the TW₁ quantile."""
+    with mpmath.workdps(50):
+        a, b = mpmath.sqrt(mpmath.mpf(dof) - 0.5), mpmath.sqrt(mpmath.mpf(p) - 0.5)
+        mu = (a + b) ** 2
+        sigma = (a + b) * mpmath.cbrt(1 / a + 1 / b)
+        q = mpmath.mpf(repr(TW1_QUANTILES[quantile]))
+        return mpmath.mpf(noise) * (mu + q * sigma) / dof
+
+
+def spectra(seed: int) -> list[tuple[str, np.ndarray, float]]:
+    """(label, spectrum, floor) cases: named ones, then 24 random spectra of
+    default_rng([seed, 403]) (m from 1 to 64, log-uniform values over 4 decades, shuffled,
+    scaled by 10^k for k in −200 … 200, a floor at a random fraction of σ₁ or 0)."""
+    named = [
+        *((f"flat rank {r}", np.ones(r), 0.0) for r in (1, 2, 3, 10, 20, 100)),
+        ("rank 3 of 5, zeros after", np.array([1.0, 0.5, 0.25, 0.0, 0.0]), 0.0),
+        ("zero spectrum", np.zeros(3), 0.0),
+        ("one value", np.array([2.0]), 0.0),
+        ("one value at its floor", np.array([2.0]), 2.0),
+        ("docstring example", np.array([3.0, 2.5, 2.0, 1.5]), 0.0),
+        ("with twenty 0.008", np.array([3.0, 2.5, 2.0, 1.5] + [0.008] * 20), 0.0),
+        ("below the floor, no gap", np.array([1.0, 0.2, 0.1, 0.001]), 0.05),
+        ("below the floor, floor 0", np.array([1.0, 0.2, 0.1, 0.001]), 0.0),
+        ("unsorted", np.array([0.1, 3.0, 0.001, 0.7, 0.7]), 0.0),
+        ("tiny scale", 1e-200 * np.array([1.0, 0.9, 0.05, 0.04]), 1e-202),
+        ("huge scale", 1e200 * np.array([1.0, 0.9, 0.05, 0.04]), 0.0),
+    ]
+    rng = np.random.default_rng([seed, TAG])
+    drawn = []
+    for i, m in enumerate(np.resize([1, 2, 3, 5, 8, 17, 33, 64], 24)):
+        values = rng.permutation(10.0 ** rng.uniform(-4, 0, int(m)))
+        scale = 10.0 ** int(rng.integers(-200, 201))
+        floor = float(rng.uniform(0, 0.5)) * float(values.max()) * scale if i % 2 else 0.0
+        drawn.append((f"random {i} (m = {m})", values * scale, floor))
+    return named + drawn
+
+
+@dataclass(frozen=True)
+class Comparison:
+    label: str
+    wrong: bool
+    ratio: float  #: error / bound for reals (0 for integers)
+
+
+def _integer(label: str, got: int, want: int) -> Comparison:
+    return Comparison(f"{label}: {got} ≠ {want}", got != want, 0.0)
+
+
+def _real(label: str, got: float, want: object, bound: float) -> Comparison:
+    want = float(want)
+    err = abs(got - want) / abs(want) if want else abs(got)
+    ratio = err / bound if bound else (0.0 if err == 0 else float("inf"))
+    return Comparison(f"{label}: {got!r} against {want!r}", ratio > 1.0, ratio)
+
+
+def comparisons(seed: int) -> Iterator[Comparison]:
+    """Every value of the library's estimators (called through ``reference.capacity``) against
+    its transcription, at every τ, η and the spectrum's floor; then the noise edges."""
+    u = FLOAT64_U
+    for label, s, floor in spectra(seed):
+        m = s.size
+        for tau in TAUS:
+            got = capacity.numerical_rank(s, tau)
+            yield _integer(f"{label}, numerical rank τ = {tau:g}", got, numerical_rank(s, tau))
+        for eta in ETAS:
+            got = capacity.energy_threshold_rank(s, eta)
+            want = energy_threshold_rank(s, eta)
+            yield _integer(f"{label}, energy rank η = {eta:g}", got, want)
+        for f in {0.0, floor}:
+            got = capacity.largest_gap_rank(s, f)
+            yield _integer(f"{label}, largest gap, floor {f:g}", got, largest_gap_rank(s, f))
+        yield _real(f"{label}, stable rank", capacity.stable_rank(s), stable_rank(s), gamma(m + 2))
+        for name, power in (("energy_effective_rank", 2), ("roy_vetterli_rank", 1)):
+            want, big_l = entropy_rank(s, power)
+            bound = gamma(2 * m + 12) * (1 + big_l)
+            yield _real(f"{label}, {name}", getattr(capacity, name)(s), want, bound)
+        every = capacity.estimate_all(s, 1e-3, floor)
+        expected = {
+            "numerical_rank(tau=0.001)": numerical_rank(s, 1e-3),
+            "numerical_rank(tau=0.01)": numerical_rank(s, 1e-2),
+            "energy_threshold_rank(eta=0.9)": energy_threshold_rank(s, 0.9),
+            "energy_threshold_rank(eta=0.99)": energy_threshold_rank(s, 0.99),
+            "largest_gap_rank": largest_gap_rank(s, floor),
+        }
+        for key, want in expected.items():
+            yield _integer(f"{label}, estimate_all[{key}]", every[key], want)
+        for se, n in ((0.0, 16), (floor, 3), (1e-3 * float(s.max(initial=0.0)), 1)):
+            got = capacity.attention_gap_floor(s, se, n)
+            top = max(_exact(s), default=Fraction(0))
+            yield _real(
+                f"{label}, gap floor SE = {se:g}, n = {n}", got, max(Fraction(se), top / n), 0.0
+            )
+    for noise, p, dof in EDGE_SIZES:
+        got = capacity.mp_edge(noise, p, dof)
+        yield _real(f"MP edge ({noise:g}, {p}, {dof})", got, mp_edge(noise, p, dof), gamma(8, u))
+        for q in QUANTILES:
+            got = capacity.tracy_widom_threshold(noise, p, dof, q)
+            want = tracy_widom_threshold(noise, p, dof, q)
+            yield _real(f"TW{q:g} ({noise:g}, {p}, {dof})", got, want, gamma(13, u))
+
+
+def unfloored_gap(s: np.ndarray, floor: float = 0.0) -> int:
+    """The near miss of the estimators' check: the largest-gap rank with denominators that
+    ignore the floor (σ_k/σ_{k+1}, candidates still σ_k > floor), so values below the floor make
+    a gap: (1, 0.2, 0.1, 0.001) at floor 0.05 gives 3 for the true 1."""
+    s = np.sort(np.asarray(s, dtype=np.float64))[::-1]
+    if s.size == 0 or s[0] == 0.0 or s[0] <= floor:
+        return 0
+    num, den = s[:-1], s[1:]
+    ratio = np.full(num.shape, np.inf)
+    np.divide(num, den, out=ratio, where=den > 0)
+    return int(np.argmax(np.where(num > floor, ratio, 0.0))) + 1 if s.size > 1 else 1

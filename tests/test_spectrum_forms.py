@@ -1,0 +1,97 @@
+"""EB-4's estimator check: the transcriptions of ``spectrum_forms`` reproduce the worked values
+that the estimators' docstrings state, every estimator is really compared (a variant of any one
+of them is caught), and the cases cover the claimed domain."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from proofs_checks import spectrum_forms as sf
+from proofs_checks.harness import substituted
+from reference import capacity
+from reference.capacity import spectra
+
+EXAMPLE = np.array([3.0, 2.5, 2.0, 1.5])
+
+
+def test_the_transcriptions_give_the_docstrings_worked_values() -> None:
+    assert round(float(sf.entropy_rank(EXAMPLE, 2)[0]), 3) == 3.571
+    assert round(float(sf.entropy_rank(EXAMPLE, 1)[0]), 3) == 3.876
+    tail = np.concatenate([EXAMPLE, np.full(20, 0.008)])
+    assert round(float(sf.entropy_rank(tail, 1)[0]), 3) == 4.356
+    assert abs(float(sf.entropy_rank(tail, 2)[0] - sf.entropy_rank(EXAMPLE, 2)[0])) < 0.01
+    assert sf.stable_rank(EXAMPLE) == Fraction(43, 18)  # 21.5/9
+    floored = np.array([1.0, 0.2, 0.1, 0.001])  # values below 0.05 must not make a gap
+    assert sf.largest_gap_rank(floored, 0.05) == 1
+    assert sf.largest_gap_rank(floored, 0.0) == 3 == sf.unfloored_gap(floored, 0.05)
+    assert sf.largest_gap_rank(np.array([1.0, 0.5, 0.0]), 0.0) == 2  # exact rank 2
+    assert [sf.energy_threshold_rank(np.ones(r), 0.9) for r in (1, 10, 20)] == [1, 9, 18]
+    assert sf.energy_threshold_rank(np.ones(100), 0.99) == 99
+
+
+def test_the_library_reads_the_same_tracy_widom_table() -> None:
+    assert spectra.TRACY_WIDOM_1 == sf.TW1_QUANTILES
+
+
+def test_the_library_agrees_with_every_transcription() -> None:
+    found = list(sf.comparisons(0))
+    assert [c.label for c in found if c.wrong] == []
+    assert 0.0 < max(c.ratio for c in found) <= 1.0
+
+
+def _off(name: str):
+    """A variant of ``capacity.name`` wrong by little: an integer one too large, a real one
+    part in 10⁹ too large, or ``estimate_all`` with one value one too large."""
+    original = getattr(capacity, name)
+
+    def variant(*args, **kwargs):
+        value = original(*args, **kwargs)
+        if isinstance(value, dict):
+            return {**value, "largest_gap_rank": value["largest_gap_rank"] + 1}
+        return value + 1 if isinstance(value, int) else value * (1 + 1e-9)
+
+    return variant
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "numerical_rank",
+        "energy_threshold_rank",
+        "largest_gap_rank",
+        "stable_rank",
+        "energy_effective_rank",
+        "roy_vetterli_rank",
+        "attention_gap_floor",
+        "estimate_all",
+        "mp_edge",
+        "tracy_widom_threshold",
+    ],
+)
+def test_a_variant_of_any_estimator_is_caught(name: str) -> None:
+    with substituted(capacity, name, _off(name)):
+        wrong = [c.label for c in sf.comparisons(0) if c.wrong]
+    assert wrong, name
+
+
+def test_a_real_value_twice_its_bound_off_is_rejected_and_the_bounds_are_tight() -> None:
+    bound = sf.gamma(2 * 64 + 12) * 2
+    assert not sf._real("x", 1.0 + bound / 2, 1.0, bound).wrong
+    assert sf._real("x", 1.0 + 2 * bound, 1.0, bound).wrong
+    assert sf._real("exact", np.nextafter(1.0, 2.0), 1.0, 0.0).wrong  # a zero bound: bit for bit
+    assert bound < 1e-13  # the claim is about the last digits, not a loose agreement
+
+
+def test_the_cases_cover_the_claimed_domain() -> None:
+    cases = sf.spectra(0)
+    sizes = {s.size for _, s, _ in cases}
+    assert {1, 64, 100} <= sizes
+    tops = [float(s.max()) for _, s, _ in cases if s.size and s.max() > 0]
+    assert min(tops) < 1e-150 and max(tops) > 1e150
+    assert any(f > 0 for _, _, f in cases) and any(f == 0 for _, _, f in cases)
+    assert any(np.any(np.diff(s) > 0) for _, s, _ in cases)  # an unsorted input
+    assert any(np.any(s == 0) and s.max() > 0 for _, s, _ in cases)  # exact rank with zeros
+    assert sf.spectra(0)[-1][1].tolist() != sf.spectra(1)[-1][1].tolist()  # seeded
