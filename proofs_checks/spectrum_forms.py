@@ -31,10 +31,21 @@ gap, unsorted input, scales 1e-200 … 1e200, and random spectra of m = 1 … 64
   rounded ⅓: 4.1u), σ (7.1u), qσ (8.1u, q the float of its decimal), μ + qσ (10.1u), × noise,
   / N (12.1u): γ_13. The Tracy–Widom quantiles q are the table of Tracy & Widom (1996) and
   Bejan (2005), written here again, not read from the library.
+
+The token Gram and its count, on seeded static tasks (``GRAM_SIZES``): the Gram entrywise
+against its exact rational value within γ_{S·d_v+3}·(Σ_s|Y_s||Y_s|ᵀ)/(S·d_v) (a sum of S·d_v
+products, a quotient, the symmetrisation); the count's eigenvalues decreasing and summing to
+tr G within that bound's trace plus n²·u·λ₁ (LAPACK's backward error ‖E‖₂ ≤ p(n)·u·‖G‖₂, p(n)
+taken as n, summed over n eigenvalues); and its fixed point, transcribed on those eigenvalues
+(so that the solver's rounding is not in the comparison): the count exactly, the noise mean
+within γ_n (a mean of at most n values) and the threshold within γ₁₃ + γ_n (linear in the
+noise). Every estimator is also called with its documented defaults (τ = 1e-3, η = 0.9,
+floor 0, quantile 0.99).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
@@ -48,6 +59,20 @@ from reference import capacity
 #: P(TW₁ ≤ q) = key: Tracy & Widom (1996), Bejan (2005).
 TW1_QUANTILES = {0.90: 0.4501, 0.95: 0.9793, 0.99: 2.0234}
 TAUS, ETAS, QUANTILES = (0.0, 1e-3, 1e-2, 0.5), (0.5, 0.9, 0.99, 1.0), (0.90, 0.95, 0.99)
+#: The documented defaults (docs/entropic_bound.md): τ, η, the gap's floor, the TW quantile.
+TAU, ETA, FLOOR, QUANTILE = 1e-3, 0.9, 0.0, 0.99
+#: Token Grams and counts at (S, n, d_v, r*, scale of Y): static tasks (noise 0.1, decaying
+#: σ(A*)) where the count moves from k = 0 to its fixed point, one at the scale 1e-100, r* = 0
+#: (noise only), n = 1, and S·d_v < n (a Gram of rank S·d_v, whose other eigenvalues are
+#: rounding, below the count's floor n·ε·λ₁).
+GRAM_SIZES = (
+    (40, 8, 4, 2, 1.0),
+    (60, 12, 3, 4, 1.0),
+    (40, 8, 4, 2, 1e-100),
+    (30, 6, 2, 0, 1.0),
+    (20, 1, 3, 0, 1.0),
+    (2, 8, 2, 0, 1.0),
+)
 #: Noise edges at (noise, p, N): the sizes of EB-4 (a) and (b), p = N, p = 1 and a large N.
 EDGE_SIZES = ((0.01, 16, 1600), (0.01, 16, 3600), (2.5, 7, 7), (1.0, 1, 1), (1e-3, 64, 10**6))
 TAG = 403
@@ -137,6 +162,44 @@ def tracy_widom_threshold(noise: float, p: int, dof: int, quantile: float) -> mp
         return mpmath.mpf(noise) * (mu + q * sigma) / dof
 
 
+def token_gram(y: np.ndarray) -> list[list[Fraction]]:
+    """G_ij = Σ_s Σ_c Y_s[i, c]·Y_s[j, c] / (S·d_v), exactly."""
+    s, n, dv = y.shape
+    f = [[[Fraction(float(v)) for v in row] for row in ys] for ys in y]
+    return [
+        [
+            sum(a * b for ys in f for a, b in zip(ys[i], ys[j], strict=True)) / (s * dv)
+            for j in range(n)
+        ]
+        for i in range(n)
+    ]
+
+
+def gram_bound(y: np.ndarray) -> np.ndarray:
+    """|Ĝ − G| entrywise: γ_{S·d_v+3}·(Σ|Y_s||Y_s|ᵀ)/(S·d_v) (a sum of S·d_v products, a
+    quotient, the symmetrisation's sum and halving)."""
+    s, _, dv = y.shape
+    a = np.abs(y)
+    return gamma(s * dv + 3) * np.einsum("sic,sjc->ij", a, a) / (s * dv)
+
+
+def gram_count(lam: list[float], dof: int, quantile: float) -> tuple[int, float, float]:
+    """The fixed point of k ↦ min(#{λ_i > max(TW(mean(λ_{k+1…n}), n, N, q), n·ε·λ₁)}, n − 1)
+    from k = 0, stopping when k no longer grows, on eigenvalues λ₁ ≥ … ≥ λ_n (N = S·d_v):
+    (k, the noise mean, the threshold), the mean and the threshold in mpmath."""
+    n = len(lam)
+    tiny = n * 2.0**-52 * max(lam[0], 0.0)
+    k = 0
+    with mpmath.workdps(50):
+        while True:
+            noise = mpmath.fsum(lam[k:]) / (n - k)
+            threshold = max(tracy_widom_threshold(max(noise, 0), n, dof, quantile), tiny)
+            k_new = min(sum(1 for v in lam if v > threshold), n - 1)
+            if k_new <= k:
+                return k, float(noise), float(threshold)
+            k = k_new
+
+
 def spectra(seed: int) -> list[tuple[str, np.ndarray, float]]:
     """(label, spectrum, floor) cases: named ones, then 24 random spectra of
     default_rng([seed, 403]) (m from 1 to 64, log-uniform values over 4 decades, shuffled,
@@ -213,7 +276,15 @@ def comparisons(seed: int) -> Iterator[Comparison]:
             "largest_gap_rank": largest_gap_rank(s, floor),
         }
         for key, want in expected.items():
-            yield _integer(f"{label}, estimate_all[{key}]", every[key], want)
+            yield _integer(f"{label}, estimate_all[{key}]", every.get(key, -1), want)
+        defaults = (
+            ("numerical rank", capacity.numerical_rank(s), numerical_rank(s, TAU)),
+            ("energy rank", capacity.energy_threshold_rank(s), energy_threshold_rank(s, ETA)),
+            ("largest gap", capacity.largest_gap_rank(s), largest_gap_rank(s, FLOOR)),
+            ("estimate_all", capacity.estimate_all(s), capacity.estimate_all(s, TAU, FLOOR)),
+        )
+        for name, got, want in defaults:
+            yield _integer(f"{label}, {name} at its defaults", got, want)
         for se, n in ((0.0, 16), (floor, 3), (1e-3 * float(s.max(initial=0.0)), 1)):
             got = capacity.attention_gap_floor(s, se, n)
             top = max(_exact(s), default=Fraction(0))
@@ -227,6 +298,47 @@ def comparisons(seed: int) -> Iterator[Comparison]:
             got = capacity.tracy_widom_threshold(noise, p, dof, q)
             want = tracy_widom_threshold(noise, p, dof, q)
             yield _real(f"TW{q:g} ({noise:g}, {p}, {dof})", got, want, gamma(13, u))
+        got = capacity.tracy_widom_threshold(noise, p, dof)
+        yield _real(f"TW default ({noise:g}, {p}, {dof})", got, want, gamma(13, u))
+    yield from gram_comparisons(seed)
+
+
+def gram_comparisons(seed: int) -> Iterator[Comparison]:
+    """The token Gram against its exact value, entrywise within ``gram_bound``; its count
+    (at the default quantile and at 0.95) against ``gram_count`` on the library's eigenvalues,
+    which must be decreasing and sum to the Gram's trace within the bound's trace: the rank
+    exactly, the noise mean within γ_n and the threshold within γ_13 + γ_n, relative."""
+    for i, (s, n, dv, r, scale) in enumerate(GRAM_SIZES):
+        rng = np.random.default_rng([seed, TAG, 1, i])
+        if r:
+            y = scale * capacity.static_task(s, n, n, dv, r, rng, noise=0.1, spec="decay").y
+        else:  # noise only
+            y = scale * rng.standard_normal((s, n, dv))
+        label = f"token Gram (S, n, d_v, r*, scale) = {(s, n, dv, r, scale)}"
+        exact, bound = token_gram(y), gram_bound(y)
+        got = capacity.token_gram(y)
+        errors = [
+            float(abs(Fraction(float(got[a, b])) - exact[a][b])) / bound[a, b]
+            for a in range(n)
+            for b in range(n)
+        ]
+        worst = max(errors)
+        yield Comparison(f"{label}: entry error {worst:.2g} of its bound", worst > 1.0, worst)
+        counts = {QUANTILE: capacity.token_gram_count(y), 0.95: capacity.token_gram_count(y, 0.95)}
+        for q, count in counts.items():
+            lam = [float(v) for v in count.eigenvalues]
+            trace = float(sum(exact[a][a] for a in range(n)))
+            # the Gram's rounding, and LAPACK's backward error ‖E‖₂ ≤ p(n)·u·λ₁ (p(n) = n) n times
+            slack = float(np.trace(bound)) + n * n * FLOAT64_U * abs(lam[0])
+            ordered = (
+                all(a >= b for a, b in itertools.pairwise(lam)) and abs(sum(lam) - trace) <= slack
+            )
+            yield Comparison(f"{label}: eigenvalues decreasing, summing to tr G", not ordered, 0.0)
+            k, noise, threshold = gram_count(lam, s * dv, q)
+            yield _integer(f"{label}, count at q = {q:g}", count.rank, k)
+            yield _real(f"{label}, noise at q = {q:g}", count.noise, noise, gamma(n))
+            bound_t = gamma(13) + gamma(n)
+            yield _real(f"{label}, threshold at q = {q:g}", count.threshold, threshold, bound_t)
 
 
 def unfloored_gap(s: np.ndarray, floor: float = 0.0) -> int:

@@ -43,14 +43,17 @@ def test_the_library_agrees_with_every_transcription() -> None:
 
 
 def _off(name: str):
-    """A variant of ``capacity.name`` wrong by little: an integer one too large, a real one
-    part in 10⁹ too large, or ``estimate_all`` with one value one too large."""
+    """A variant of ``capacity.name`` wrong by little: an integer one too large, a real (or
+    the token Gram) one part in 10⁹ too large, ``estimate_all`` with one value one too large, a
+    token-Gram count one too large."""
     original = getattr(capacity, name)
 
     def variant(*args, **kwargs):
         value = original(*args, **kwargs)
         if isinstance(value, dict):
             return {**value, "largest_gap_rank": value["largest_gap_rank"] + 1}
+        if isinstance(value, capacity.GramCount):
+            return value._replace(rank=value.rank + 1)
         return value + 1 if isinstance(value, int) else value * (1 + 1e-9)
 
     return variant
@@ -69,6 +72,8 @@ def _off(name: str):
         "estimate_all",
         "mp_edge",
         "tracy_widom_threshold",
+        "token_gram",
+        "token_gram_count",
     ],
 )
 def test_a_variant_of_any_estimator_is_caught(name: str) -> None:
@@ -83,6 +88,16 @@ def test_a_real_value_twice_its_bound_off_is_rejected_and_the_bounds_are_tight()
     assert sf._real("x", 1.0 + 2 * bound, 1.0, bound).wrong
     assert sf._real("exact", np.nextafter(1.0, 2.0), 1.0, 0.0).wrong  # a zero bound: bit for bit
     assert bound < 1e-13  # the claim is about the last digits, not a loose agreement
+
+
+def test_the_count_is_transcribed_from_its_fixed_point() -> None:
+    """On eigenvalues (1, 0.5, 0.2, 0.1 × 13) a first round (noise = the mean of all, 0.1875)
+    counts 2, the fixed point 3 (noise 0.1): the transcription iterates, as the docstring
+    states."""
+    lam = [1.0, 0.5, 0.2] + [0.1] * 13
+    assert sf.tracy_widom_threshold(sum(lam) / 16, 16, 10_000, 0.99) > 0.2  # one round: 2
+    k, noise, threshold = sf.gram_count(lam, 10_000, 0.99)
+    assert k == 3 and noise == pytest.approx(0.1) and 0.1 < threshold < 0.2
 
 
 def test_the_cases_cover_the_claimed_domain() -> None:
