@@ -7,10 +7,16 @@ for the first-order softmax regression; n ≤ d_v and n ≤ d for the inversion 
 1 ≤ r ≤ d for a planted kernel, 0 ≤ r ≤ n for a planted mixer, r ≥ 0 for a student; every
 size ≥ 1; τ ∈ [0, 1) and η ∈ (0, 1] for the thresholded ranks; p, dof ≥ 1 for the noise edges;
 a student width in 1 … limit, steps ≥ 0 and init ≥ 0 for the trainers.
+
+And the defaults (``DEFAULTS``, the table of docs/entropic_bound.md written again here): each
+function that has defaults, called without them, returns what it returns with the documented
+values passed explicitly (the same random draws, bitwise), so a default moved in the library
+changes a result.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +62,8 @@ def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
 
 #: A spectrum for the rank estimators' parameter ends.
 SPECTRUM = np.array([1.0, 0.5, 0.1])
+#: A spectrum whose ranks move with their defaults: 1.5e-3 lies between τ = 1e-3 and 2e-3.
+SENSITIVE = np.array([1.0, 0.5, 0.1, 0.0015, 0.0012])
 
 EDGES = [
     Edge("OLS mixer at S·d = n", pretraining, "ols_static_mixer", _xy(2, 4, 2, 2), False),
@@ -140,6 +148,137 @@ EDGES = [
     Edge("student at width n + 1", trainers, "train_static_student", _student(4), True),
     Edge("student at width 0", trainers, "train_static_student", _student(0), True),
 ]
+
+
+@dataclass(frozen=True)
+class Default:
+    module: Any
+    function: str
+    args: Callable[[np.random.Generator], tuple]
+    documented: dict
+
+
+def _task_args(rng: np.random.Generator) -> tuple:
+    return (6, 3, 3, 2, 2)
+
+
+def _static_fit(rng: np.random.Generator) -> tuple:
+    x, y = _xy(6, 3, 2, 2)(rng)
+    return x, y, np.eye(2)
+
+
+def _linear_fit(rng: np.random.Generator) -> tuple:
+    x, y = _xy(6, 3, 3, 2)(rng)
+    return x, y, tasks.orthonormal(3, 2, rng), 1
+
+
+def _floored_inversion(rng: np.random.Generator) -> tuple:
+    """Y = A X W_V with an invertible X W_V (n = d = d_v = 3) and entries of A of 1e-13, below
+    the estimator's floor: its result moves with the floor."""
+    x, w = rng.standard_normal((4, 3, 3)), tasks.orthonormal(3, 3, rng)
+    a = rng.uniform(0.1, 1.0, (4, 3, 3))
+    a[:, 0, 1] = 1e-13
+    return x, a @ x @ w, w
+
+
+def _risk(rng: np.random.Generator) -> tuple:
+    """A, A* (n = 3) and W* (d = 3, d_v = 2)."""
+    return tuple(rng.standard_normal(shape) for shape in ((3, 3), (3, 3), (3, 2)))
+
+
+#: The documented defaults (docs/entropic_bound.md, "Defaults"), with the positional arguments
+#: each function is called with. ``c=None`` is the identity covariance.
+DEFAULTS = [
+    Default(tasks, "planted_spectrum", lambda rng: (3,), {"spec": "flat"}),
+    Default(tasks, "planted_kernel", lambda rng: (3, 2, rng), {"spec": "flat", "psd": False}),
+    Default(tasks, "planted_mixer", lambda rng: (3, 2, rng), {"spec": "flat"}),
+    Default(
+        tasks,
+        "softmax_attention_mixing",
+        lambda rng: (rng.standard_normal((2, 3, 3)), rng.standard_normal((3, 3))),
+        {"beta": 1.0},
+    ),
+    Default(
+        tasks,
+        "static_task",
+        _task_args,
+        {"seed": 0, "noise": 0.01, "spec": "flat", "covariance": None},
+    ),
+    Default(
+        tasks,
+        "linear_qk_task",
+        _task_args,
+        {"seed": 0, "noise": 0.01, "spec": "flat", "psd": False},
+    ),
+    Default(
+        tasks,
+        "softmax_task",
+        _task_args,
+        {"beta": 2.0, "seed": 0, "noise": 0.01, "spec": "flat", "psd": False},
+    ),
+    Default(tasks, "static_excess_risk", _risk, {"c": np.eye(3)}),
+    Default(tasks, "deficiency_bound", lambda rng: (*_risk(rng)[1:], 1), {"c": np.eye(3)}),
+    Default(tasks, "truncated_mixer", lambda rng: (_risk(rng)[1], 1), {"c": np.eye(3)}),
+    Default(spectra, "numerical_rank", lambda rng: (SENSITIVE,), {"tau": 0.001}),
+    Default(spectra, "energy_threshold_rank", lambda rng: (SENSITIVE,), {"eta": 0.9}),
+    Default(spectra, "largest_gap_rank", lambda rng: (SENSITIVE,), {"floor": 0.0}),
+    Default(spectra, "estimate_all", lambda rng: (SENSITIVE,), {"tau": 0.001, "floor": 0.0}),
+    Default(spectra, "tracy_widom_threshold", lambda rng: (1.0, 16, 1600), {"quantile": 0.99}),
+    Default(
+        spectra,
+        "token_gram_count",
+        lambda rng: (rng.standard_normal((20, 4, 2)),),
+        {"quantile": 0.99},
+    ),
+    Default(
+        trainers,
+        "train_static_student",
+        _static_fit,
+        {"width": None, "steps": 1000, "lr": 0.1, "init": 0.001, "seed": 0},
+    ),
+    Default(
+        trainers,
+        "train_linear_qk_student",
+        _linear_fit,
+        {"steps": 1000, "lr": 0.2, "init": 0.01, "seed": 0},
+    ),
+    Default(
+        pretraining,
+        "inversion_estimator",
+        _floored_inversion,
+        {"beta": 1.0, "floor": 1e-12},
+    ),
+]
+
+
+def _same(a: Any, b: Any) -> bool:
+    if dataclasses.is_dataclass(a):
+        return type(a) is type(b) and all(
+            _same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
+    if isinstance(a, tuple):
+        return type(a) is type(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b, equal_nan=True)
+    return bool(a == b)
+
+
+def moved_defaults(seed: int) -> list[str]:
+    """The functions of ``DEFAULTS`` whose call without the defaults differs from the call with
+    the documented values (each called through its module's attribute on the same draws)."""
+    moved = []
+    for i, case in enumerate(DEFAULTS):
+        function = getattr(case.module, case.function)
+        explicit = function(*case.args(np.random.default_rng([seed, 12, i])), **case.documented)
+        try:
+            implicit = function(*case.args(np.random.default_rng([seed, 12, i])))
+        except ValueError:  # a default moved out of its domain
+            implicit = None
+        if implicit is None or not _same(implicit, explicit):
+            moved.append(f"{case.function}'s defaults")
+    return moved
 
 
 def wrong_decisions(seed: int) -> list[str]:

@@ -3,8 +3,10 @@ an end, and a function that refuses its own end (an off-by-one) is caught, which
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from proofs_checks import capacity_domains as cd
@@ -38,3 +40,35 @@ def test_the_ols_near_miss_refuses_only_the_end() -> None:
         cd.pretraining, "ols_static_mixer", cd.ols_refusing_its_end(cd.pretraining.ols_static_mixer)
     ):
         assert cd.wrong_decisions(0) == ["OLS mixer at S·d = n"]
+
+
+def _moved(value):
+    """A default moved by a little: an integer one up, a real doubled (0 made 0.3), a flag
+    flipped, a spectrum name changed, ``None`` made the covariance 2I."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 if value else 0.3
+    if isinstance(value, str):
+        return "decay"
+    return 2 * np.eye(3) if value is None else 2 * value
+
+
+@pytest.mark.parametrize("case", cd.DEFAULTS, ids=lambda c: c.function)
+def test_every_documented_default_moved_is_caught(case) -> None:
+    original = getattr(case.module, case.function)
+    signature = inspect.signature(original)
+    for key, value in case.documented.items():
+        if key == "width":  # None is the only legal value below the student's limit here
+            continue
+
+        def variant(*args, _key=key, _value=value, **kwargs):
+            if _key not in signature.bind_partial(*args, **kwargs).arguments:
+                kwargs[_key] = _moved(_value)
+            return original(*args, **kwargs)
+
+        with substituted(case.module, case.function, variant):
+            assert cd.moved_defaults(0) == [f"{case.function}'s defaults"], key
+    assert cd.moved_defaults(0) == []

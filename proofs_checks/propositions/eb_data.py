@@ -159,18 +159,22 @@ def domains(ctx: Context, wrong: bool) -> Outcome:
     """Every call of ``capacity_domains.EDGES``: the estimators and task builders at the ends
     of their domains (S·d = n for the static OLS, S = d + 1 for the first-order regression,
     n = d = d_v for the inversion, r = 1 and r = d for a kernel, …) are accepted and one step
-    past them refused. Residual: the number of wrong decisions, tolerance 0. Control: the
-    static mixer's OLS refusing S·d = n, substituted into ``reference.capacity.pretraining``."""
+    past them refused; and every function of ``capacity_domains.DEFAULTS`` returns without its
+    defaults what it returns with the documented values. Residual: the number of wrong
+    decisions and moved defaults, tolerance 0. Control: the static mixer's OLS refusing
+    S·d = n, substituted into ``reference.capacity.pretraining``."""
     variant = domain.ols_refusing_its_end(pretraining.ols_static_mixer)
     with (
         substituted(pretraining, "ols_static_mixer", variant) if wrong else contextlib.nullcontext()
     ):
         wrong_calls = domain.wrong_decisions(ctx.seed)
+    moved = domain.moved_defaults(ctx.seed)
     return Outcome(
-        not wrong_calls,
-        float(len(wrong_calls)),
+        not (wrong_calls or moved),
+        float(len(wrong_calls) + len(moved)),
         0.0,
-        f"wrong decisions: {wrong_calls or 'none'} of {len(domain.EDGES)}",
+        f"wrong decisions: {wrong_calls or 'none'} of {len(domain.EDGES)}; moved defaults: "
+        f"{moved or 'none'} of {len(domain.DEFAULTS)}",
     )
 
 
@@ -227,7 +231,8 @@ register(
             r"mixing are not those of a Wishart matrix with iid columns, so the count over-counts "
             r"part of the bulk as signal (measured at seeds 0--10: $\hat r\in\{4,\dots,9\}$ in "
             r"216 of 220 replicates, $\hat r=r^*$ in 2). The estimators and task builders "
-            r"accept the ends of the sizes they identify and refuse one past them, and the "
+            r"accept the ends of the sizes they identify and refuse one past them and take "
+            r"their documented defaults, and the "
             r"spectrum estimators (numerical, energy-threshold, entropy, Roy--Vetterli, stable "
             r"and floored largest-gap ranks), the attention floor, the Marchenko--Pastur edge "
             r"and the Tracy--Widom threshold equal their definitions."
