@@ -5,8 +5,9 @@ with ValueError), so an off-by-one in a domain test changes a decision.
 The ends, as the functions' docstrings state them: S·d ≥ n for the static mixer's OLS; S > d
 for the first-order softmax regression; n ≤ d_v and n ≤ d for the inversion estimator;
 1 ≤ r ≤ d for a planted kernel, 0 ≤ r ≤ n for a planted mixer, r ≥ 0 for a student; every
-size ≥ 1; τ ∈ [0, 1) and η ∈ (0, 1] for the thresholded ranks; p, dof ≥ 1 for the noise edges;
-a student width in 1 … limit, steps ≥ 0 and init ≥ 0 for the trainers.
+size ≥ 1 and a task's noise ≥ 0; τ ∈ [0, 1) and η ∈ (0, 1] for the thresholded ranks; p,
+dof ≥ 1 for the noise edges; a student width in 1 … limit, steps ≥ 0 and init ≥ 0 for the
+trainers.
 
 And the defaults (``DEFAULTS``, the table of docs/entropic_bound.md written again here): each
 function that has defaults, called without them, returns what it returns with the documented
@@ -95,6 +96,10 @@ EDGES = [
     Edge("spectrum at r = −1", tasks, "planted_spectrum", lambda rng: (-1,), True),
     Edge("explicit spectrum ending in 0", tasks, "planted_spectrum", lambda rng: (2, [1, 0]), True),
     Edge("task of one token", tasks, "linear_qk_task", lambda rng: (1, 1, 1, 1, 1, rng), False),
+    Edge("task without noise", tasks, "static_task", lambda rng: (2, 2, 2, 2, 1, rng, 0.0), False),
+    Edge(
+        "task of noise −1e-3", tasks, "static_task", lambda rng: (2, 2, 2, 2, 1, rng, -1e-3), True
+    ),
     Edge("task of no sequence", tasks, "linear_qk_task", lambda rng: (0, 1, 1, 1, 1, rng), True),
     Edge("student rank 0", tasks, "truncated_mixer", lambda rng: (np.eye(3), 0), False),
     Edge("student rank −1", tasks, "truncated_mixer", lambda rng: (np.eye(3), -1), True),

@@ -126,8 +126,10 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
     matrices, so each is within ``law_tolerance`` (20·γ_k times the conditioning of R1's and
     R2's r×r solves) of the exact value, relative to the output's size: residual
     max ‖port − reference‖/(2·law_tolerance·max(1, ‖reference‖)), tolerance 1; and the block
-    variants' per-head views (``head_factors``, ``egrad_from_heads``) alike. Control: the
-    port's polar factor one Newton–Schulz step short, substituted into ``torch_port.linalg``."""
+    variants' per-head views (``head_factors``, ``egrad_from_heads``) alike; the port's
+    ``Stiefel.frame_norm`` in both metrics on scaled tangents (``_frame_norm_ratio``); and the
+    scale of the random points, in distribution (``_draws_ratio``). Control: the port's polar
+    factor one Newton–Schulz step short, substituted into ``torch_port.linalg``."""
     worst, where, count = 0.0, "", 0
     with _polar_control(wrong):
         for name in NAMES:
@@ -157,7 +159,55 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                     count += 1
                     if (ratio := _ratio(want, got, tol)) > worst:
                         worst, where = ratio, f"{name} {options} {method}"
+        for name in NAMES:
+            rg, tg = _geometries(name, {})
+            count += 1
+            if (ratio := _draws_ratio(rg, tg, ctx.seed)) > worst:
+                worst, where = ratio, f"{name} random_point"
+        for metric in ("embedded", "canonical"):
+            count += 1
+            if (ratio := _frame_norm_ratio(metric, ctx.seed)) > worst:
+                worst, where = ratio, f"stiefel {metric} frame_norm"
     return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
+
+
+#: Random points compared in distribution: DRAWS from each side, and the factor by which the
+#: mean squared norms of a factor may differ. Each mean has relative standard deviation
+#: sqrt(2/(DRAWS·k)) ≤ 0.036 (k ≥ 3 entries a factor; 0 for orthonormal factors), so the log of
+#: a ratio of two has standard deviation ≤ 0.051 and log 1.25 = 0.223 is more than four of
+#: them for k = 3 and fifteen at the sizes used (k ≥ 9): a false failure has probability
+#: below 1e-5 per comparison at k = 3, and below 1e-40 here.
+DRAWS, DRAW_FACTOR = 512, 1.25
+
+
+def _draws_ratio(rg: Any, tg: Any, seed: int) -> float:
+    """max over the factors of |log(port's mean ‖P‖²/reference's mean ‖P‖²)| / log 1.25, over
+    DRAWS random points drawn by each side (the scale a random point is drawn at)."""
+    import torch
+
+    rng = np.random.default_rng([seed, 10])
+    draws = [[np.sum(np.square(f)) for f in _numpy(rg.random_point(rng))] for _ in range(DRAWS)]
+    want = np.mean(draws, axis=0)
+    batch = tg.random_point(generator=torch.Generator().manual_seed(seed), batch_shape=(DRAWS,))
+    got = np.array([np.sum(np.square(f)) / DRAWS for f in _numpy(batch)])
+    return float(np.max(np.abs(np.log(got / want)))) / np.log(DRAW_FACTOR)
+
+
+def _frame_norm_ratio(metric: str, seed: int) -> float:
+    """The port's ``Stiefel.frame_norm`` of c·u against the reference's ‖u‖ times c, for
+    c = 2^-990, 1 and 2^1000 (exact scalings of entries ≥ 1e-10: the squares of c·u underflow or
+    ‖c·u‖ overflows, so its scaled route is taken), within 2·law_tolerance relative: the
+    residual's ratio."""
+    rg, tg = _geometries("stiefel", {"metric": metric})
+    rng = np.random.default_rng([seed, 11])
+    x = rg.random_point(rng)
+    u = rg.proj(x, rng.standard_normal(np.shape(x)))
+    want, tol = float(rg.norm(x, u)), 2 * law.law_tolerance(rg, x)
+    worst = 0.0
+    for c in (2.0**-990, 1.0, 2.0**1000):
+        got = float(tg.frame_norm(_torch(x), _torch(c * u))) / c
+        worst = max(worst, abs(got - want) / (tol * want))
+    return worst
 
 
 #: The block variants: with their defaults (two query heads sharing one key head: one group,
@@ -252,11 +302,15 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
     the Stiefel tangent validator at 0.99 and 1.01 × atol·max(1, ‖ξ‖)),
     and its constructors accept and refuse the sizes of ``size_cases`` (r = 1, r = min(m, n),
     r = min(m, n) + 1), for St(7, 3) and the five plain geometries; its GQA patterns are the
-    reference's, refusals included (``GQA_CASES``); and every option's claims (``_claims``: the
-    retraction's order, the dimension, embedded, quotient) at r = 1 and r = 3 are the
-    reference's. Residual: the number of
+    reference's, refusals included (``GQA_CASES``); every option's claims (``_claims``: the
+    retraction's order, the dimension, embedded, quotient) at r = 1 and r = 3, and the block
+    variants' with both ``BLOCK_OPTIONS``, are the reference's; and a batch of three St(7, 3)
+    frames is accepted, and refused when its middle frame is off by 4·atol·√r. Residual: the
+    number of
     wrong decisions, tolerance 0. Control: the port's atol and R2's limit doubled, substituted
     into ``torch_port.geometry``, ``torch_port.stiefel`` and ``torch_port.fixed_rank``."""
+    import torch
+
     from torch_port import blocks, fixed_rank, geometry, stiefel
     from torch_port.geometries import GEOMETRIES
 
@@ -291,6 +345,19 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
                     rg, tg = _geometries(name, option, sizes)
                     if _claims(tg) != _claims(rg):
                         wrong_calls.append(f"{name} {option} at r = {r}: claims {_claims(tg)}")
+        for name in BLOCKS:
+            for options in BLOCK_OPTIONS:
+                count += 1
+                rg, tg = _block_geometries(name, options)
+                if _claims(tg) != _claims(rg):
+                    wrong_calls.append(f"{name} {options}: claims {_claims(tg)}")
+        rg, tg = _geometries("stiefel", {})
+        w = _torch(rg.random_point(np.random.default_rng([ctx.seed, 12])))
+        off = w * (1 + 2 * cases.ATOL)  # ‖WᵀW − I‖ ≈ 4·atol·√r
+        for frames, refused in (((w, w, w), False), ((w, off, w), True)):
+            count += 1
+            if cases.refuses(tg.check_point, torch.stack(frames)) != refused:
+                wrong_calls.append(f"stiefel: a batch of 3 frames, refused {not refused}")
         for heads in cases.GQA_CASES:
             count += 1
             if _pattern(ref.blocks.gqa_pattern, heads) != _pattern(blocks.gqa_pattern, heads):
