@@ -611,3 +611,14 @@ def test_bfloat16_frames_keep_a_decaying_second_moment():
         opt.step()
     expected = first * 0.999 ** (100 / 2)
     assert torch.allclose(opt.state[w]["sqrt_v"], expected, rtol=5e-3)
+
+
+@pytest.mark.parametrize("delta", [1e-300, 1e-9, 1e-3, 0.1, 0.3, 0.5])
+def test_the_taylor_degree_is_the_least_whose_tail_bound_is_below_1e_17(delta):
+    """``_taylor_degree(δ)`` = min{k : δ^{k+1}/(1 − δ) ≤ 1e-17}, in exact rationals (a bound
+    ×(1 − δ) instead of ÷ gives a degree too small at δ = 0.5)."""
+    from fractions import Fraction
+
+    d = Fraction(delta)
+    want = next(k for k in range(200) if d ** (k + 1) / (1 - d) <= Fraction(1, 10**17))
+    assert tl._taylor_degree(delta) == want

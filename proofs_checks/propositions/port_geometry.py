@@ -295,6 +295,15 @@ def _atol_doubled(original: Callable) -> Callable:
     return lambda dtype: 2.0 * original(dtype)
 
 
+def _rank_test_matrix(factor: float, seed: int) -> np.ndarray:
+    """A 10×2 A with orthonormal Q and squared singular values 1 and factor·ε·10: the polar
+    factor's rank test (refuse when λ_min(AᵀA) ≤ ε·λ_max·d, d = 10 rows) refuses it at factor
+    ½ and accepts it at 2 (a test without d, or with ε·λ_max/d, accepts both)."""
+    d = 10
+    q, _ = np.linalg.qr(np.random.default_rng([seed, 13]).standard_normal((d, 2)))
+    return q * np.sqrt([1.0, factor * cases.EPS * d])
+
+
 def validation(ctx: Context, wrong: bool) -> Outcome:
     """The port's ``check_point`` decides as the stated thresholds do on every case of
     ``geometry_cases.validity_cases`` (the point as drawn; each orthonormal factor at 0.99 and
@@ -305,13 +314,15 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
     reference's, refusals included (``GQA_CASES``); every option's claims (``_claims``: the
     retraction's order, the dimension, embedded, quotient) at r = 1 and r = 3, and the block
     variants' with both ``BLOCK_OPTIONS``, are the reference's; and a batch of three St(7, 3)
-    frames is accepted, and refused when its middle frame is off by 4·atol·√r. Residual: the
-    number of
+    frames is accepted, and refused when its middle frame is off by 4·atol·√r; and both
+    libraries' polar factors refuse a 10×2 A whose λ_min(AᵀA) is ½·ε·λ_max·d and accept it at
+    2·ε·λ_max·d (``_rank_test_matrix``). Residual: the number of
     wrong decisions, tolerance 0. Control: the port's atol and R2's limit doubled, substituted
     into ``torch_port.geometry``, ``torch_port.stiefel`` and ``torch_port.fixed_rank``."""
     import torch
 
     from torch_port import blocks, fixed_rank, geometry, stiefel
+    from torch_port import linalg as tl
     from torch_port.geometries import GEOMETRIES
 
     wrong_calls, count = [], 0
@@ -358,6 +369,12 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
             count += 1
             if cases.refuses(tg.check_point, torch.stack(frames)) != refused:
                 wrong_calls.append(f"stiefel: a batch of 3 frames, refused {not refused}")
+        for factor, refused in ((0.5, True), (2.0, False)):
+            a = _rank_test_matrix(factor, ctx.seed)
+            for where, polar in (("reference", ref.linalg.polar), ("port", tl.polar)):
+                count += 1
+                if cases.refuses(polar, a if where == "reference" else _torch(a)) != refused:
+                    wrong_calls.append(f"{where} polar at λ_min = {factor}·ε·λ_max·d")
         for heads in cases.GQA_CASES:
             count += 1
             if _pattern(ref.blocks.gqa_pattern, heads) != _pattern(blocks.gqa_pattern, heads):
