@@ -1,7 +1,7 @@
 """No flaky checks: ``rattn certify --quick --seed s`` passes on unchanged code for every seed
-s in 0..199, each check passing and each negative control rejected (slow: about 25 minutes on
-two cores; run with ``python -m pytest -m slow tests/test_seeds.py``). The last run's count is
-in docs/reliability.md."""
+s in 0..199, each check passing and each negative control rejected (slow: 13–30 s a seed on
+one core, about 70 minutes in one process; run with ``python -m pytest -m slow
+tests/test_seeds.py``). The last run's count is in docs/verification.md."""
 
 from __future__ import annotations
 
