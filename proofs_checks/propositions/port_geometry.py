@@ -80,6 +80,8 @@ def _calls(rg: Any, x: Any, rng: np.random.Generator) -> list[tuple[str, tuple]]
         ("tangent_to_matrix", (x, u)),
         ("pair", (x,)),
     ]
+    if hasattr(rg, "exp"):
+        calls.append(("exp", (x, xi)))
     if hasattr(rg, "pair"):
         pair = rg.pair(x)
         calls.append(
@@ -165,9 +167,11 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
             if (ratio := _draws_ratio(rg, tg, ctx.seed)) > worst:
                 worst, where = ratio, f"{name} random_point"
         for metric in ("embedded", "canonical"):
-            count += 1
+            count += 2
             if (ratio := _frame_norm_ratio(metric, ctx.seed)) > worst:
                 worst, where = ratio, f"stiefel {metric} frame_norm"
+            if (ratio := _batched_ratio(metric, ctx.seed)) > worst:
+                worst, where = ratio, f"stiefel {metric} batched inner, norm, random_tangent"
     return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
 
 
@@ -209,6 +213,34 @@ def _frame_norm_ratio(metric: str, seed: int) -> float:
         got = float(tg.frame_norm(_torch(x), _torch(c * u))) / c
         worst = max(worst, abs(got - want) / (tol * want))
     return worst
+
+
+def _batched_ratio(metric: str, seed: int) -> float:
+    """The port's ``inner`` and ``norm`` on a batch of two St(7, 3) frames against the
+    reference's per frame, and its ``random_tangent`` on that batch: of unit norm and tangent
+    (‖P_W(u) − u‖), each within 2·law_tolerance relative (the residual's ratio)."""
+    import torch
+
+    from torch_port import linalg as tl
+
+    rg, tg = _geometries("stiefel", {"metric": metric})
+    rng = np.random.default_rng([seed, 14])
+    xs = [rg.random_point(rng) for _ in range(2)]
+    us = [rg.proj(x, rng.standard_normal(np.shape(x))) for x in xs]
+    vs = [rg.proj(x, rng.standard_normal(np.shape(x))) for x in xs]
+    tol = 2 * max(law.law_tolerance(rg, x) for x in xs)
+    x, u, v = (_torch(np.stack(a)) for a in (xs, us, vs))
+    inner, norm = _numpy(tg.inner(x, u, v))[0], _numpy(tg.norm(x, u))[0]
+    t = tg.random_tangent(x, generator=torch.Generator().manual_seed(seed))
+    unit = _numpy(tg.norm(x, t))[0]
+    tangency = _numpy(tl.frobenius(tg.proj(x, t) - t))[0]
+    errors = [
+        *(abs(inner[k] - rg.inner(xs[k], us[k], vs[k])) / max(1, abs(inner[k])) for k in (0, 1)),
+        *(abs(norm[k] - rg.norm(xs[k], us[k])) / norm[k] for k in (0, 1)),
+        *np.abs(unit - 1),
+        *tangency,
+    ]
+    return float(max(errors)) / tol
 
 
 #: The block variants: with their defaults (two query heads sharing one key head: one group,
