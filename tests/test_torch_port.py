@@ -622,3 +622,13 @@ def test_the_taylor_degree_is_the_least_whose_tail_bound_is_below_1e_17(delta):
     d = Fraction(delta)
     want = next(k for k in range(200) if d ** (k + 1) / (1 - d) <= Fraction(1, 10**17))
     assert tl._taylor_degree(delta) == want
+
+
+def test_the_smallest_stiefel_manifold_is_accepted_by_both_libraries():
+    """St(1, 1) = {±1} is inside the stated domain d ≥ 1, r ≥ 1 (a test d ≤ 1 would refuse it);
+    its random point is ±1 in both libraries."""
+    import torch
+
+    x = tp.Stiefel(1, 1).random_point(generator=torch.Generator().manual_seed(0))
+    assert abs(float(x)) == 1.0
+    assert abs(float(ref.Stiefel(1, 1).random_point(np.random.default_rng(0))[0, 0])) == 1.0
