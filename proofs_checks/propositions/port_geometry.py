@@ -216,9 +216,10 @@ def _frame_norm_ratio(metric: str, seed: int) -> float:
 
 
 def _batched_ratio(metric: str, seed: int) -> float:
-    """The port's ``inner`` and ``norm`` on a batch of two St(7, 3) frames against the
-    reference's per frame, and its ``random_tangent`` on that batch: of unit norm and tangent
-    (‖P_W(u) − u‖), each within 2·law_tolerance relative (the residual's ratio)."""
+    """The port's ``inner``, ``norm`` and geodesic ``exp`` (at ‖ξ‖ = 0.3) on a batch of two
+    St(7, 3) frames against the reference's per frame, and its ``random_tangent`` on that
+    batch: of unit norm and tangent (‖P_W(u) − u‖), each within 2·law_tolerance relative (the
+    residual's ratio)."""
     import torch
 
     from torch_port import linalg as tl
@@ -234,7 +235,14 @@ def _batched_ratio(metric: str, seed: int) -> float:
     t = tg.random_tangent(x, generator=torch.Generator().manual_seed(seed))
     unit = _numpy(tg.norm(x, t))[0]
     tangency = _numpy(tl.frobenius(tg.proj(x, t) - t))[0]
+    xis = [0.3 * u_k / rg.norm(x_k, u_k) for x_k, u_k in zip(xs, us, strict=True)]
+    geodesic = _numpy(tg.exp(x, _torch(np.stack(xis))))[0]
     errors = [
+        *(
+            np.linalg.norm(geodesic[k] - (want := rg.exp(xs[k], xis[k])))
+            / max(1, np.linalg.norm(want))
+            for k in (0, 1)
+        ),
         *(abs(inner[k] - rg.inner(xs[k], us[k], vs[k])) / max(1, abs(inner[k])) for k in (0, 1)),
         *(abs(norm[k] - rg.norm(xs[k], us[k])) / norm[k] for k in (0, 1)),
         *np.abs(unit - 1),
