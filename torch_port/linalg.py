@@ -37,8 +37,8 @@ def transpose(a: Tensor) -> Tensor:
 
 
 def sym(a: Tensor) -> Tensor:
-    """sym(A) = (A + Aᵀ)/2."""
-    return 0.5 * (a + transpose(a))
+    """sym(A) = (A + Aᵀ)/2 (the halving in place: one new tensor)."""
+    return torch.add(a, transpose(a)).mul_(0.5)
 
 
 def skew(a: Tensor) -> Tensor:
@@ -244,20 +244,27 @@ def polar(a: Tensor) -> Tensor:
 
 
 def polar_plan(
-    a: Tensor, buffer: Tensor | None = None, reduce: Callable[[Tensor], Tensor] | None = None
+    a: Tensor,
+    buffer: Tensor | None = None,
+    reduce: Callable[[Tensor], Tensor] | None = None,
+    gram: Tensor | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """``polar`` in two parts: (H, None) with polar(A) = A @ H (H r×r in A's dtype), or
     (None, polar(A)) when the result had to be formed another way (SVD route, rescaling). All
     checks are done here, so an optimizer can form A @ H later, straight into the parameter.
     ``buffer``: a float64 tensor of A's shape for the upcast of a low-precision A (reused).
     ``reduce``: for A whose rows are spread over processes, the sum of the ranks' Grams (then
-    only the Gram's routes are taken: a matrix that needs rescaling or the SVD is refused)."""
+    only the Gram's routes are taken: a matrix that needs rescaling or the SVD is refused).
+    ``gram``: AᵀA formed by the caller (float64, e.g. ``working_gram``), used on the Taylor
+    route only; any other route forms the float64 Gram from A's entries again."""
     if a.ndim < 2:
         raise ValueError(f"polar factor needs a matrix (..., m, n), got shape {tuple(a.shape)}")
+    given = gram is not None
+    if gram is None:
+        gram = gram64(a, buffer)
+        if reduce is not None:
+            gram = reduce(gram)
     r = a.shape[-1]
-    gram = gram64(a, buffer)
-    if reduce is not None:
-        gram = reduce(gram)
     trace = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
     # float64 entries above ~1e150 overflow the Gram, below ~1e-150 they underflow in it.
     off_scale = ~(torch.isfinite(trace) & (trace > 1e-270))
@@ -266,6 +273,11 @@ def polar_plan(
     delta = frobenius_fast(e)
     delta = torch.where(off_scale, torch.full_like(delta, math.inf), delta)
     worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
+    inv_sqrt = None if any_off else _inv_sqrt_near_identity(e, worst)
+    if inv_sqrt is not None:
+        return (inv_sqrt / torch.sqrt(alpha)[..., None, None]).to(a.dtype), None
+    if given:  # the other routes start from the float64 Gram of A's entries
+        return polar_plan(a, buffer, reduce)
     if any_off:  # rare: redo the off-scale matrices as the reference does, divided by max|A|
         if reduce is not None:
             raise ValueError(
@@ -273,11 +285,26 @@ def polar_plan(
                 "(non-finite, zero or with entries beyond ~1e±150)"
             )
         return None, _polar_scaled(a, off_scale)
-    inv_sqrt = _inv_sqrt_near_identity(e, worst)
-    if inv_sqrt is None:
-        return None, _polar_eigh(a, gram, sharded=reduce is not None)
-    inv_sqrt = inv_sqrt / torch.sqrt(alpha)[..., None, None]
-    return inv_sqrt.to(a.dtype), None
+    return None, _polar_eigh(a, gram, sharded=reduce is not None)
+
+
+def gram_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``working_gram`` forms AᵀA in: float32 and float64 their own, float64 for the
+    half-precision dtypes (whose unit roundoff would be the frames' drift)."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float64
+
+
+def working_gram(a: Tensor) -> Tensor:
+    """AᵀA formed in ``gram_dtype(A.dtype)`` (no upcast copy of a float32 A), returned in
+    float64, one r×r per matrix.
+
+    Its error E is ≤ γ_d(u)·‖A‖_F² with u the unit roundoff of that dtype (Higham, *Accuracy
+    and Stability of Numerical Algorithms*, §3.5), and it is the polar retraction's drift
+    after a step, not a drift that adds up: Y = A(AᵀA + E)^{-1/2} = A H has
+    YᵀY − I = −H E H exactly, whatever A's own drift (PORT-2, ``docs/torch_port.md``)."""
+    if gram_dtype(a.dtype) == a.dtype:
+        return (transpose(a) @ a).to(torch.float64)
+    return gram64(a)
 
 
 def _polar_eigh(a: Tensor, gram: Tensor, sharded: bool = False) -> Tensor:

@@ -10,7 +10,8 @@ PointGeometry``: points are 1-tuples (W,)), with the optimizer's hot path fused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -224,14 +225,21 @@ class Stiefel:
 class StiefelFrames:
     """A ``Stiefel`` geometry seen as points that are 1-tuples (W,), with the optimizer's hot
     path fused: P_W(G) = G − W sym(WᵀG) as one ``baddbmm`` (embedded metric), the step
-    W + c·m as one ``addcmul`` before the polar factor, and the transport of the first moment
-    P_Y(m) = m − Y sym(Yᵀm) in place, into the moment the step has just made."""
+    W + c·m as one ``addcmul`` before the polar factor, whose Gram is formed in the frames' own
+    dtype (``retraction_gram``), and the transport of the first moment
+    P_Y(m) = m − Y sym(Yᵀm) in place, into the moment the step has just made.
+
+    No d×r tensor is allocated per step once a point has stepped twice: W + c·m goes into a
+    buffer kept per point (reused when no pending step holds it), and the Riemannian gradient
+    into the tangent vector the optimizer's state dropped at the last commit (``recycle``)."""
 
     moment_groups = ((0,),)
     frame_shape: tuple[int, ...] = ()
     orthonormal_factors = (0,)
     #: ``egrad_to_rgrad`` returns a new tensor, which the rules may overwrite.
     rgrad_is_fresh = True
+    #: The sum over the processes holding a frame's rows (``optim.sharding``); None: all here.
+    reduce: Callable[[Tensor], Tensor] | None = None
 
     def __init__(self, st: Stiefel):
         self.st = st
@@ -239,20 +247,39 @@ class StiefelFrames:
         self.embedded = st.metric == "embedded"
         #: linalg.polar refuses non-finite input itself (one check less per step).
         self.retraction_checks_finite = st.retraction == "polar"
-        self._upcast: dict[tuple, Tensor] = {}
+        #: Per point (``_slot``): the buffer of W + c·u with the lazy product holding it, and
+        #: a free tangent vector for the next Riemannian gradient.
+        self._work: dict[tuple, tuple[Tensor, Callable[[], Any]]] = {}
+        self._spare: dict[tuple, Tensor] = {}
 
     def __repr__(self) -> str:
         return f"StiefelFrames({self.st!r})"
 
-    def _upcast_buffer(self, a: Tensor) -> Tensor | None:
-        """A float64 work buffer of A's shape for the Gram of a low-precision A, kept between
-        steps (one per parameter shape and device)."""
-        if a.dtype == torch.float64:
-            return None
-        key = (tuple(a.shape), a.device)
-        if key not in self._upcast:
-            self._upcast[key] = torch.empty(a.shape, dtype=torch.float64, device=a.device)
-        return self._upcast[key]
+    @staticmethod
+    def _slot(w: Tensor) -> tuple:
+        """Which point's buffers: its storage, shape, dtype and device."""
+        return (w.data_ptr(), tuple(w.shape), w.dtype, w.device)
+
+    def _fits(self, t: Tensor | None, w: Tensor) -> bool:
+        return (
+            type(t) is torch.Tensor
+            and t.is_contiguous()
+            and (t.shape, t.dtype, t.device) == (w.shape, w.dtype, w.device)
+        )
+
+    def _rgrad_buffer(self, w: Tensor, grad: Tensor) -> Tensor:
+        """The recycled tangent vector of the point w (``recycle``), or a new one."""
+        out = self._spare.pop(self._slot(w), None)
+        if self._fits(out, grad):
+            return out
+        return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+    def recycle(self, x: Sequence[Tensor], dropped: Any) -> None:
+        """Take back a tensor that the optimizer's state of the point x has just dropped (the
+        moment before this step) as the buffer of x's next Riemannian gradient, when it has
+        x's layout."""
+        if self._fits(dropped, x[0]) and dropped.data_ptr() != x[0].data_ptr():
+            self._spare[self._slot(x[0])] = dropped
 
     def frame_batch(self, x: Sequence[Tensor]) -> tuple[int, ...]:
         return tuple(x[0].shape[:-2])
@@ -279,14 +306,16 @@ class StiefelFrames:
             return (self.st.egrad_to_rgrad(w, grad),)
         w3, g3 = self._flat(w), self._flat(grad)
         s = sym(transpose(w3) @ g3)
+        out = self._rgrad_buffer(w, grad)
+        out3 = self._flat(out)
         if bool(torch.isfinite(s).all()):
-            out = torch.baddbmm(g3, w3, s, alpha=-1.0)
+            torch.baddbmm(g3, w3, s, alpha=-1.0, out=out3)
         else:  # WᵀG overflows the dtype (e.g. float16 gradients near 6e4): P_W is linear
             scale = _power_of_two_scale(g3)
             g_s = g3 / scale
-            out = torch.baddbmm(g_s, w3, sym(transpose(w3) @ g_s), alpha=-1.0).mul_(scale)
-            _check_representable("the Riemannian gradient P_W(G)", out, g3)
-        return (out.reshape(grad.shape),)
+            torch.baddbmm(g_s, w3, sym(transpose(w3) @ g_s), alpha=-1.0, out=out3).mul_(scale)
+            _check_representable("the Riemannian gradient P_W(G)", out3, g3)
+        return (out,)
 
     def proj_tangent(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
         return (self.st.proj(x[0], u[0]),)
@@ -306,12 +335,32 @@ class StiefelFrames:
         return (self.st.retract(x[0], u[0]),)
 
     def retract_scaled(self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor) -> tuple:
-        """polar(W + c·u), as a lazy product A @ H formed when the step is committed."""
-        if self.st.retraction == "polar":
-            a = torch.addcmul(x[0], u[0], c[..., None, None].to(u[0].dtype))
-            inv_sqrt, full = linalg.polar_plan(a, self._upcast_buffer(a))
-            return (full if inv_sqrt is None else LazyProduct(a, inv_sqrt),)
-        return self.retract(x, self.scale_frames(u, c))
+        """polar(W + c·u), as a lazy product A @ H formed when the step is committed; A goes
+        into the point's work buffer, and H comes from ``retraction_gram``."""
+        if self.st.retraction != "polar":
+            return self.retract(x, self.scale_frames(u, c))
+        w = x[0]
+        held = self._work.get(self._slot(w))
+        free = held is not None and held[1]() is None and self._fits(held[0], w)
+        work = held[0] if free else torch.empty(w.shape, dtype=w.dtype, device=w.device)
+        a = torch.addcmul(w, u[0], c[..., None, None].to(u[0].dtype), out=work)
+        gram = self.retraction_gram(x, u, c, a)
+        inv_sqrt, full = linalg.polar_plan(a, reduce=self.reduce, gram=gram)
+        if inv_sqrt is None:
+            self._work[self._slot(w)] = (a, _nobody)
+            return (full,)
+        lazy = LazyProduct(a, inv_sqrt)
+        self._work[self._slot(w)] = (a, weakref.ref(lazy))
+        return (lazy,)
+
+    def retraction_gram(
+        self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor, a: Tensor
+    ) -> Tensor:
+        """The Gram AᵀA of A = W + c·u that the polar retraction uses: formed from A's stored
+        entries (so that W's rounding drift is corrected, not assumed away) in the frames' own
+        dtype, float32 or float64 (``linalg.working_gram``); float64 for half precision."""
+        gram = linalg.working_gram(a)
+        return gram if self.reduce is None else self.reduce(gram)
 
     def transport(
         self, x: Sequence[Tensor], y: Sequence[Tensor], u: Sequence[Tensor]
@@ -363,6 +412,11 @@ def _check_representable(what: str, out: Tensor, source: Tensor) -> None:
             f"{what} of this frame is not representable in {out.dtype} (largest |entry| of its "
             f"input {float(linalg.max_abs(source).max()):.3e})"
         )
+
+
+def _nobody() -> None:
+    """The holder of a work buffer that no lazy product holds (a dead reference)."""
+    return None
 
 
 class LazyProduct:

@@ -27,6 +27,7 @@ import torch
 
 import reference as ref
 from torch_port.geometries import GEOMETRIES
+from torch_port.linalg import gram_dtype
 
 Array = np.ndarray
 
@@ -36,15 +37,20 @@ def unit_roundoff(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).eps / 2.0
 
 
-def polar_drift_bound(d: int, r: int, dtype: torch.dtype) -> float:
-    """‖FᵀF − I‖_F after a step that ends in the polar factor of a d×r factor F, formed with a
-    float64 Gram (``torch_port.linalg.polar``): 4r(r + 1)·u_w for the d×r product A·S with
-    inner length r and the cast of S = (AᵀA)^{-1/2} to the dtype, plus 2(d + r)r·u for the
-    float64 Gram and eigendecomposition (a factor 2 for second-order terms). Drift does not
-    accumulate: the Gram is re-formed at every step."""
-    return 4.0 * r * (r + 1) * unit_roundoff(dtype) + 2.0 * (d + r) * r * unit_roundoff(
-        torch.float64
-    )
+def polar_drift_bound(
+    d: int, r: int, dtype: torch.dtype, gram: torch.dtype = torch.float64
+) -> float:
+    """‖FᵀF − I‖_F after a step that ends in the polar factor of a d×r factor F = A·S,
+    S = (AᵀA + E)^{-1/2}, with the Gram formed in the dtype ``gram`` (float64 for
+    ``torch_port.linalg.polar``; the frames' own dtype for the Stiefel optimizer's retraction,
+    ``linalg.gram_dtype``): 4r(r + 1)·u_w for the d×r product with inner length r and the cast
+    of S to the dtype, plus 2(d + r)r·u_g for the Gram and the float64 inverse square root.
+    The Gram's part: (AS)ᵀ(AS) − I = −S E S exactly, ‖E‖ ≤ γ_d(u_g)‖A‖_F², and for steps
+    ‖ξ‖ ≤ 0.4√r off a point within sqrt(ε) of the manifold ‖A‖_F² ≤ 1.96·r(1 + 10⁻³) and
+    ‖S‖₂² ≤ 1 + 10⁻³, so ≤ 2d·r·u_g; the r×r part adds ≤ 2r²·u₆₄ ≤ 2r²·u_g. Drift does not
+    accumulate: the Gram is re-formed from the stored entries at every step."""
+    u_w, u_g = unit_roundoff(dtype), unit_roundoff(gram)
+    return 4.0 * r * (r + 1) * u_w + 2.0 * (d + r) * r * u_g
 
 
 def _perturb(geometry: Any, x: Any, rng: np.random.Generator, size: float) -> Any:
@@ -100,7 +106,9 @@ class FrameAdapter:
 
     def drift_bound(self, point: Array, dtype: torch.dtype) -> float | None:
         d, r = point.shape
-        return polar_drift_bound(d, r, dtype) if self.retraction == "polar" else None
+        if self.retraction != "polar":
+            return None
+        return polar_drift_bound(d, r, dtype, gram_dtype(dtype))
 
     def diameter(self, point: Array) -> float:
         """No two frames of St(d, r) are farther apart than 2·sqrt(r)."""

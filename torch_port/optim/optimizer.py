@@ -316,7 +316,13 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             state = self.state[point.key]
             if point.sharded:  # DTensor state on the parameter's mesh (optim.sharding)
                 new = {k: sharding.store(point.key, state.get(k), v) for k, v in new.items()}
+            dropped = dict(state)
             state.update(new)
+            recycle = getattr(point.geometry, "recycle", None)  # reuse what the state dropped
+            if recycle is not None and not point.sharded:
+                for k, old in dropped.items():
+                    if old is not state[k]:
+                        recycle(point.value(), old)
             for p in point.params[1:]:  # the other factors carry the point's step only
                 self.state[p] = {"step": state["step"]}
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.

@@ -94,6 +94,7 @@ class RowShardedFrames(StiefelFrames):
     def __init__(self, st: Any, group: Any):
         super().__init__(st)
         self.group = group
+        self.reduce = self._sum
         self.retraction_checks_finite = True  # polar_plan refuses non-finite Grams
 
     def _sum(self, t: Tensor) -> Tensor:
@@ -117,15 +118,20 @@ class RowShardedFrames(StiefelFrames):
                 "frames off)"
             )
 
-    def _projected(self, w: Tensor, z: Tensor) -> Tensor:
+    def _projected(self, w: Tensor, z: Tensor, out: Tensor | None = None) -> Tensor:
+        """Z − W sym(Σ_ranks W_iᵀZ_i), into ``out`` (contiguous, Z's shape) when given."""
         w3, z3 = self._flat(w), self._flat(z)
         s = sym(self._inner(w3, z3))
         if not bool(torch.isfinite(s).all()):
             raise ValueError(f"WᵀZ of a row-sharded frame is not finite in {z.dtype}")
-        return torch.baddbmm(z3, w3, s, alpha=-1.0).reshape(z.shape)
+        if out is None:
+            return torch.baddbmm(z3, w3, s, alpha=-1.0).reshape(z.shape)
+        torch.baddbmm(z3, w3, s, alpha=-1.0, out=self._flat(out))
+        return out
 
     def egrad_to_rgrad(self, x: Sequence[Tensor], g: Sequence[Tensor]) -> tuple[Tensor]:
-        return (self._projected(x[0], g[0]),)
+        out = self._rgrad_buffer(x[0], g[0])
+        return (self._projected(x[0], g[0], out),)
 
     def proj_tangent(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
         return (self._projected(x[0], u[0]),)
@@ -139,11 +145,6 @@ class RowShardedFrames(StiefelFrames):
 
     def retract(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
         return self.retract_scaled(x, u, torch.ones(x[0].shape[:-2], dtype=x[0].dtype))
-
-    def retract_scaled(self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor) -> tuple:
-        a = torch.addcmul(x[0], u[0], c[..., None, None].to(u[0].dtype))
-        inv_sqrt, full = linalg.polar_plan(a, self._upcast_buffer(a), reduce=self._sum)
-        return (full if inv_sqrt is None else LazyProduct(a, inv_sqrt),)
 
     def transport_owned(self, x: Sequence[Tensor], y: Sequence[Any], u: Sequence[Tensor]) -> tuple:
         """P_Y(m) = m − Y sym(Σ_ranks Y_iᵀm_i) into m; for a lazy Y = A H, YᵀM = H (AᵀM)."""

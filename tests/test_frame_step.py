@@ -1,0 +1,172 @@
+"""The Stiefel frame step's own arithmetic (``torch_port.stiefel.StiefelFrames``): the Gram of
+W + ξ in the frames' dtype, and the d×r buffers kept between steps.
+
+Bounds. A float32 Gram AᵀA of a d×r matrix differs from the exact one by
+‖E‖_F ≤ γ_d(u₃₂)·‖A‖_F² (a dot product of length d has absolute error ≤ γ_d Σ|a_i b_i|, and
+‖|A|ᵀ|A|‖_F ≤ ‖A‖_F²; Higham, *Accuracy and Stability of Numerical Algorithms*, §3.5); the
+exact H = (AᵀA + E)^{-1/2} gives (AH)ᵀ(AH) − I = −HEH, which float64 evaluates to within
+(d + 3r)·r·u₆₄·‖A‖₂²‖H‖₂² (the products A·H, (AH)ᵀ(AH) and H·E·H, each ≤ γ_k ‖·‖‖·‖).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_port as tp  # noqa: E402
+from proofs_checks.bounds import gamma  # noqa: E402
+from torch_port import linalg as tl  # noqa: E402
+from torch_port.stiefel import StiefelFrames  # noqa: E402
+
+U32 = torch.finfo(torch.float32).eps / 2
+
+
+def _frames(d, r, batch, seed=0, dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return tp.Stiefel(d, r).random_point(gen, batch, dtype=dtype), gen
+
+
+@pytest.mark.parametrize("d, r", [(64, 16), (768, 64), (5, 5), (7, 1)])
+def test_working_gram_of_float32_is_within_its_bound(d, r):
+    w, gen = _frames(d, r, (6,))
+    a = w + 0.1 * torch.randn(w.shape, generator=gen)
+    exact = tl.gram64(a)
+    err = tl.frobenius(tl.working_gram(a) - exact)
+    bound = gamma(d, U32) * tl.frobenius(a.double()) ** 2
+    assert bool((err <= bound).all()), (err.max(), bound.min())
+    assert float(err.max()) > 0  # it is the float32 product, not an upcast one
+
+
+def test_working_gram_dtypes():
+    w, _ = _frames(32, 8, (3,), dtype=torch.float64)
+    assert torch.equal(tl.working_gram(w), tl.gram64(w))  # float64: the same product
+    half = w.to(torch.bfloat16)
+    assert torch.equal(tl.working_gram(half), tl.gram64(half))  # half: upcast to float64
+    assert tl.gram_dtype(torch.float32) == torch.float32
+    assert tl.gram_dtype(torch.float16) == torch.float64
+
+
+def test_polar_with_an_inexact_gram_leaves_exactly_minus_heh():
+    """(AH)ᵀ(AH) − I = −HEH for H = (AᵀA + E)^{-1/2}, whatever A's drift: the identity behind
+    PORT-2's bound (module docstring). Control: the same with E's sign flipped is off."""
+    gen = torch.Generator().manual_seed(1)
+    d, r = 40, 6
+    a = torch.randn(3, d, r, generator=gen, dtype=torch.float64) / math.sqrt(d)
+    e = tl.sym(torch.randn(3, r, r, generator=gen, dtype=torch.float64)) * 1e-3
+    lam, q = torch.linalg.eigh(tl.gram64(a) + e)
+    h = (q / lam.sqrt()[..., None, :]) @ tl.transpose(q)
+    y = a @ h
+    lhs = tl.transpose(y) @ y - tl.eye_like(y)
+    bound = (
+        (d + 3 * r)
+        * r
+        * gamma(1)
+        * float((torch.linalg.matrix_norm(a, 2) ** 2 * torch.linalg.matrix_norm(h, 2) ** 2).max())
+    )
+    assert float(tl.frobenius(lhs + h @ e @ h).max()) <= bound
+    assert float(tl.frobenius(lhs - h @ e @ h).min()) > 1e6 * bound
+
+
+def _adam(w, **kw):
+    return tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=1e-2, **kw)
+
+
+def test_steps_reuse_two_moment_buffers_and_one_work_buffer():
+    """From the third step on no d×r tensor is made: the new moment goes into the one the
+    state dropped a step before, and W + c·m into the point's work buffer."""
+    w0, gen = _frames(48, 8, (5,))
+    w = torch.nn.Parameter(w0.clone())
+    opt = _adam(w)
+    frames = opt._geometries.stiefel(opt.param_groups[0], w)
+    moments, works = [], []
+    for _ in range(6):
+        w.grad = torch.randn(w.shape, generator=gen)
+        opt.step()
+        moments.append(opt.state[w]["exp_avg"].data_ptr())
+        works.append(frames._work[frames._slot(w.detach())][0].data_ptr())
+    assert len(set(moments[1:])) == 2 and moments[1] == moments[3] == moments[5]
+    assert len(set(works)) == 1
+
+
+def _polar_plan_failing_at_call(n):
+    """``linalg.polar_plan`` that raises at its n-th call (a retraction refusing its input)."""
+    original, calls = tl.polar_plan, []
+
+    def failing(a, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise ValueError("polar factor of a rank-deficient matrix (injected)")
+        return original(a, *args, **kwargs)
+
+    return failing
+
+
+def _run(w0, grads, monkeypatch=None, fail_at=None):
+    w = torch.nn.Parameter(w0.clone())
+    v = torch.nn.Parameter(w0.clone()[:2])
+    opt = tp.RiemannianAdam([{"params": [w, v], "geometry": "stiefel"}], lr=1e-2, trust_radius=0.3)
+    for k, g in enumerate(grads):
+        w.grad, v.grad = g.clone(), g[:2].clone()
+        if k == fail_at:  # the second point's polar factor raises: nothing may change
+            before = (w.detach().clone(), opt.state[w]["exp_avg"].clone())
+            with monkeypatch.context() as patch:
+                patch.setattr(tl, "polar_plan", _polar_plan_failing_at_call(2))
+                with pytest.raises(ValueError, match="injected"):
+                    opt.step()
+            assert torch.equal(w.detach(), before[0])
+            assert torch.equal(opt.state[w]["exp_avg"], before[1])
+        opt.step()
+    return w.detach(), v.detach(), opt.state[w]["exp_avg"]
+
+
+def test_a_step_that_fails_after_computing_changes_nothing_and_corrupts_no_buffer(monkeypatch):
+    """The first point's new moment and work buffer are made, then the second point's
+    retraction raises: the parameters and states are as before, and the steps after it are
+    bitwise those of a run that never failed (no buffer still held by the dead step is
+    written into a live state)."""
+    w0, gen = _frames(24, 4, (3,))
+    grads = [torch.randn(w0.shape, generator=gen) for _ in range(6)]
+    clean = _run(w0, grads)
+    failed = _run(w0, grads, monkeypatch, fail_at=3)
+    for a, b in zip(clean, failed, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_state_tensor_shared_with_the_parameter_is_not_recycled():
+    w0, _ = _frames(10, 3, ())
+    frames = StiefelFrames(tp.Stiefel(10, 3))
+    frames.recycle((w0,), w0)
+    assert not frames._spare
+    frames.recycle((w0,), torch.zeros(10, 3, dtype=torch.float64))  # another dtype
+    assert not frames._spare
+    frames.recycle((w0,), torch.zeros(10, 3))
+    assert len(frames._spare) == 1
+
+
+def _float32_drift(d, r, frames, steps, lr):
+    w0, gen = _frames(d, r, (frames,))
+    w = torch.nn.Parameter(w0)
+    opt = _adam(w)
+    opt.param_groups[0]["lr"] = lr
+    worst = 0.0
+    for k in range(steps):
+        w.grad = torch.randn(w.shape, generator=gen)
+        opt.step()
+        if k % 50 == 49:
+            worst = max(worst, float(tl.orthonormality_residual(w.detach()).max()))
+    return worst
+
+
+def test_float32_drift_at_attention_size():
+    """W_Q-sized float32 frames (768×64), 1,000 steps of Adam at lr 1e-3 with Gaussian
+    gradients: ‖WᵀW − I‖ ≤ 5e-6 (the float32 Gram's error, measured ≈ 2e-6; it does not add
+    up over steps: PORT-2)."""
+    assert _float32_drift(768, 64, 4, 1000, 1e-3) <= 5e-6
+
+
+@pytest.mark.slow
+def test_float32_drift_at_attention_size_over_10000_steps():
+    assert _float32_drift(768, 64, 12, 10_000, 1e-3) <= 5e-6
