@@ -116,7 +116,14 @@ def test_cuda_all_dtypes():
 
 
 def test_bench_port_small_runs():
-    from proofs_checks.bench import ADAMW_ROW, PORT_ROW, bench_port, format_port
+    from proofs_checks.bench import (
+        ADAMW_ROW,
+        FLOOR_ROW,
+        PASSES_ROW,
+        PORT_ROW,
+        bench_port,
+        format_port,
+    )
 
     sizes = [
         {"key": "a", "label": "(a) one 32×4 frame", "params": 1, "batch": [], "d": 32, "r": 4},
@@ -131,8 +138,14 @@ def test_bench_port_small_runs():
     assert port["state_bytes"] == 2 * (4 * entries + 4 * 4 + 4)
     assert adamw["state_bytes"] == 2 * (2 * 4 * entries + 4)
     assert res["targets"][-1]["state_met"]
+    floor, passes = rows[("b", FLOOR_ROW)], rows[("b", PASSES_ROW)]
+    assert res["targets"][-1]["port_over_floor"] == port["median_s"] / floor["median_s"]
+    assert res["targets"][-1]["port_over_floor_with_passes"] == (
+        port["median_s"] / passes["median_s"]
+    )
     text = format_port(res)
     assert "port / AdamW" in text and "Where one port step goes" in text
+    assert "port / floor =" in text and "port / floor with passes =" in text
     # operators are charged to torch_port source lines; everything else shares one row (which
     # row is first depends on the machine's timing, so the order is not asserted)
     sites = [x["site"] for x in res["profile"]["float32"]["sites"]]

@@ -613,15 +613,19 @@ def test_bfloat16_frames_keep_a_decaying_second_moment():
     assert torch.allclose(opt.state[w]["sqrt_v"], expected, rtol=5e-3)
 
 
-@pytest.mark.parametrize("delta", [1e-300, 1e-9, 1e-3, 0.1, 0.3, 0.5])
-def test_the_taylor_degree_is_the_least_whose_tail_bound_is_below_1e_17(delta):
-    """``_taylor_degree(δ)`` = min{k : δ^{k+1}/(1 − δ) ≤ 1e-17}, in exact rationals (a bound
-    ×(1 − δ) instead of ÷ gives a degree too small at δ = 0.5)."""
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("delta", [1e-300, 1e-9, 1e-3, 1.9e-3, 0.1, 0.3, 0.5])
+def test_the_taylor_degree_is_the_least_whose_tail_bound_is_below_the_tolerance(delta, dtype):
+    """``_taylor_degree(δ, tol)`` = min{k : δ^{k+1}/(1 − δ) ≤ tol}, in exact rationals (a bound
+    ×(1 − δ) instead of ÷ gives a degree too small at δ = 0.5), with the tolerance of the
+    dtype the inverse square root is cast to: 1e-17 for float64, ε/16 below."""
     from fractions import Fraction
 
+    tol = tl.series_tolerance(dtype)
+    assert tol == (1e-17 if dtype == torch.float64 else torch.finfo(dtype).eps / 16)
     d = Fraction(delta)
-    want = next(k for k in range(200) if d ** (k + 1) / (1 - d) <= Fraction(1, 10**17))
-    assert tl._taylor_degree(delta) == want
+    want = next(k for k in range(200) if d ** (k + 1) / (1 - d) <= Fraction(tol))
+    assert tl._taylor_degree(delta, tol) == want
 
 
 def test_the_smallest_stiefel_manifold_is_accepted_by_both_libraries():

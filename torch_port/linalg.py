@@ -153,11 +153,18 @@ POLAR_ITERATIVE_MAX_DEVIATION = 0.5
 EIGH_COST_IN_PRODUCTS = 12
 
 
-def _taylor_degree(delta: float) -> int:
+def series_tolerance(dtype: torch.dtype) -> float:
+    """How far the Taylor polynomial of (I + E)^{-1/2} may be from its limit (Frobenius) for
+    an inverse square root that is cast to ``dtype``: 1e-17 for float64, ε/16 of a lower
+    precision (7.5e-9 for float32), below the cast's own rounding of the entries near 1."""
+    return 1e-17 if dtype == torch.float64 else torch.finfo(dtype).eps / 16
+
+
+def _taylor_degree(delta: float, tol: float = 1e-17) -> int:
     """Degree k of the Taylor polynomial of (1 + e)^{-1/2} whose tail bound
-    Σ_{j>k} |c_j| δ^j ≤ δ^{k+1}/(1 − δ) is below 1e-17 (|c_j| ≤ 1)."""
+    Σ_{j>k} |c_j| δ^j ≤ δ^{k+1}/(1 − δ) is below ``tol`` (|c_j| ≤ 1)."""
     k = 0
-    while delta ** (k + 1) / (1.0 - delta) > 1e-17:
+    while delta ** (k + 1) / (1.0 - delta) > tol:
         k += 1
     return k
 
@@ -200,20 +207,24 @@ def _inv_sqrt_taylor(e: Tensor, degree: int) -> Tensor:
         return _plus_identity(acc, cs[0])
 
     chunks = [coef[i : i + s] for i in range(0, degree + 1, s)]
-    out = block(chunks[-1])
-    for cs in reversed(chunks[:-1]):
+    top = chunks.pop()
+    if len(top) == 1 and chunks:  # the top block is c·I, and c·I·E^s = c·E^s: no product
+        out = block(chunks.pop()).add_(powers[s], alpha=top[0])
+    else:
+        out = block(top)
+    for cs in reversed(chunks):
         out = block(cs).baddbmm_(out, powers[s])  # block + out·E^s
     return sym(out).reshape(shape)
 
 
-def _inv_sqrt_near_identity(e: Tensor, delta: float) -> Tensor | None:
+def _inv_sqrt_near_identity(e: Tensor, delta: float, tol: float = 1e-17) -> Tensor | None:
     """(I + E)^{-1/2} for symmetric E with ‖E‖_F ≤ delta by the Taylor polynomial whose error
-    bound is below 1e-17; None when ``eigh`` would be cheaper. (The coupled Newton–Schulz
+    bound is below ``tol``; None when ``eigh`` would be cheaper. (The coupled Newton–Schulz
     iteration, e ↦ (3e² + e³)/4 per step of three products, never needs fewer products than
     this polynomial for δ ≤ 0.5, so it is not offered.)"""
     if not delta <= POLAR_ITERATIVE_MAX_DEVIATION:
         return None
-    degree = _taylor_degree(delta)
+    degree = _taylor_degree(delta, tol)
     if _paterson_stockmeyer_cost(degree)[0] > EIGH_COST_IN_PRODUCTS:
         return None
     return _inv_sqrt_taylor(e, degree)
@@ -273,7 +284,8 @@ def polar_plan(
     delta = frobenius_fast(e)
     delta = torch.where(off_scale, torch.full_like(delta, math.inf), delta)
     worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
-    inv_sqrt = None if any_off else _inv_sqrt_near_identity(e, worst)
+    tol = series_tolerance(a.dtype)
+    inv_sqrt = None if any_off else _inv_sqrt_near_identity(e, worst, tol)
     if inv_sqrt is not None:
         return (inv_sqrt / torch.sqrt(alpha)[..., None, None]).to(a.dtype), None
     if given:  # the other routes start from the float64 Gram of A's entries

@@ -125,7 +125,7 @@ def drift(ctx: Context, wrong: bool) -> Outcome:
     steps = DRIFT_STEPS_QUICK if ctx.quick else DRIFT_STEPS
     bound = _drift_bound()
 
-    def first_order(e, delta):
+    def first_order(e, delta, tol):
         return linalg._inv_sqrt_taylor(e, 1)
 
     patch = (
