@@ -106,6 +106,34 @@ def _port_inputs(
     return [t.to(device, dtype) for t in points], [t.to(device, dtype) for t in grads]
 
 
+class ProductFloor:
+    """The batched products any projection-and-polar step needs per frame: rgrad
+    G − W sym(WᵀG), the Gram AᵀA and A·(AᵀA)^{-1/2}, transport m − Y sym(Yᵀm): three
+    r×d·d×r and three d×r·r×r products, all in the working dtype (a lower bound: nothing else
+    of the step is done), for frame parameters ``ps`` with their gradients attached."""
+
+    def __init__(self, ps: list[Any]) -> None:
+        import torch
+
+        self.ps, self.state = ps, {}
+        self.small = [
+            torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+            .expand(*p.shape[:-2], -1, -1)
+            .contiguous()
+            for p in ps
+        ]
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, s in zip(self.ps, self.small, strict=True):
+                x, g = p.detach(), p.grad
+                for _ in range(3):
+                    x.transpose(-1, -2) @ g
+                    x @ s
+
+
 class _Compiled:
     """An optimizer whose ``step`` is ``torch.compile(opt.step, fullgraph=True)`` (compiled at
     the first call, a warm-up call of the benchmark)."""
@@ -153,30 +181,7 @@ def _port_candidates(
         ps = params(lambda t: geoopt.ManifoldParameter(t, manifold=stiefel))
         out[GEOOPT_ROW] = (geoopt.optim.RiemannianAdam(ps, lr=PORT_LR), ps)
 
-    class _Floor:
-        """The batched products any projection-and-polar step needs per frame: rgrad
-        G − W sym(WᵀG), the Gram AᵀA and A·(AᵀA)^{-1/2}, transport m − Y sym(Yᵀm): three
-        r×d·d×r and three d×r·r×r products, all in the working dtype (a lower bound: nothing
-        else of the step is done)."""
-
-        def __init__(self, ps: list[Any]) -> None:
-            self.ps, self.state = ps, {}
-            self.small = [
-                torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
-                .expand(*p.shape[:-2], -1, -1)
-                .contiguous()
-                for p in ps
-            ]
-
-        def step(self) -> None:
-            with torch.no_grad():
-                for p, s in zip(self.ps, self.small, strict=True):
-                    x, g = p.detach(), p.grad
-                    for _ in range(3):
-                        x.transpose(-1, -2) @ g
-                        x @ s
-
-    class _FloorWithPasses(_Floor):
+    class _FloorWithPasses(ProductFloor):
         """The floor's six products plus the passes over whole frames that every step of the
         frame-moment Adam rule makes besides them, into buffers kept between calls: the
         gradient's finiteness check (a sum), the moment update m ← lerp(m, g, 1 − β1), the
@@ -198,7 +203,7 @@ def _port_candidates(
                     torch.addcmul(p.detach(), m, c, out=a)
 
     ps = params(torch.nn.Parameter)
-    out[FLOOR_ROW] = (_Floor(ps), ps)
+    out[FLOOR_ROW] = (ProductFloor(ps), ps)
     ps = params(torch.nn.Parameter)
     out[PASSES_ROW] = (_FloorWithPasses(ps), ps)
     return out
