@@ -144,6 +144,9 @@ def test_a_state_tensor_shared_with_the_parameter_is_not_recycled():
     assert not frames._spare
     frames.recycle((w0,), torch.zeros(10, 3))
     assert len(frames._spare) == 1
+    meta = torch.empty(10, 3, device="meta")  # off the CPU nothing is kept (caching allocators)
+    frames.recycle((meta,), torch.empty(10, 3, device="meta"))
+    assert len(frames._spare) == 1
 
 
 def _float32_drift(d, r, frames, steps, lr):

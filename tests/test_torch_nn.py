@@ -2,16 +2,17 @@
 
 Orthonormality bound. Every frame is either the float64 QR factor of a Gaussian cast to the
 working dtype, or the output Y = fl(A·S) of the polar retraction, A = W + ξ stored in the working
-dtype (unit roundoff u_w), S = (AᵀA)^{-1/2} computed in float64 (u = 1.1e-16) from the Gram of the
-stored A and cast to the working dtype. The Gram is re-formed at every step, so rounding does not
-accumulate across steps; one step contributes
+dtype (unit roundoff u_w), S = (AᵀA)^{-1/2} computed in float64 from the Gram of the stored A
+(formed in float64, or in the frames' own dtype by the Stiefel optimizer: u_g, ``linalg.
+gram_dtype``) and cast to the working dtype. The Gram is re-formed at every step, so rounding
+does not accumulate across steps; one step contributes
 - the d×r product with inner length r and the cast of S: |ΔY| ≤ (γ_r + u_w)|A||S| with
   ‖|A||S|‖_F ≤ ‖A‖_F‖S‖_F ≈ r, so ‖ΔY‖_F ≲ r(r + 1)u_w and ‖YᵀY − I‖ ≲ 2r(r + 1)u_w;
-- the float64 Gram (inner length d: ‖ΔG‖ ≤ γ_d‖A‖_F² ≈ d·r·u) and its eigendecomposition
-  (backward error ~ r·u), which perturb YᵀY by about as much: ≲ (d + r)·r·u.
-With a factor 2 for second-order terms: FRAME_BOUND(d, r, dtype) = 4r(r + 1)u_w + 2(d + r)r·u;
-for (d, r) = (16, 4): 2.7e-14 (float64), 4.8e-6 (float32). Measured after 20 steps of each rule:
-≤ 4.7e-15 (float64), ≤ 2.2e-7 (float32).
+- the Gram (inner length d: ‖ΔG‖ ≤ γ_d(u_g)‖A‖_F² ≈ d·r·u_g) and its inverse square root
+  (~ r·u₆₄), which perturb YᵀY by about as much: ≲ (d + r)·r·u_g.
+With a factor 2 for second-order terms: 4r(r + 1)u_w + 2(d + r)r·u_g
+(``port_compare.geometries.polar_drift_bound``); for (d, r) = (16, 4): 2.7e-14 (float64),
+1.4e-5 (float32). Measured after 20 steps of each rule: ≤ 4.7e-15 (float64), ≤ 2.2e-7 (float32).
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import math
 import warnings
 
 import pytest
-from conftest import U, train_mse, unit_roundoff
+from conftest import train_mse
 
 torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
+from proofs_checks.port_compare.geometries import polar_drift_bound  # noqa: E402
 from torch_port import linalg as tl  # noqa: E402
 from torch_port.nn import (  # noqa: E402
     RiemannianMultiheadAttention,
@@ -42,9 +44,8 @@ def maxabs(t) -> float:
 
 
 def frame_bound(d: int, r: int, dtype: torch.dtype) -> float:
-    """4r(r + 1)u_w + 2(d + r)r·u (module docstring)."""
-    u_w, u = unit_roundoff(dtype), U
-    return 4.0 * r * (r + 1) * u_w + 2.0 * (d + r) * r * u
+    """4r(r + 1)u_w + 2(d + r)r·u_g (module docstring)."""
+    return polar_drift_bound(d, r, dtype, tl.gram_dtype(dtype))
 
 
 def make(*args, dtype=F64, seed=0, **kw):

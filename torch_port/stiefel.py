@@ -229,9 +229,12 @@ class StiefelFrames:
     dtype (``retraction_gram``), and the transport of the first moment
     P_Y(m) = m − Y sym(Yᵀm) in place, into the moment the step has just made.
 
-    No d×r tensor is allocated per step once a point has stepped twice: W + c·m goes into a
-    buffer kept per point (reused when no pending step holds it), and the Riemannian gradient
-    into the tangent vector the optimizer's state dropped at the last commit (``recycle``)."""
+    On the CPU no d×r tensor is allocated per step once a point has stepped twice: W + c·m goes
+    into a buffer kept per point (reused when no pending step holds it), and the Riemannian
+    gradient into the tangent vector the optimizer's state dropped at the last commit
+    (``recycle``). The C library returns freed blocks above 32 MB to the system and faults them
+    in again at the next allocation, which cost as much as the step's elementwise passes; a
+    CUDA device's caching allocator reuses its blocks itself, so nothing is kept there."""
 
     moment_groups = ((0,),)
     frame_shape: tuple[int, ...] = ()
@@ -260,6 +263,11 @@ class StiefelFrames:
         """Which point's buffers: its storage, shape, dtype and device."""
         return (w.data_ptr(), tuple(w.shape), w.dtype, w.device)
 
+    @staticmethod
+    def _keeps(w: Tensor) -> bool:
+        """Buffers are kept for points on the CPU (class docstring)."""
+        return w.device.type == "cpu"
+
     def _fits(self, t: Tensor | None, w: Tensor) -> bool:
         return (
             type(t) is torch.Tensor
@@ -278,8 +286,9 @@ class StiefelFrames:
         """Take back a tensor that the optimizer's state of the point x has just dropped (the
         moment before this step) as the buffer of x's next Riemannian gradient, when it has
         x's layout."""
-        if self._fits(dropped, x[0]) and dropped.data_ptr() != x[0].data_ptr():
-            self._spare[self._slot(x[0])] = dropped
+        w = x[0]
+        if self._keeps(w) and self._fits(dropped, w) and dropped.data_ptr() != w.data_ptr():
+            self._spare[self._slot(w)] = dropped
 
     def frame_batch(self, x: Sequence[Tensor]) -> tuple[int, ...]:
         return tuple(x[0].shape[:-2])
@@ -339,19 +348,17 @@ class StiefelFrames:
         into the point's work buffer, and H comes from ``retraction_gram``."""
         if self.st.retraction != "polar":
             return self.retract(x, self.scale_frames(u, c))
-        w = x[0]
-        held = self._work.get(self._slot(w))
+        w, slot = x[0], self._slot(x[0])
+        held = self._work.pop(slot, None)
         free = held is not None and held[1]() is None and self._fits(held[0], w)
         work = held[0] if free else torch.empty(w.shape, dtype=w.dtype, device=w.device)
         a = torch.addcmul(w, u[0], c[..., None, None].to(u[0].dtype), out=work)
         gram = self.retraction_gram(x, u, c, a)
         inv_sqrt, full = linalg.polar_plan(a, reduce=self.reduce, gram=gram)
-        if inv_sqrt is None:
-            self._work[self._slot(w)] = (a, _nobody)
-            return (full,)
-        lazy = LazyProduct(a, inv_sqrt)
-        self._work[self._slot(w)] = (a, weakref.ref(lazy))
-        return (lazy,)
+        y = full if inv_sqrt is None else LazyProduct(a, inv_sqrt)
+        if self._keeps(w):
+            self._work[slot] = (a, _nobody if inv_sqrt is None else weakref.ref(y))
+        return (y,)
 
     def retraction_gram(
         self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor, a: Tensor

@@ -109,8 +109,9 @@ def _port_inputs(
 class ProductFloor:
     """The batched products any projection-and-polar step needs per frame: rgrad
     G − W sym(WᵀG), the Gram AᵀA and A·(AᵀA)^{-1/2}, transport m − Y sym(Yᵀm): three
-    r×d·d×r and three d×r·r×r products, all in the working dtype (a lower bound: nothing else
-    of the step is done), for frame parameters ``ps`` with their gradients attached."""
+    r×d·d×r and three d×r·r×r products, all in the working dtype, into outputs kept between
+    calls (a lower bound: nothing else of the step is done, nothing is allocated), for frame
+    parameters ``ps`` with their gradients attached."""
 
     def __init__(self, ps: list[Any]) -> None:
         import torch
@@ -122,16 +123,20 @@ class ProductFloor:
             .contiguous()
             for p in ps
         ]
+        self.out_small = [torch.empty_like(s) for s in self.small]
+        self.out_big = [torch.empty_like(p) for p in ps]
 
     def step(self) -> None:
         import torch
 
         with torch.no_grad():
-            for p, s in zip(self.ps, self.small, strict=True):
+            for p, s, o_s, o_b in zip(
+                self.ps, self.small, self.out_small, self.out_big, strict=True
+            ):
                 x, g = p.detach(), p.grad
                 for _ in range(3):
-                    x.transpose(-1, -2) @ g
-                    x @ s
+                    torch.matmul(x.transpose(-1, -2), g, out=o_s)
+                    torch.matmul(x, s, out=o_b)
 
 
 class _Compiled:
