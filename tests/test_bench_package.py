@@ -73,7 +73,13 @@ def test_the_model_benchmark_counts_gpt2_small_and_runs_at_a_small_size() -> Non
     """GPT-2 small's 12 blocks hold 85.1 M parameters (7.09 M a block), 14.2 M of them in
     W_Q and W_K; a one-block model of width 16 runs both optimizers and forms the ratio from
     its rows."""
-    from proofs_checks.bench.model import FLOOR_ROW, bench_model, format_model, model_shapes
+    from proofs_checks.bench.model import (
+        FLOOR_ROW,
+        PASSES_ROW,
+        bench_model,
+        format_model,
+        model_shapes,
+    )
 
     frames, plain = model_shapes()
     count = sum(math.prod(s) for s in frames + plain)
@@ -91,5 +97,9 @@ def test_the_model_benchmark_counts_gpt2_small_and_runs_at_a_small_size() -> Non
             assert row["ratio_to_adamw"] == pytest.approx(ratio[row["dtype"]], rel=1e-12)
     assert result["frame_parameters"] == 2 * 16 * 8 * 2
     assert "target ≤ 1.05" in format_model(result) and "floor / AdamW" in format_model(result)
-    floor = {r["dtype"]: r["ratio_to_adamw"] for r in result["rows"] if r["name"] == FLOOR_ROW}
-    assert {t["dtype"]: t["floor_over_adamw"] for t in result["targets"]} == floor
+    for row_name, key in (
+        (FLOOR_ROW, "floor_over_adamw"),
+        (PASSES_ROW, "floor_with_passes_over_adamw"),
+    ):
+        floor = {r["dtype"]: r["ratio_to_adamw"] for r in result["rows"] if r["name"] == row_name}
+        assert {t["dtype"]: t[key] for t in result["targets"]} == floor

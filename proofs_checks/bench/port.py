@@ -111,12 +111,15 @@ class ProductFloor:
     G − W sym(WᵀG), the Gram AᵀA and A·(AᵀA)^{-1/2}, transport m − Y sym(Yᵀm): three
     r×d·d×r and three d×r·r×r products, all in the working dtype, into outputs kept between
     calls (a lower bound: nothing else of the step is done, nothing is allocated), for frame
-    parameters ``ps`` with their gradients attached."""
+    parameters ``ps`` with their gradients attached. With ``passes``, also the passes over
+    whole frames that every step of the frame-moment Adam rule makes besides them: the
+    gradient's finiteness check (a sum), the frame norm of g (one fused reduction), the moment
+    update m ← lerp(m, g, 1 − β1) and the step A = W + c·m."""
 
-    def __init__(self, ps: list[Any]) -> None:
+    def __init__(self, ps: list[Any], passes: bool = False) -> None:
         import torch
 
-        self.ps, self.state = ps, {}
+        self.ps, self.state, self.passes = ps, {}, passes
         self.small = [
             torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
             .expand(*p.shape[:-2], -1, -1)
@@ -125,6 +128,8 @@ class ProductFloor:
         ]
         self.out_small = [torch.empty_like(s) for s in self.small]
         self.out_big = [torch.empty_like(p) for p in ps]
+        self.m = [torch.zeros_like(p) for p in ps] if passes else []
+        self.c = [torch.full((*p.shape[:-2], 1, 1), -PORT_LR, dtype=p.dtype) for p in ps]
 
     def step(self) -> None:
         import torch
@@ -137,6 +142,11 @@ class ProductFloor:
                 for _ in range(3):
                     torch.matmul(x.transpose(-1, -2), g, out=o_s)
                     torch.matmul(x, s, out=o_b)
+            for p, m, c, a in zip(self.ps, self.m, self.c, self.out_big, strict=False):
+                p.grad.sum()
+                torch.linalg.vector_norm(p.grad, dim=(-2, -1))
+                m.lerp_(p.grad, 0.1)
+                torch.addcmul(p.detach(), m, c, out=a)
 
 
 class _Compiled:
@@ -186,31 +196,10 @@ def _port_candidates(
         ps = params(lambda t: geoopt.ManifoldParameter(t, manifold=stiefel))
         out[GEOOPT_ROW] = (geoopt.optim.RiemannianAdam(ps, lr=PORT_LR), ps)
 
-    class _FloorWithPasses(ProductFloor):
-        """The floor's six products plus the passes over whole frames that every step of the
-        frame-moment Adam rule makes besides them, into buffers kept between calls: the
-        gradient's finiteness check (a sum), the moment update m ← lerp(m, g, 1 − β1), the
-        step A = W + c·m and the frame norm of g (one fused reduction)."""
-
-        def __init__(self, ps: list[Any]) -> None:
-            super().__init__(ps)
-            self.m = [torch.zeros_like(p) for p in ps]
-            self.a = [torch.empty_like(p) for p in ps]
-            self.c = [torch.full((*p.shape[:-2], 1, 1), -PORT_LR, dtype=p.dtype) for p in ps]
-
-        def step(self) -> None:
-            super().step()
-            with torch.no_grad():
-                for p, m, a, c in zip(self.ps, self.m, self.a, self.c, strict=True):
-                    p.grad.sum()
-                    torch.linalg.vector_norm(p.grad, dim=(-2, -1))
-                    m.lerp_(p.grad, 0.1)
-                    torch.addcmul(p.detach(), m, c, out=a)
-
     ps = params(torch.nn.Parameter)
     out[FLOOR_ROW] = (ProductFloor(ps), ps)
     ps = params(torch.nn.Parameter)
-    out[PASSES_ROW] = (_FloorWithPasses(ps), ps)
+    out[PASSES_ROW] = (ProductFloor(ps, passes=True), ps)
     return out
 
 
