@@ -8,12 +8,13 @@ operator swapped (+ ↔ −, * ↔ /), a comparison made strict or loose (< ↔ 
 constant doubled (an integer incremented), a unary minus dropped. Each runs in a copy of the
 project (the packages, the tests, the docs they read and ``pyproject.toml``, first on
 ``PYTHONPATH``), so the working tree is never touched. A mutant is *killed by certify* when
-``rattn certify --quick`` of the propositions whose checks import its file (``seen_by``: no
-other proposition runs its code) exits non-zero, *killed by the tests* when the tests named
-for its file (``JUDGES``) fail, and *survives* otherwise (an equivalent mutant, or a gap in
-the checks). Both judges must pass on the unmutated copy first, else every mutant would look
-killed. ``--jobs`` judges that many mutants at a time, each in its own copy. Long: tens of
-seconds per mutant; not part of the default test command.
+``rattn certify --quick`` of the propositions that call its function exits non-zero (traced once
+on the unmutated copy, ``proofs_checks/call_trace.py``: no other proposition runs the mutated
+code), *killed by the tests* when the tests named for its file (``JUDGES``) fail, and
+*survives* otherwise (an equivalent mutant, or a gap in the checks). Both judges must pass on
+the unmutated copy first, else every mutant would look killed. ``--jobs`` judges that many
+mutants at a time, each in its own copy. Long: seconds to minutes per mutant; not part of the
+default test command.
 """
 
 from __future__ import annotations
@@ -197,20 +198,15 @@ def _run(args: list[str], cwd: Path, timeout: float) -> int:
         return -1  # a mutant that hangs a judge is killed by it
 
 
-def seen_by(file: str) -> list[str]:
-    """The ids of the propositions whose checks import ``file``'s module, directly or through
-    other modules (``registry.imported_closure``, the closure the implementation hash covers).
-    No other proposition runs its code, so certify judges a mutant of ``file`` by these alone."""
-    from proofs_checks.certificate import REGISTRY
-    from proofs_checks.registry import imported_closure, project_sources
-
-    module = ".".join(Path(file).with_suffix("").parts)
-    sources = project_sources()
-    return [
-        p.id
-        for p in REGISTRY.values()
-        if module in imported_closure({c.run.__module__ for c in p.checks}, sources)
-    ]
+def called_by(work: Path, files: list[str]) -> dict[str, dict[str, list[str]]]:
+    """file -> function -> the ids of the propositions whose quick checks call it, traced in
+    the copy ``work`` by ``proofs_checks/call_trace.py`` (a fresh interpreter, so that imports
+    are seen too)."""
+    out = work.parent / "calls.json"
+    args = [sys.executable, str(work / "proofs_checks" / "call_trace.py"), str(out), *files]
+    if _run(args, work, 1800) != 0:
+        raise RuntimeError("tracing the propositions' calls failed on the unmutated copy")
+    return json.loads(out.read_text(encoding="utf-8"))
 
 
 def _verdict(mutant: Mutant, text: str, work: Path, ids: list[str]) -> dict:
@@ -239,9 +235,9 @@ def _certify_args(work: Path, ids: list[str]) -> list[str]:
 
 
 def judge(selected: list[tuple[Mutant, str]], progress: bool = True, jobs: int = 1) -> list[dict]:
-    """Run each mutant through certify (the propositions ``seen_by`` its file), then its file's
-    tests when certify lets it through; ``jobs`` mutants at a time, each in its own copy."""
-    ids = {file: seen_by(file) for file in {m.file for m, _ in selected}}
+    """Run each mutant through certify (the propositions that call its function,
+    ``called_by``), then its file's tests when certify lets it through; ``jobs`` mutants at a
+    time, each in its own copy."""
     with tempfile.TemporaryDirectory() as tmp:
         copies: queue.SimpleQueue[Path] = queue.SimpleQueue()
         for k in range(jobs):
@@ -254,12 +250,14 @@ def judge(selected: list[tuple[Mutant, str]], progress: bool = True, jobs: int =
         for tests in {tuple(JUDGES[m.file]) for m, _ in selected}:
             if _run(_pytest_args(list(tests)), work, 900) != 0:
                 raise RuntimeError(f"the judges {list(tests)} fail on the unmutated copy")
+        calls = called_by(work, sorted({m.file for m, _ in selected}))
         copies.put(work)
 
         def one(item: tuple[Mutant, str]) -> dict:
             work = copies.get()
             try:
-                return _verdict(item[0], item[1], work, ids[item[0].file])
+                ids = calls[item[0].file].get(item[0].function, [])
+                return _verdict(item[0], item[1], work, ids)
             finally:
                 copies.put(work)
 

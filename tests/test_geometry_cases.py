@@ -85,17 +85,6 @@ def test_a_port_vertical_vector_with_its_sign_dropped_is_rejected() -> None:
     assert "vertical" in outcome.detail
 
 
-def test_mutants_are_judged_by_the_propositions_that_import_their_file() -> None:
-    from proofs_checks import mutation
-
-    port = mutation.seen_by("torch_port/fixed_rank.py")
-    assert port and all(i.startswith("PORT-") for i in port)
-    assert "PORT-5" in port
-    capacity = mutation.seen_by("reference/capacity/tasks.py")
-    assert not any(i.startswith("GEO-") for i in capacity)
-    assert any(i.startswith("EB-") for i in capacity)
-
-
 def _tangent_defect(name: str, x, u) -> float:
     """What ``check_tangent`` measures, over atol·max(1, ‖ξ‖), computed here with NumPy."""
     sym = lambda a: (a + a.T) / 2  # noqa: E731

@@ -52,3 +52,30 @@ def _key(m: mutation.Mutant) -> dict:
 def test_every_mutant_of_a_file_has_its_own_key() -> None:
     found = [m for m, _ in mutation.mutants("reference/linalg.py")]
     assert len(set(found)) == len(found)
+
+
+def test_mutants_are_judged_by_the_propositions_that_call_their_function(tmp_path) -> None:
+    """The trace, in a fresh interpreter as the tool runs it: the port's R1 projection and
+    rgrad are called by PORT-5 alone, the capacity tasks by EB-4 alone, and what runs while
+    the modules are imported (their bodies, class bodies) is charged to both."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "calls.json"
+    files = ["torch_port/fixed_rank.py", "reference/capacity/tasks.py"]
+    script = mutation.ROOT / "proofs_checks" / "call_trace.py"
+    env = {"PYTHONPATH": str(mutation.ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    subprocess.run(
+        [sys.executable, str(script), str(out), *files, "--ids", "PORT-5,EB-4"],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=600,
+    )
+    calls = json.loads(out.read_text(encoding="utf-8"))
+    port, tasks = calls["torch_port/fixed_rank.py"], calls["reference/capacity/tasks.py"]
+    assert port["proj_tangent"] == port["egrad_to_rgrad"] == ["PORT-5"]
+    assert tasks["static_task"] == tasks["linear_qk_task"] == ["EB-4"]
+    assert port["<module>"] == tasks["<module>"] == ["PORT-5", "EB-4"]
+    assert tasks["PlantedTask"] == ["PORT-5", "EB-4"]
