@@ -234,10 +234,16 @@ def _certify_args(work: Path, ids: list[str]) -> list[str]:
     return [sys.executable, "-m", "proofs_checks", *ids, "--quick", "--out", str(out)]
 
 
-def judge(selected: list[tuple[Mutant, str]], progress: bool = True, jobs: int = 1) -> list[dict]:
+def judge(
+    selected: list[tuple[Mutant, str]],
+    progress: bool = True,
+    jobs: int = 1,
+    out: Path | None = None,
+) -> list[dict]:
     """Run each mutant through certify (the propositions that call its function,
     ``called_by``), then its file's tests when certify lets it through; ``jobs`` mutants at a
-    time, each in its own copy."""
+    time, each in its own copy; the verdicts so far are written to ``out`` after each one (a
+    long run stopped early keeps them)."""
     with tempfile.TemporaryDirectory() as tmp:
         copies: queue.SimpleQueue[Path] = queue.SimpleQueue()
         for k in range(jobs):
@@ -261,17 +267,23 @@ def judge(selected: list[tuple[Mutant, str]], progress: bool = True, jobs: int =
             finally:
                 copies.put(work)
 
+        rows: list[dict] = []
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            rows = list(
-                tqdm(
-                    pool.map(one, selected),
-                    total=len(selected),
-                    desc="mutants",
-                    disable=not progress,
-                    file=sys.stderr,
-                )
-            )
+            for row in tqdm(
+                pool.map(one, selected),
+                total=len(selected),
+                desc="mutants",
+                disable=not progress,
+                file=sys.stderr,
+            ):
+                rows.append(row)
+                if out is not None:
+                    _write(out, rows)
     return rows
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def to_rejudge(files: list[str], earlier: list[dict]) -> list[tuple[Mutant, str]]:
@@ -317,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rejudge is not None:
         earlier = json.loads(Path(args.rejudge).read_text(encoding="utf-8"))
         selected = to_rejudge(args.files, earlier)
-    rows = judge(selected, jobs=args.jobs)
-    Path(args.out).write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n")
+    rows = judge(selected, jobs=args.jobs, out=Path(args.out))
+    _write(Path(args.out), rows)
     for verdict in ("killed by certify", "killed by the tests", "survived"):
         print(f"{verdict}: {sum(r['verdict'] == verdict for r in rows)} of {len(rows)}")
     return 0
