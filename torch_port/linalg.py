@@ -4,10 +4,11 @@ Everything acts on the last two axes, so a tensor of shape (..., m, n) is a batc
 every per-matrix quantity (a norm, a residual, a scale) is a tensor of shape (...,). Nothing here
 imports ``reference``: the two sides are compared from outside (``tests/test_torch_port.py``).
 
-Precision. The polar factor of a float32, bfloat16 or float16 matrix forms its r×r Gram and the
+Precision. ``polar`` of a float32, bfloat16 or float16 matrix forms its r×r Gram and the
 inverse square root of that Gram in float64 (``compute_dtype``), then casts back; the d×r products
-stay in the working dtype. This is what keeps float32 training on the manifold (see
-``docs/torch_port.md`` for the measured drift).
+stay in the working dtype. The optimizer's retraction of frames passes ``polar_plan`` a Gram
+formed in the frames' own dtype instead (``working_gram``): its error is the step's drift, and
+does not add up over steps (see ``docs/torch_port.md`` for the bound and the measured drift).
 """
 
 from __future__ import annotations

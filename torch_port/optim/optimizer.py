@@ -320,9 +320,10 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             state.update(new)
             recycle = getattr(point.geometry, "recycle", None)  # reuse what the state dropped
             if recycle is not None and not point.sharded:
+                x = point.value()
                 for k, old in dropped.items():
                     if old is not state[k]:
-                        recycle(point.value(), old)
+                        recycle(x, old)
             for p in point.params[1:]:  # the other factors carry the point's step only
                 self.state[p] = {"step": state["step"]}
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
