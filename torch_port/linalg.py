@@ -218,7 +218,7 @@ def _inv_sqrt_taylor(e: Tensor, degree: int) -> Tensor:
     return sym(out).reshape(shape)
 
 
-def _inv_sqrt_near_identity(e: Tensor, delta: float, tol: float = 1e-17) -> Tensor | None:
+def _inv_sqrt_near_identity(e: Tensor, delta: float, tol: float) -> Tensor | None:
     """(I + E)^{-1/2} for symmetric E with ‖E‖_F ≤ delta by the Taylor polynomial whose error
     bound is below ``tol``; None when ``eigh`` would be cheaper. (The coupled Newton–Schulz
     iteration, e ↦ (3e² + e³)/4 per step of three products, never needs fewer products than
