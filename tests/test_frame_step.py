@@ -202,3 +202,24 @@ def test_the_taylor_evaluation_is_the_polynomial_of_its_degree(degree):
     assert float(tl.frobenius(tl._inv_sqrt_taylor(e, degree) - p(degree))) <= 1e-13
     if degree >= 1:
         assert float(tl.frobenius(tl._inv_sqrt_taylor(e, degree - 1) - p(degree))) > 1e-11
+
+
+@pytest.mark.parametrize("degree", range(31))
+def test_the_series_costs_the_products_it_is_charged(degree):
+    """``_paterson_stockmeyer_cost(k)`` is the number of batched products ``_inv_sqrt_taylor``
+    makes (counted at the dispatcher), on which the choice between the series and ``eigh``
+    rests."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        products = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.bmm, torch.ops.aten.baddbmm_):
+                Count.products += 1
+            return func(*args, **(kwargs or {}))
+
+    e = tl.sym(torch.randn(2, 4, 4, dtype=torch.float64)) * 0.01
+    with Count():
+        tl._inv_sqrt_taylor(e, degree)
+    assert Count.products == tl._paterson_stockmeyer_cost(degree)[0]

@@ -172,12 +172,15 @@ def _taylor_degree(delta: float, tol: float = 1e-17) -> int:
 
 def _paterson_stockmeyer_cost(k: int) -> tuple[int, int]:
     """(products, s) of evaluating a degree-k polynomial with the powers E … E^s and Horner's
-    rule in E^s (Paterson & Stockmeyer 1973)."""
+    rule in E^s (Paterson & Stockmeyer 1973), as ``_inv_sqrt_taylor`` does: s − 1 powers, one
+    product per block below the top one, less one when the top block is a constant (k ≡ 0
+    mod s, added as c·E^s)."""
     if k <= 1:
         return 0, 1
     s = max(1, math.isqrt(k))
     s = s if s * s >= k else s + 1
-    return (s - 1) + (-(-(k + 1) // s) - 1), s
+    blocks = -(-(k + 1) // s)
+    return (s - 1) + (blocks - 1) - (1 if k % s == 0 else 0), s
 
 
 def _plus_identity(t: Tensor, c: float) -> Tensor:
