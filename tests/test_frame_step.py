@@ -10,8 +10,6 @@ exact H = (AᵀA + E)^{-1/2} gives (AH)ᵀ(AH) − I = −HEH, which float64 eva
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -50,14 +48,16 @@ def test_working_gram_dtypes():
 
 
 def test_polar_with_an_inexact_gram_leaves_exactly_minus_heh():
-    """(AH)ᵀ(AH) − I = −HEH for H = (AᵀA + E)^{-1/2}, whatever A's drift: the identity behind
-    PORT-2's bound (module docstring). Control: the same with E's sign flipped is off."""
+    """(AH)ᵀ(AH) − I = −HEH for the H that ``polar_plan`` makes from a given Gram AᵀA + E,
+    whatever A's drift: the identity behind PORT-2's bound (module docstring; H is within
+    the series' 1e-17 of (AᵀA + E)^{-1/2}). Control: the same with E's sign flipped is off."""
     gen = torch.Generator().manual_seed(1)
     d, r = 40, 6
-    a = torch.randn(3, d, r, generator=gen, dtype=torch.float64) / math.sqrt(d)
+    w, _ = _frames(d, r, (3,), seed=1, dtype=torch.float64)
+    a = w + 0.05 * torch.randn(w.shape, generator=gen, dtype=torch.float64)
     e = tl.sym(torch.randn(3, r, r, generator=gen, dtype=torch.float64)) * 1e-3
-    lam, q = torch.linalg.eigh(tl.gram64(a) + e)
-    h = (q / lam.sqrt()[..., None, :]) @ tl.transpose(q)
+    h, full = tl.polar_plan(a, gram=tl.gram64(a) + e)
+    assert full is None  # the Taylor route, the one that takes a given Gram
     y = a @ h
     lhs = tl.transpose(y) @ y - tl.eye_like(y)
     bound = (
@@ -66,8 +66,93 @@ def test_polar_with_an_inexact_gram_leaves_exactly_minus_heh():
         * gamma(1)
         * float((torch.linalg.matrix_norm(a, 2) ** 2 * torch.linalg.matrix_norm(h, 2) ** 2).max())
     )
-    assert float(tl.frobenius(lhs + h @ e @ h).max()) <= bound
+    assert float(tl.frobenius(lhs + h @ e @ h).max()) <= bound + 1e-16
     assert float(tl.frobenius(lhs - h @ e @ h).min()) > 1e6 * bound
+
+
+def test_a_given_gram_off_the_float32_scale_is_formed_again_in_float64():
+    """A float32 Gram of entries near 1e-20 has underflowed products: ``polar_plan`` forms the
+    float64 Gram again (trace outside (1e-30, 1e30)), and the factor is orthonormal to float32
+    rounding (it was 2.5e-4 off when the float32 Gram was used)."""
+    w, _ = _frames(64, 8, (2,))
+    a = w * 1e-20
+    h, full = tl.polar_plan(a, gram=tl.working_gram(a))
+    y = full if h is None else a @ h
+    assert float(tl.orthonormality_residual(y).max()) <= 4 * 8 * 9 * U32 + 2 * 72 * 8 * U32
+
+
+def test_the_retraction_of_float32_frames_uses_their_float32_gram(monkeypatch):
+    """The step's polar factor takes its Gram from ``working_gram`` of A = W + c·m, formed in
+    float32 (the route PORT-2 bounds), not the float64 Gram of ``linalg.polar``."""
+    seen = []
+    original = tl.working_gram
+
+    def spy(a):
+        seen.append(a.dtype)
+        return original(a)
+
+    monkeypatch.setattr(tl, "working_gram", spy)
+    w0, gen = _frames(16, 4, (3,))
+    w = torch.nn.Parameter(w0)
+    opt = _adam(w)
+    w.grad = torch.randn(w.shape, generator=gen)
+    opt.step()
+    assert seen == [torch.float32]
+    assert tl.gram_dtype(torch.float32) == torch.float32
+
+
+def test_a_work_buffer_held_by_a_pending_step_is_not_reused():
+    """Two retractions at one storage before either is committed (parameters that share
+    memory): the second gets a new buffer, the first's A is intact."""
+    w, gen = _frames(12, 3, (2,))
+    frames = StiefelFrames(tp.Stiefel(12, 3))
+    u = tuple(tp.Stiefel(12, 3).proj(w, torch.randn(w.shape, generator=gen)) for _ in range(2))
+    c = torch.full((2,), 0.1)
+    (first,) = frames.retract_scaled((w,), (u[0],), c)
+    kept = first.a.clone()
+    (second,) = frames.retract_scaled((w,), (u[1],), c)
+    assert second.a.data_ptr() != first.a.data_ptr()
+    assert torch.equal(first.a, kept)
+    del first, second  # now nothing holds it: the next retraction reuses the kept buffer
+    (third,) = frames.retract_scaled((w,), (u[0],), c)
+    assert torch.equal(third.a, kept)
+
+
+def test_loading_a_state_that_shares_tensors_with_the_optimizer_stays_exact():
+    """torch's ``load_state_dict`` keeps the caller's tensors: a shallow snapshot loaded back
+    may hold the tensor kept for the next gradient. The loaded run must equal one loaded from a
+    deep copy (the buffers are dropped at load)."""
+    import copy
+
+    def run(deep):
+        w0, gen = _frames(20, 4, (2,))
+        w = torch.nn.Parameter(w0.clone())
+        opt = _adam(w)
+        grads = [torch.randn(w.shape, generator=gen) for _ in range(4)]
+        for g in grads[:2]:
+            w.grad = g.clone()
+            opt.step()
+        sd = opt.state_dict()
+        snap = (
+            copy.deepcopy(sd)
+            if deep
+            else {
+                "state": {k: dict(v) for k, v in sd["state"].items()},
+                "param_groups": sd["param_groups"],
+            }
+        )
+        point = w.detach().clone()
+        w.grad = grads[2].clone()
+        opt.step()
+        with torch.no_grad():
+            w.copy_(point)
+        opt.load_state_dict(snap)
+        w.grad = grads[3].clone()
+        opt.step()
+        return w.detach(), opt.state[w]["exp_avg"]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        assert torch.equal(a, b)
 
 
 def _adam(w, **kw):

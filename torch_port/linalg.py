@@ -271,7 +271,9 @@ def polar_plan(
     ``reduce``: for A whose rows are spread over processes, the sum of the ranks' Grams (then
     only the Gram's routes are taken: a matrix that needs rescaling or the SVD is refused).
     ``gram``: AᵀA formed by the caller (float64, e.g. ``working_gram``), used on the Taylor
-    route only; any other route forms the float64 Gram from A's entries again."""
+    route only and for tr(AᵀA) in (1e-30, 1e30), where a float32 product of A's entries
+    neither underflows nor overflows; any other route forms the float64 Gram from A's entries
+    again."""
     if a.ndim < 2:
         raise ValueError(f"polar factor needs a matrix (..., m, n), got shape {tuple(a.shape)}")
     given = gram is not None
@@ -281,8 +283,10 @@ def polar_plan(
             gram = reduce(gram)
     r = a.shape[-1]
     trace = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1)
-    # float64 entries above ~1e150 overflow the Gram, below ~1e-150 they underflow in it.
-    off_scale = ~(torch.isfinite(trace) & (trace > 1e-270))
+    # float64 entries above ~1e150 overflow the Gram, below ~1e-150 they underflow in it (a
+    # given Gram may have been formed in float32: ~1e±15)
+    low, high = (1e-30, 1e30) if given else (1e-270, math.inf)
+    off_scale = ~(torch.isfinite(trace) & (trace > low) & (trace < high))
     alpha = torch.where(off_scale, torch.ones_like(trace), trace / r)
     e = _plus_identity(gram / alpha[..., None, None], -1.0)  # X − I, X = AᵀA/α
     delta = frobenius_fast(e)

@@ -229,7 +229,8 @@ class StiefelFrames:
     dtype (``retraction_gram``), and the transport of the first moment
     P_Y(m) = m − Y sym(Yᵀm) in place, into the moment the step has just made.
 
-    On the CPU no d×r tensor is allocated per step once a point has stepped twice: W + c·m goes
+    For float32 and float64 frames on the CPU no d×r tensor is allocated per step once a point
+    has stepped twice (half-precision frames upcast A for the Gram): W + c·m goes
     into a buffer kept per point (reused when no pending step holds it), and the Riemannian
     gradient into the tangent vector the optimizer's state dropped at the last commit
     (``recycle``). The C library returns freed blocks above 32 MB to the system and faults them

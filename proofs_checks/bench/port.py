@@ -129,7 +129,9 @@ class ProductFloor:
         self.out_small = [torch.empty_like(s) for s in self.small]
         self.out_big = [torch.empty_like(p) for p in ps]
         self.m = [torch.zeros_like(p) for p in ps] if passes else []
-        self.c = [torch.full((*p.shape[:-2], 1, 1), -PORT_LR, dtype=p.dtype) for p in ps]
+        self.c = [
+            torch.full((*p.shape[:-2], 1, 1), -PORT_LR, dtype=p.dtype, device=p.device) for p in ps
+        ]
 
     def step(self) -> None:
         import torch

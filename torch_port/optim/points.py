@@ -80,6 +80,12 @@ class Geometries:
     def __init__(self) -> None:
         self._cache: dict[tuple, Any] = {}
 
+    def forget(self) -> None:
+        """Drop the cached geometries, and with them the d×r buffers they keep between steps
+        (``StiefelFrames``): after a state is loaded, a buffer kept for the next gradient may be
+        a tensor the loaded state holds."""
+        self._cache.clear()
+
     def stiefel_spec(self, group: dict[str, Any], p: Tensor) -> dict[str, Any]:
         """How the Stiefel geometry of a parameter of a group is built: its name, sizes and
         options (``spec``)."""

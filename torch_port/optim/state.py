@@ -159,6 +159,7 @@ class StateChecks:
         self._check_saved_state(saved, ids, saved_groups)
         sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
         super().load_state_dict(state_dict)
+        self._geometries.forget()  # torch keeps the caller's tensors, which a buffer may be
         for (gi, pi), value in sqrt_v.items():
             group = self.param_groups[gi]
             p = group["params"][pi]
