@@ -274,6 +274,17 @@ def test_polar_refuses_rank_deficient_and_non_finite_input():
     assert torch.allclose(tl.polar(ill), torch.eye(3, 2, dtype=torch.float64), atol=1e-15)
 
 
+def test_the_rank_refusal_reports_the_smallest_eigenvalue_over_the_largest():
+    """The message gives λ_min/λ_max of the Gram as ``eigh`` computed it (λ_max = 4 here, so a
+    product or the middle eigenvalue in its place reads 16 or 4 times off)."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.linalg.qr(torch.randn(10, 3, generator=gen, dtype=torch.float64))[0]
+    a = q * torch.sqrt(torch.tensor([4.0, 1.0, 4e-17], dtype=torch.float64))
+    lam = torch.linalg.eigvalsh(tl.sym(tl.gram64(a)))
+    with pytest.raises(ValueError, match=f"value {float(lam[0] / lam[-1]):.3e} relative"):
+        tl.polar(a)
+
+
 # -- optimizer contract ------------------------------------------------------------------------
 OPTIMIZERS = {
     "RiemannianAdam": lambda ps: tp.RiemannianAdam(ps, lr=LR, trust_radius=0.05),

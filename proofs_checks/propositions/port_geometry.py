@@ -337,12 +337,14 @@ def _atol_doubled(original: Callable) -> Callable:
 
 
 def _rank_test_matrix(factor: float, seed: int) -> np.ndarray:
-    """A 10×2 A with orthonormal Q and squared singular values 1 and factor·ε·10: the polar
-    factor's rank test (refuse when λ_min(AᵀA) ≤ ε·λ_max·d, d = 10 rows) refuses it at factor
-    ½ and accepts it at 2 (a test without d, or with ε·λ_max/d, accepts both)."""
-    d = 10
-    q, _ = np.linalg.qr(np.random.default_rng([seed, 13]).standard_normal((d, 2)))
-    return q * np.sqrt([1.0, factor * cases.EPS * d])
+    """A 10×3 A = Q·diag(σ) with orthonormal Q and squared singular values λ_max = 4, 1 and
+    factor·ε·λ_max·10: the polar factor's rank test (refuse when λ_min(AᵀA) ≤ ε·λ_max·d,
+    d = 10 rows) refuses it at factor ½ and accepts it at 2. A test without d, with ε·λ_max/d,
+    with ε/λ_max, or with the middle eigenvalue for λ_max accepts both (λ_max ≠ 1 and r = 3
+    tell those apart)."""
+    d, lam_max = 10, 4.0
+    q, _ = np.linalg.qr(np.random.default_rng([seed, 13]).standard_normal((d, 3)))
+    return q * np.sqrt([lam_max, 1.0, factor * cases.EPS * lam_max * d])
 
 
 def validation(ctx: Context, wrong: bool) -> Outcome:
