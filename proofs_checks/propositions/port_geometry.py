@@ -358,9 +358,9 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
     retraction's order, the dimension, embedded, quotient) at r = 1 and r = 3, and the block
     variants' with both ``BLOCK_OPTIONS``, are the reference's; and a batch of three St(7, 3)
     frames is accepted, and refused when its middle frame is off by 4·atol·√r; and both
-    libraries' polar factors refuse a 10×2 A whose λ_min(AᵀA) is ½·ε·λ_max·d and accept it at
-    2·ε·λ_max·d (``_rank_test_matrix``). Residual: the number of
-    wrong decisions, tolerance 0. Control: the port's atol and R2's limit doubled, substituted
+    libraries' polar factors refuse a 10×3 A (λ_max = 4) whose λ_min(AᵀA) is ½·ε·λ_max·d and
+    accept it at 2·ε·λ_max·d (``_rank_test_matrix``). Residual: the number of wrong decisions,
+    tolerance 0. Control: the port's atol and R2's limit doubled, substituted
     into ``torch_port.geometry``, ``torch_port.stiefel`` and ``torch_port.fixed_rank``."""
     import torch
 
