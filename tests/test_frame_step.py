@@ -308,3 +308,12 @@ def test_the_series_costs_the_products_it_is_charged(degree):
     with Count():
         tl._inv_sqrt_taylor(e, degree)
     assert Count.products == tl._paterson_stockmeyer_cost(degree)[0]
+
+
+def test_the_largest_entry_of_an_empty_batch_has_the_batch_shape():
+    """``max_abs`` of matrices with no entries is 0 per matrix, one value per batch element
+    (the reduced dims left out, counted from the end)."""
+    assert tl.max_abs(torch.zeros(4, 0, 2)).shape == (4,)
+    assert tl.max_abs(torch.zeros(2, 3, 0, 5)).shape == (2, 3)
+    assert tl.max_abs(torch.zeros(0, 3, 2)).shape == (0,)
+    assert torch.equal(tl.max_abs(torch.zeros(4, 0, 2)), torch.zeros(4))
