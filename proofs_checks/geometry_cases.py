@@ -91,7 +91,7 @@ def validity_cases(name: str, x: tuple, rng: np.random.Generator) -> list[Validi
     """The cases of a plain geometry ``name`` (at ``SIZES``, or St(d, r) at ``STIEFEL``) around
     the valid point ``x``: x itself (accepted), each orthonormal factor (or the frame) moved to
     a residual of k·atol, R1's core S with σ_r/σ_1 = k·r·ε, R2's factors with
-    κ(A)²κ(B)²·u = k·1e-8, for k in ``MARGINS``."""
+    κ(A)²κ(B)²·u = k·1e-8 (largest singular value 3), for k in ``MARGINS``."""
     atol, eps = ATOL, EPS
     cases = [Validity("as drawn", x, False)]
     if name == "stiefel":
@@ -107,15 +107,18 @@ def validity_cases(name: str, x: tuple, rng: np.random.Generator) -> list[Validi
             moved = list(x)
             moved[i] = x[i] @ (np.eye(r) + (k * atol / 2) * d)
             cases.append(Validity(f"factor {i} at {k}·atol", tuple(moved), k > 1))
+    # The largest singular value is 3 and the middle ones 1 (r = 3), so that a ratio taken as a
+    # product, or against the middle value, decides otherwise.
     if name == "fixed_rank_embedded":
         for k in MARGINS:
-            core = np.diag([1.0] * (r - 1) + [k * r * eps])
+            core = np.diag([3.0] + [1.0] * (r - 2) + [3.0 * k * r * eps])
             cases.append(Validity(f"S with σ_r/σ_1 = {k}·r·ε", (x[0], core, x[2]), k < 1))
     if name == "fixed_rank_quotient":
         for k in MARGINS:
-            # κ(A) = κ(B) = 1/σ, so κ(A)²κ(B)²·u = u/σ⁴ (each factor carries half the limit)
+            # κ(A) = κ(B) = 3/σ, so κ(A)²κ(B)²·u = 81u/σ⁴ (each factor carries half the limit)
             a, b = np.eye(m, r), np.eye(n, r)
-            a[r - 1, r - 1] = b[r - 1, r - 1] = (eps / 2 / (k * CONDITION_LIMIT)) ** 0.25
+            a[0, 0] = b[0, 0] = 3.0
+            a[r - 1, r - 1] = b[r - 1, r - 1] = 3.0 * (eps / 2 / (k * CONDITION_LIMIT)) ** 0.25
             cases.append(Validity(f"κ(A)²κ(B)²·u = {k}·1e-8", (a, b), k > 1))
     return cases
 

@@ -536,3 +536,28 @@ def test_r2_random_points_have_the_stated_scale() -> None:
     for f, rows in ((a, M), (b, N)):
         mean = float((f**2).sum((-2, -1)).mean())
         assert abs(mean - R) <= 6 * (2 * R / (rows * 400)) ** 0.5, (rows, mean)
+
+
+@pytest.mark.parametrize("k, refused", [(0.99, True), (1.01, False)])
+def test_r1_retraction_refuses_a_step_to_the_edge_of_its_rank_test(k, refused):
+    """A step whose new core has σ_r/σ_1 = k·r·ε is refused below 1 and taken above, with
+    σ_1 = 3 (a ratio taken as a product, σ_r·σ_1, decides otherwise). The core is diagonal, so
+    the SVD returns its entries exactly: S + M = diag(3, 1, 6a) + diag(0, 0, −3a), a = k·r·ε."""
+    m, n, r = 6, 5, 3
+    geo = tp.GEOMETRIES["fixed_rank_embedded"](m, n, r)
+    a = k * r * torch.finfo(torch.float64).eps
+    point = (
+        torch.eye(m, r, dtype=torch.float64),
+        torch.diag(torch.tensor([3.0, 1.0, 6 * a], dtype=torch.float64)),
+        torch.eye(n, r, dtype=torch.float64),
+    )
+    step = (
+        torch.diag(torch.tensor([0.0, 0.0, -3 * a], dtype=torch.float64)),
+        torch.zeros(m, r, dtype=torch.float64),
+        torch.zeros(n, r, dtype=torch.float64),
+    )
+    if refused:
+        with pytest.raises(ValueError, match="leaves the rank-3 manifold"):
+            geo.retract(point, step)
+    else:
+        assert geo.retract(point, step)[1].shape == (r, r)
