@@ -166,13 +166,21 @@ def tangent_cases(name: str, geo: Any, x: Any, rng: np.random.Generator) -> list
 
 
 def size_cases(name: str) -> list[tuple[tuple[int, int, int], bool]]:
-    """((m, n, r), refused) at the rank's ends: r = 1 and r = min(m, n) are legal sizes,
-    r = min(m, n) + 1 (above n, and above m when m < n) is not; for St(d, r), (d, r)."""
+    """((m, n, r), refused) at the rank's ends: r = 1 and r = min(m, n) are legal sizes, and
+    so are a single row or column (m = 1 or n = 1, r = 1); r = min(m, n) + 1 (above n, and
+    above m when m < n) is not; for St(d, r), (d, r)."""
     if name == "stiefel":
         d, _ = STIEFEL
         return [((d, 1), False), ((d, d), False), ((d, d + 1), True)]
     m, n, _ = SIZES
-    return [((m, n, 1), False), ((m, n, n), False), ((m, n, n + 1), True), ((n, m, n + 1), True)]
+    return [
+        ((m, n, 1), False),
+        ((m, n, n), False),
+        ((1, n, 1), False),
+        ((m, 1, 1), False),
+        ((m, n, n + 1), True),
+        ((n, m, n + 1), True),
+    ]
 
 
 #: GQA patterns (n_heads, n_kv_heads): one head, MHA, MQA, GQA, and refused ones (zero heads, a
