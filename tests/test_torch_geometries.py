@@ -561,3 +561,22 @@ def test_r1_retraction_refuses_a_step_to_the_edge_of_its_rank_test(k, refused):
             geo.retract(point, step)
     else:
         assert geo.retract(point, step)[1].shape == (r, r)
+
+
+def test_r2_refusals_report_sigma_min_over_sigma_max():
+    """A rank-deficient factor of an R2 point, or one that a step makes rank deficient, is
+    refused with σ_min/σ_max itself in the message (the square root of the Gram's ratio):
+    A = diag(2, 1, 2e-20) gives 1.000e-20, where the Gram's ratio would read 1.000e-40, and a
+    step to diag(2, 1, 1e-10) gives 5.000e-11 (the entry 1 − (1 − 1e-10) is 1e-10 to 1e-7)."""
+    m, n, r = 6, 5, 3
+    geo = tp.GEOMETRIES["fixed_rank_quotient"](m, n, r)
+    a = torch.zeros(m, r, dtype=torch.float64)
+    a[0, 0], a[1, 1], a[2, 2] = 2.0, 1.0, 2e-20
+    b = torch.eye(n, r, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"factor A: σ_min/σ_max = 1\.000e-20"):
+        geo.check_point((a, b))
+    good = torch.eye(m, r, dtype=torch.float64) * torch.tensor([2.0, 1.0, 1.0], dtype=torch.float64)
+    step = (torch.zeros(m, r, dtype=torch.float64), torch.zeros(n, r, dtype=torch.float64))
+    step[0][2, 2] = -1.0 + 1e-10  # A + ξ = diag(2, 1, 1e-10): σ_min/σ_max = 5e-11
+    with pytest.raises(ValueError, match=r"factor A: σ_min/σ_max = 5\.000e-11"):
+        geo.retract((good, b), step)
