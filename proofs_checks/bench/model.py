@@ -128,12 +128,13 @@ def bench_model(
     dtypes: tuple[str, ...] = ("float32", "float64"),
     config: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Time the two optimizers' steps and the floor (``_ModelFloor``), interleaved round by
-    round (``_interleaved_rounds``), in each dtype, on GPT-2 small's blocks (or ``config``:
-    layers, d, heads, mlp); returns ``{"rows": [{"dtype", "name", "median_s", "iqr_s",
-    "ratio_to_adamw"}], "targets": [{"dtype", "port_over_adamw", "met", "floor_over_adamw"}],
-    "parameters", "frame_parameters", "notes", "environment"}``. A floor above the target
-    puts the target out of reach of any step that forms the six products."""
+    """Time the two optimizers' steps and the two floors (``_ModelFloor``, without and with
+    the rule's passes), interleaved round by round (``_interleaved_rounds``), in each dtype, on
+    GPT-2 small's blocks (or ``config``: layers, d, heads, mlp); returns ``{"rows": [{"dtype",
+    "name", "median_s", "iqr_s", "ratio_to_adamw"}], "targets": [{"dtype", "port_over_adamw",
+    "met", "floor_over_adamw", "floor_with_passes_over_adamw"}], "parameters",
+    "frame_parameters", "notes", "environment"}``. A floor above the target puts the target out
+    of reach of any step that forms the six products (and makes the rule's passes)."""
     _check_repeats(repeats)
     check_model_memory(dtypes, config)
     import torch

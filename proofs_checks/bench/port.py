@@ -43,7 +43,7 @@ PORT_TARGET_VS_ADAMW = 2.0
 PORT_TARGET_VS_GEOOPT = 3.0
 #: ... and the frames' optimizer state about this fraction of AdamW's.
 PORT_TARGET_STATE = 0.5
-#: Issue 14's target for size (b): the port's step at most this many times the floor's.
+#: The target for size (b): the port's step at most this many times the floor's.
 PORT_TARGET_VS_FLOOR = 1.3
 
 #: Learning rate of every optimizer in the benchmark (Gaussian gradients of unit entries).
@@ -119,7 +119,7 @@ class ProductFloor:
     def __init__(self, ps: list[Any], passes: bool = False) -> None:
         import torch
 
-        self.ps, self.state, self.passes = ps, {}, passes
+        self.ps, self.state = ps, {}
         self.small = [
             torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
             .expand(*p.shape[:-2], -1, -1)
@@ -128,9 +128,10 @@ class ProductFloor:
         ]
         self.out_small = [torch.empty_like(s) for s in self.small]
         self.out_big = [torch.empty_like(p) for p in ps]
-        self.m = [torch.zeros_like(p) for p in ps] if passes else []
-        self.c = [
-            torch.full((*p.shape[:-2], 1, 1), -PORT_LR, dtype=p.dtype, device=p.device) for p in ps
+        #: With ``passes``: each parameter's moment and per-frame step factor c.
+        self.moments = [
+            (torch.zeros_like(p), torch.full_like(p[..., :1, :1], -PORT_LR))
+            for p in (ps if passes else [])
         ]
 
     def step(self) -> None:
@@ -144,7 +145,7 @@ class ProductFloor:
                 for _ in range(3):
                     torch.matmul(x.transpose(-1, -2), g, out=o_s)
                     torch.matmul(x, s, out=o_b)
-            for p, m, c, a in zip(self.ps, self.m, self.c, self.out_big, strict=False):
+            for p, (m, c), a in zip(self.ps, self.moments, self.out_big, strict=False):
                 p.grad.sum()
                 torch.linalg.vector_norm(p.grad, dim=(-2, -1))
                 m.lerp_(p.grad, 0.1)
