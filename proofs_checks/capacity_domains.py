@@ -7,7 +7,8 @@ for the first-order softmax regression; n ≤ d_v and n ≤ d for the inversion 
 1 ≤ r ≤ d for a planted kernel, 0 ≤ r ≤ n for a planted mixer, r ≥ 0 for a student; every
 size ≥ 1 and a task's noise ≥ 0; τ ∈ [0, 1) and η ∈ (0, 1] for the thresholded ranks; p,
 dof ≥ 1 for the noise edges; a student width in 1 … limit, steps ≥ 0 and init ≥ 0 for the
-trainers.
+trainers. A refusal that names a measured value (a size, a ratio of singular values or
+eigenvalues, a rank) names the value of the constructed input.
 
 And the defaults (``DEFAULTS``, the table of docs/entropic_bound.md written again here): each
 function that has defaults, called without them, returns what it returns with the documented
@@ -18,6 +19,7 @@ changes a result.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +31,15 @@ from reference.capacity import pretraining, spectra, tasks, trainers
 
 @dataclass(frozen=True)
 class Edge:
+    """One call at a domain's end; ``says``: a pattern that the refusal's message must contain
+    (the measured value it names, derived from the call's constructed input)."""
+
     label: str
     module: Any
     function: str
     args: Callable[[np.random.Generator], tuple]
     refused: bool
+    says: str = ""
 
 
 def _xy(s: int, n: int, d: int, dv: int) -> Callable[[np.random.Generator], tuple]:
@@ -51,6 +57,12 @@ def _inversion(s: int, n: int, d: int, dv: int) -> Callable[[np.random.Generator
     return args
 
 
+def _diagonal_tokens(*values: float) -> np.ndarray:
+    """One sequence whose n×n token matrix is diag(values): its singular values are the values
+    exactly, and its Gram's eigenvalues their squares."""
+    return np.diag(values)[None]
+
+
 def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
     """A static student on 6 sequences of n = 3 tokens (d = d_v = 2): ranks 1 … n."""
 
@@ -61,6 +73,12 @@ def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
     return args
 
 
+def _descent(steps: int) -> tuple:
+    """Factorised GD on 2×1 factors of ones with an infinite gradient: the first step's
+    factors are non-finite."""
+    return (lambda m: np.full_like(m, np.inf), np.ones((2, 1)), np.ones((2, 1)), 1.0, steps)
+
+
 #: A spectrum for the rank estimators' parameter ends.
 SPECTRUM = np.array([1.0, 0.5, 0.1])
 #: A spectrum whose ranks move with their defaults: 1.5e-3 lies between τ = 1e-3 and 2e-3.
@@ -68,7 +86,44 @@ SENSITIVE = np.array([1.0, 0.5, 0.1, 0.0015, 0.0012])
 
 EDGES = [
     Edge("OLS mixer at S·d = n", pretraining, "ols_static_mixer", _xy(2, 4, 2, 2), False),
-    Edge("OLS mixer at S·d = n − 1", pretraining, "ols_static_mixer", _xy(1, 3, 2, 2), True),
+    Edge(
+        "OLS mixer at S·d = n − 1",
+        pretraining,
+        "ols_static_mixer",
+        _xy(1, 3, 2, 2),
+        True,
+        "S·d = 2 < n = 3",
+    ),
+    Edge(
+        "pooled OLS of one feature",
+        pretraining,
+        "pooled_regression",
+        _xy(2, 3, 1, 2),
+        False,
+    ),
+    Edge(
+        "pooled OLS of one feature, zero tokens",
+        pretraining,
+        "pooled_regression",
+        lambda rng: (np.zeros((2, 3, 1)), rng.standard_normal((2, 3, 2))),
+        True,
+        r"= 0\.00e\+00 for 1 features",
+    ),
+    Edge(  # λ_min/λ_max = 1e-14, above 3ε
+        "pooled OLS of Gram eigenvalues 1e-8, 1e-4, 1e6",
+        pretraining,
+        "pooled_regression",
+        lambda rng: (_diagonal_tokens(1e-4, 1e-2, 1e3), rng.standard_normal((1, 3, 2))),
+        False,
+    ),
+    Edge(  # λ_min/λ_max = 1e-20, below 3ε
+        "pooled OLS of Gram eigenvalues 1e-14, 1e-4, 1e6",
+        pretraining,
+        "pooled_regression",
+        lambda rng: (_diagonal_tokens(1e-7, 1e-2, 1e3), rng.standard_normal((1, 3, 2))),
+        True,
+        r"λ_min/λ_max of Σ z zᵀ = 1\.00e-20 for 3 features",
+    ),
     Edge("first order at S = d + 1", pretraining, "first_order_softmax", _xy(3, 4, 2, 2), False),
     Edge("first order at S = d", pretraining, "first_order_softmax", _xy(2, 4, 2, 2), True),
     Edge(
@@ -84,6 +139,41 @@ EDGES = [
     Edge(
         "inversion at n = d + 1", pretraining, "inversion_estimator", _inversion(4, 4, 3, 4), True
     ),
+    Edge(
+        "inversion at n = d_v + 2",
+        pretraining,
+        "inversion_estimator",
+        _inversion(4, 4, 4, 2),
+        True,
+        "modulo a 8-dimensional set",
+    ),
+    Edge(
+        "inversion with floor 0",
+        pretraining,
+        "inversion_estimator",
+        lambda rng: (*_inversion(4, 3, 3, 3)(rng), 1.0, 0.0),
+        True,
+    ),
+    Edge(
+        "inversion of X_s W_V = diag(2, 1, 2⁻⁶⁰)",
+        pretraining,
+        "inversion_estimator",
+        lambda rng: (
+            _diagonal_tokens(2.0, 1.0, 2.0**-60),
+            rng.uniform(0.1, 1, (1, 3, 3)),
+            np.eye(3),
+        ),
+        True,
+        r"σ_min/σ_max = 4\.34e-19",
+    ),
+    Edge(  # the centred tokens of one sequence have rank n − 1: a design of rank n(n − 1)
+        "inversion of one sequence of n = d = 3",
+        pretraining,
+        "inversion_estimator",
+        _inversion(1, 3, 3, 3),
+        True,
+        r"rank 6 < d² = 9 \(S·n\(n − 1\) = 6 equations\)",
+    ),
     Edge("kernel at r = d", tasks, "planted_kernel", lambda rng: (3, 3, rng), False),
     Edge("kernel at r = 1", tasks, "planted_kernel", lambda rng: (3, 1, rng), False),
     Edge("kernel at r = 0", tasks, "planted_kernel", lambda rng: (3, 0, rng), True),
@@ -95,6 +185,28 @@ EDGES = [
     Edge("spectrum at r = 0", tasks, "planted_spectrum", lambda rng: (0,), False),
     Edge("spectrum at r = −1", tasks, "planted_spectrum", lambda rng: (-1,), True),
     Edge("explicit spectrum ending in 0", tasks, "planted_spectrum", lambda rng: (2, [1, 0]), True),
+    Edge(
+        "explicit spectrum of 3 ending in 0",
+        tasks,
+        "planted_spectrum",
+        lambda rng: (3, [1, 0.5, 0]),
+        True,
+    ),
+    Edge(
+        "covariance asymmetric by 1",
+        tasks,
+        "cholesky",
+        lambda rng: (np.array([[2.0, 1.0], [0.0, 2.0]]), 2),
+        True,
+        "symmetric",
+    ),
+    Edge(  # the asymmetry, 1e-10, is 1e-16 of the largest entry: within n·ε·max|C|
+        "covariance of scale 1e6 asymmetric by 1e-10",
+        tasks,
+        "cholesky",
+        lambda rng: (np.array([[1e6, 3e5 + 1e-10], [3e5, 1e6]]), 2),
+        False,
+    ),
     Edge("task of one token", tasks, "linear_qk_task", lambda rng: (1, 1, 1, 1, 1, rng), False),
     Edge("task without noise", tasks, "static_task", lambda rng: (2, 2, 2, 2, 1, rng, 0.0), False),
     Edge(
@@ -148,6 +260,22 @@ EDGES = [
     Edge("TW at dof = 0", spectra, "tracy_widom_threshold", lambda rng: (1.0, 1, 0), True),
     Edge("init of width 1, scale 0", trainers, "small_init", lambda rng: (1, 1, 0.0, rng), False),
     Edge("init of width 0", trainers, "small_init", lambda rng: (2, 0, 0.1, rng), True),
+    Edge("GD of 0 steps", trainers, "factorised_gd", lambda rng: _descent(0), False),
+    Edge(
+        "GD on an infinite gradient",
+        trainers,
+        "factorised_gd",
+        lambda rng: _descent(3),
+        True,
+        "diverged at step 1 of 3",
+    ),
+    Edge(
+        "student from init 0",
+        trainers,
+        "train_static_student",
+        lambda rng: (*_student(3)(rng), 0.1, 0.0),
+        False,
+    ),
     Edge("student at width n", trainers, "train_static_student", _student(3), False),
     Edge("student at width 1", trainers, "train_static_student", _student(1), False),
     Edge("student at width n + 1", trainers, "train_static_student", _student(4), True),
@@ -294,13 +422,16 @@ def wrong_decisions(seed: int) -> list[str]:
     rng = np.random.default_rng([seed, 11])
     wrong = []
     for edge in EDGES:
+        message = ""
         try:
             getattr(edge.module, edge.function)(*edge.args(rng))
             refused = False
-        except ValueError:
-            refused = True
+        except ValueError as error:
+            refused, message = True, str(error)
         if refused != edge.refused:
             wrong.append(edge.label)
+        elif refused and not re.search(edge.says, message):
+            wrong.append(f"{edge.label} (its message: {message!r})")
     return wrong
 
 
@@ -309,8 +440,8 @@ def ols_refusing_its_end(original: Callable) -> Callable:
 
     def variant(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         s, n, d = np.shape(x)
-        if s * d <= n:
-            raise ValueError(f"Σ X Xᵀ is singular: needs S·d > n, got S·d = {s * d}, n = {n}")
+        if s * d == n:  # below it, the original refuses with its own message
+            raise ValueError(f"Σ X Xᵀ is singular: needs S·d > n, got S·d = {s * d} = n")
         return original(x, y)
 
     return variant

@@ -41,6 +41,7 @@ _GEOMETRY_TESTS = [
     "tests/test_geometry_laws.py",
     "tests/test_partial_isometry.py",
     "tests/test_bad_input.py",
+    "tests/test_reliability_reference.py",
 ]
 _CAPACITY_TESTS = ["tests/test_capacity.py", "tests/test_eb_statistical.py", "tests/test_rank.py"]
 _PORT_TESTS = [

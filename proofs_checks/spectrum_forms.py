@@ -39,7 +39,10 @@ tr G within that bound's trace plus n²·u·λ₁ (LAPACK's backward error ‖E�
 taken as n, summed over n eigenvalues); and its fixed point, transcribed on those eigenvalues
 (so that the solver's rounding is not in the comparison): the count exactly, the noise mean
 within γ_n (a mean of at most n values) and the threshold within γ₁₃ + γ_n (linear in the
-noise). The estimators' defaults are EB-4's domain check (``capacity_domains.DEFAULTS``).
+noise). The risk each student trainer reports, against its definition from the sufficient
+statistics in exact rationals (``student_comparisons``); the planted tasks' decay spectrum
+and attention maps against their definitions (``task_comparisons``). The estimators' defaults
+are EB-4's domain check (``capacity_domains.DEFAULTS``).
 """
 
 from __future__ import annotations
@@ -288,6 +291,8 @@ def comparisons(seed: int) -> Iterator[Comparison]:
             want = tracy_widom_threshold(noise, p, dof, q)
             yield _real(f"TW{q:g} ({noise:g}, {p}, {dof})", got, want, gamma(13, u))
     yield from gram_comparisons(seed)
+    yield from student_comparisons(seed)
+    yield from task_comparisons(seed)
 
 
 def gram_comparisons(seed: int) -> Iterator[Comparison]:
@@ -326,6 +331,101 @@ def gram_comparisons(seed: int) -> Iterator[Comparison]:
             yield _real(f"{label}, noise at q = {q:g}", count.noise, noise, gamma(n))
             bound_t = gamma(13) + gamma(n)
             yield _real(f"{label}, threshold at q = {q:g}", count.threshold, threshold, bound_t)
+
+
+#: Students at (S, n, d, d_v, r*): a static one of full width and a linear-QK one of rank r*,
+#: 40 steps from the default initialisation.
+STUDENT_SIZES = (6, 3, 2, 2, 1), (8, 4, 3, 3, 1)
+
+
+def _fractions(a: np.ndarray) -> np.ndarray:
+    return np.vectorize(Fraction, otypes=[object])(np.asarray(a, dtype=np.float64))
+
+
+def student_comparisons(seed: int) -> Iterator[Comparison]:
+    """The risk each trainer reports for its student against its definition from the
+    sufficient statistics, ½tr(AHAᵀ) − tr(BᵀA) + ½c (static) or ½kᵀ𝓗k − ⟨B, K⟩ + ½c (linear
+    QK), evaluated in exact rationals on the library's A (or K), H, B and c. With a = vec_row(A)
+    (m = n² entries) or vec_row(K) (m = d²), the float evaluation rounds sums of at most m terms
+    twice over (A H then ⟨·, A⟩, or 𝓗k then kᵀ·), the products, ⟨B, A⟩ (m terms) and two
+    additions: within γ_{2m + 3}·(½|a|ᵀ|𝓗||a| + ⟨|B|, |A|⟩ + ½c), the same sum with every
+    term in absolute value (𝓗 = I ⊗ H for the static student)."""
+    (s, n, d, dv, r), (s2, n2, d2, dv2, r2) = STUDENT_SIZES
+    rng = np.random.default_rng([seed, TAG, 2])
+    task = capacity.static_task(s, n, d, dv, r, rng, noise=0.1)
+    fit = capacity.train_static_student(task.x, task.y, task.value, steps=40, seed=rng)
+    stats = capacity.static_statistics(task.x, task.y, task.value)
+    flat, hess = fit.operator.reshape(-1), np.kron(np.eye(n), stats.h)  # vec_row(A H) = (I ⊗ H)a
+    yield _risk("static student", fit.loss, flat, hess, stats.b, stats.c)
+    task = capacity.linear_qk_task(s2, n2, d2, dv2, r2, rng, noise=0.1)
+    fit = capacity.train_linear_qk_student(task.x, task.y, task.value, r2, steps=40, seed=rng)
+    stats = capacity.linear_qk_statistics(task.x, task.y, task.value)
+    yield _risk(
+        "linear-QK student", fit.loss, fit.operator.reshape(-1), stats.hess, stats.b, stats.c
+    )
+
+
+def _risk(
+    label: str, got: float, a: np.ndarray, hess: np.ndarray, b: np.ndarray, c: float
+) -> Comparison:
+    """``student_comparisons``'s comparison of one reported risk (a = vec_row of the student;
+    the envelope, itself a float sum of non-negative terms, is taken 1% larger)."""
+    fa, fh, fb = _fractions(a), _fractions(hess), _fractions(b.reshape(-1))
+    exact = (fa @ fh @ fa) / 2 - fb @ fa + Fraction(c) / 2
+    envelope = np.abs(a) @ np.abs(hess) @ np.abs(a) / 2 + np.abs(b.reshape(-1)) @ np.abs(a) + c / 2
+    ratio = float(abs(Fraction(got) - exact)) / (1.01 * gamma(2 * a.size + 3) * envelope)
+    return Comparison(f"{label}: {got!r} against {float(exact)!r}", ratio > 1.0, ratio)
+
+
+#: ``task_comparisons``' mixing maps at (S, n, d, β): a batch (n ≠ d, so that a swapped axis
+#: shows), one sequence, and logits up to ~1e3, where exp of the unshifted logits overflows.
+MIXING_SIZES = ((2, 3, 4, 2.0), (0, 3, 4, 0.5), (2, 4, 3, 300.0))
+#: The smallest normal float64.
+TINY = 2.0**-1022
+
+
+def task_comparisons(seed: int) -> Iterator[Comparison]:
+    """The "decay" spectrum of the planted tasks, linspace(1, ½, r), against 1 − k/(2(r − 1))
+    within γ₄ relative (the step, its multiple and the sum each rounded once, on values ≥ ½);
+    and the attention maps of the planted tasks against their definitions on the library's
+    float X and K, entry by entry. Linear, X K Xᵀ/n in exact rationals: two products of d-term
+    sums and a division, within γ_{2d+1}·(|X||K||X|ᵀ)_ij/n. Softmax, rowsoftmax(βXKXᵀ/√d) in
+    mpmath at 40 digits: each logit within γ_{2d+3}·M_i of its exact value (M_i = β/√d·max_k
+    (|X||K||X|ᵀ)_ik), so a shifted logit ℓ_ij − max_k ℓ_ik within δ_i = 2γ_{2d+4}·M_i; exp (one
+    ulp), the row sum of n positive terms and the division then give a relative error at most
+    e^{2δ_i}·(1 + γ_{n+3}) − 1, plus 1e-30 for the 40-digit reference; and an absolute 2⁻¹⁰²²
+    for the entries whose exp leaves the normal range (the row sum is ≥ 1, its maximum's term
+    being exp(0))."""
+    for r in (1, 2, 5):
+        got = capacity.planted_spectrum(r, "decay")
+        want = [Fraction(1) - Fraction(k, 2 * (r - 1)) for k in range(r)] if r > 1 else [1]
+        ok = got.shape == (r,) and all(
+            abs(Fraction(float(g)) - w) <= gamma(4) * w for g, w in zip(got, want, strict=True)
+        )
+        yield Comparison(f"decay spectrum of {r} values: {got}", not ok, 0.0)
+    rng = np.random.default_rng([seed, TAG, 3])
+    for s, n, d, beta in MIXING_SIZES:
+        x = rng.standard_normal((s, n, d) if s else (n, d))
+        k = rng.standard_normal((d, d))
+        label = f"mixing at (S, n, d, β) = {(s, n, d, beta)}"
+        envelope = np.abs(x) @ np.abs(k) @ np.swapaxes(np.abs(x), -1, -2)
+        exact = _fractions(x) @ _fractions(k) @ np.swapaxes(_fractions(x), -1, -2)
+        got = capacity.linear_attention_mixing(x, k)
+        error = np.vectorize(lambda g, e: float(abs(Fraction(g) - e)))(got, exact / n)
+        worst = float(np.max(error / (gamma(2 * d + 1) * envelope / n)))
+        yield Comparison(f"linear {label}: {worst:.2g} of its bound", worst > 1.0, worst)
+        got = capacity.softmax_attention_mixing(x, k, beta)
+        with mpmath.workdps(40):
+            scale = mpmath.mpf(beta) / mpmath.sqrt(d)
+            logits = scale * np.vectorize(lambda e: mpmath.mpf(e.numerator) / e.denominator)(exact)
+            rows = np.vectorize(mpmath.exp)(logits - logits.max(axis=-1, keepdims=True))
+            want = rows / rows.sum(axis=-1, keepdims=True)
+            error = np.vectorize(lambda g, w: float(abs(mpmath.mpf(g) - w)))(got, want)
+            size = np.vectorize(float)(want)
+        delta = 2 * gamma(2 * d + 4) * beta / np.sqrt(d) * envelope.max(axis=-1, keepdims=True)
+        relative = np.expm1(2 * delta) + gamma(n + 3) * np.exp(2 * delta) + 1e-30
+        worst = float(np.max(error / (relative * size + TINY)))
+        yield Comparison(f"softmax {label}: {worst:.2g} of its bound", worst > 1.0, worst)
 
 
 def unfloored_gap(s: np.ndarray, floor: float = 0.0) -> int:

@@ -78,12 +78,13 @@ def adam_trajectory(
     egrads: Sequence[Array],
     lr: float,
     betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 0.0,
+    eps: float = 1e-8,
     trust_radius: float | None = None,
     moment: str = "frame",
     reduction: str = "mean",
 ) -> Trajectory:
-    """The Riemannian Adam trajectory of ``reference.optim.riemannian_adam`` on St(d, r).
+    """The Riemannian Adam trajectory of ``reference.optim.riemannian_adam`` on St(d, r), with
+    its defaults (DESIGN §5).
 
     An independent transcription of DESIGN §5 at the working precision: g = P_W(G);
     m ← β1 m + (1 − β1) g; v ← β2 v + (1 − β2)·s(g) with s(g) = ‖g‖²/(entries) ("mean") or

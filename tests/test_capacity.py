@@ -238,6 +238,8 @@ def test_static_task_with_a_token_covariance():
         (lambda: cap.planted_mixer(4, -1, 0), "0 ≤ r ≤ n"),
         (lambda: cap.planted_spectrum(3, "steep"), "spectrum"),
         (lambda: cap.planted_spectrum(2, [1.0, 0.0]), "positive"),
+        (lambda: cap.planted_spectrum(3, [1.0, 0.5, 0.0]), "positive"),
+        (lambda: cap.cholesky(np.array([[2.0, 1.0], [0.0, 2.0]]), 2), "symmetric"),
         (lambda: cap.static_task(0, 4, 3, 3, 1), "S, n, d, d_v"),
         (lambda: cap.linear_qk_task(3, 4, 3, 3, 1, noise=-1.0), "noise"),
         (lambda: cap.static_task(3, 3, 2, 2, 1, covariance=-np.eye(3)), "positive definite"),
@@ -604,6 +606,21 @@ def test_trainers_reject_non_integer_sizes():
     q = cap.linear_qk_task(10, 5, 4, 4, 2, seed=1)
     with pytest.raises(ValueError, match="QK rank"):
         cap.train_linear_qk_student(q.x, q.y, q.value, rank=1.0)
+
+
+def test_softmax_mixing_does_not_overflow_at_large_logits():
+    """Logits up to ~1e3 (β = 300 on unit tokens): exp of the raw logits overflows float64
+    (exp(710) = inf), the row-max-shifted softmax does not; each row is scipy's softmax to
+    a few units of roundoff (n = 4 terms: relative error ≤ 8u per entry, 1e-14 taken)."""
+    from scipy.special import softmax
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 3))
+    k = 300.0 * np.eye(3)
+    a = cap.softmax_attention_mixing(x, k)
+    logits = x @ k @ x.T / np.sqrt(3)
+    assert np.max(np.abs(logits)) > 710  # the unshifted exp would overflow
+    assert np.allclose(a, softmax(logits, axis=-1), rtol=1e-14, atol=1e-300)
 
 
 def test_attention_mixing_validates_its_input():

@@ -72,3 +72,16 @@ def test_every_documented_default_moved_is_caught(case) -> None:
         with substituted(case.module, case.function, variant):
             assert cd.moved_defaults(0) == [f"{case.function}'s defaults"], key
     assert cd.moved_defaults(0) == []
+
+
+def test_a_refusal_that_misnames_the_measured_value_is_caught() -> None:
+    """The static OLS refusing S·d = 2 < n = 3 but reporting S·d/… = 0.5: the decision is
+    right, the message is not."""
+
+    def misreporting(x, y):
+        raise ValueError("Σ X Xᵀ is singular: needs S·d ≥ n, got S·d = 0.5 < n = 3")
+
+    with substituted(cd.pretraining, "ols_static_mixer", misreporting):
+        wrong = cd.wrong_decisions(0)
+    assert len(wrong) == 2 and wrong[0] == "OLS mixer at S·d = n"
+    assert wrong[1].startswith("OLS mixer at S·d = n − 1 (its message: ")

@@ -6,6 +6,8 @@ of it, or of float64's U = 2^-53 when a float64 result is compared with a multi-
 
 from __future__ import annotations
 
+import itertools
+
 import mpmath
 import numpy as np
 import pytest
@@ -151,7 +153,7 @@ def test_adam_trajectory_first_step_closed_form():
     w0 = scipy.linalg.polar(rng.standard_normal((4, 2)))[0]
     g0 = rng.standard_normal((4, 2))
     with mpmath.workdps(30):
-        traj = mp.adam_trajectory(w0, [g0], lr=0.1)
+        traj = mp.adam_trajectory(w0, [g0], lr=0.1, eps=0.0)
         g = mp.proj(mp.to_mp(w0), mp.to_mp(g0))
         rms = mp.frobenius(g) / mpmath.sqrt(g.size)
         # Same operations in a different order at 30 digits: ≲ 20·u_30 relative, u_30 = 5e-30.
@@ -195,6 +197,57 @@ def test_the_other_rules_transcriptions_hold_their_own_formulas():
             mp.frobenius(first + mpmath.mpf(0.05) * (1 - mpmath.mpf(0.9)) * g1 / 2)
             < mpmath.mpf(10) ** -35
         )
+
+
+def test_the_transcriptions_defaults_are_the_references():
+    """Called with their defaults, the Adam and momentum transcriptions follow the reference's
+    ``riemannian_adam(lr)`` and ``riemannian_momentum(lr)`` at their defaults (DESIGN §5: β =
+    (0.9, 0.999), ε = 1e-8; β = 0.9, c = 1). Three steps, so that β1 and β2 act beyond the first
+    step's bias correction; the bound 1e-13 is the one derived in
+    ``test_adam_trajectory_agrees_with_float64``."""
+    rng = np.random.default_rng(8)
+    st6 = Stiefel(6, 3)
+    w0 = st6.random_point(rng)
+    grads = [rng.standard_normal((6, 3)) for _ in range(3)]
+    with mpmath.workdps(30):
+        runs = (
+            (optim.riemannian_adam(0.05), mp.adam_trajectory(w0, grads, 0.05)),
+            (optim.riemannian_momentum(0.05), mp.momentum_trajectory(w0, grads, 0.05)),
+        )
+    for opt, traj in runs:
+        w, state = w0, opt.init(st6, w0)
+        for g, want in zip(grads, traj.points[1:], strict=True):
+            w, state = opt.step(st6, w, g, state)
+            assert np.max(np.abs(mp.to_float(want) - w)) < 1e-13
+
+
+def test_each_transcriptions_steps_are_its_points_differences():
+    """``Trajectory.steps[t]`` is the step ξ_t with W_{t+1} = polar(W_t + ξ_t) for the frame
+    rules, and x_{t+1} − x_t for AdamW (the decayed point's move, not the Adam ratio alone); a
+    zero gradient leaves the normalised rule's point where it is (the RMS is 0: no step, not
+    0/0)."""
+    rng = np.random.default_rng(9)
+    w0 = Stiefel(5, 2).random_point(rng)
+    grads = [rng.standard_normal((5, 2)) for _ in range(3)]
+    with mpmath.workdps(30):
+        trajs = (
+            mp.adam_trajectory(w0, grads, 0.05, (0.9, 0.99), 1e-8),
+            mp.momentum_trajectory(w0, grads, 0.05, 0.9, 2.0),
+            mp.rsgd_trajectory(w0, grads, 0.05),
+            mp.normalized_rsgd_trajectory(w0, grads, 0.05),
+            mp.adamw_trajectory(w0, grads, 1e-3, (0.9, 0.999), 1e-8, 1e-2),
+        )
+        *frames, adamw = trajs
+        for traj in frames:  # W_{t+1} = polar(W_t + ξ_t)
+            assert len(traj.steps) == 3
+            for w, xi, w_next in zip(traj.points, traj.steps, traj.points[1:], strict=False):
+                assert np.array_equal(mp.polar(w + xi), w_next)
+        moves = [b - a for a, b in itertools.pairwise(adamw.points)]
+        assert len(adamw.steps) == len(moves) == 3
+        assert all(np.array_equal(s, m) for s, m in zip(adamw.steps, moves, strict=True))
+        still = mp.normalized_rsgd_trajectory(w0, [np.zeros((5, 2))], 0.05)
+        assert np.array_equal(still.points[1], mp.polar(mp.to_mp(w0)))
+        assert mp.frobenius(still.steps[0]) == 0
 
 
 def test_the_adamw_transcription_is_torchs_adamw():

@@ -657,6 +657,16 @@ def test_check_point_reports_the_measured_singular_values(s, match):
     assert "nan" not in str(info.value)
 
 
+def test_the_rank_message_reports_the_smallest_of_three_singular_values():
+    """Rank 3, S = diag(2, 1, 2⁻⁶⁰): σ_r = 2⁻⁶⁰ ≈ 8.674e-19 (not σ_2 = 1) and σ_r/σ_1 = 2⁻⁶¹
+    ≈ 4.337e-19 (not σ_r·σ_1), below r·ε = 6.7e-16. The SVD of a diagonal matrix is exact."""
+    geo = ref.FixedRankEmbedded(6, 5, 3)
+    u, _, v = geo.random_point(np.random.default_rng(3))
+    match = r"σ_r/σ_1 = 4\.337e-19 ≤ r·ε = 6\.7e-16 \(σ_r = 8\.674e-19, σ_1 = 2\.000e\+00\)"
+    with pytest.raises(ValueError, match=match):
+        geo.check_point((u, np.diag([2.0, 1.0, 2.0**-60]), v))
+
+
 @pytest.mark.parametrize("name", ["stiefel", "fixed_rank_embedded", "fixed_rank_quotient"])
 def test_an_overflowing_step_is_refused_before_the_retraction(name):
     """lr·g overflows (lr = 1e10, g ~ 1e300): the optimizer names the step, on every geometry

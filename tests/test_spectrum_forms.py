@@ -45,7 +45,7 @@ def test_the_library_agrees_with_every_transcription() -> None:
 def _off(name: str):
     """A variant of ``capacity.name`` wrong by little: an integer one too large, a real (or
     the token Gram) one part in 10⁹ too large, ``estimate_all`` with one value one too large, a
-    token-Gram count one too large."""
+    token-Gram count one too large, a student's reported risk one part in 10⁹ too large."""
     original = getattr(capacity, name)
 
     def variant(*args, **kwargs):
@@ -54,6 +54,8 @@ def _off(name: str):
             return {**value, "largest_gap_rank": value["largest_gap_rank"] + 1}
         if isinstance(value, capacity.GramCount):
             return value._replace(rank=value.rank + 1)
+        if isinstance(value, capacity.StudentFit):
+            return value._replace(loss=value.loss * (1 + 1e-9))
         return value + 1 if isinstance(value, int) else value * (1 + 1e-9)
 
     return variant
@@ -74,6 +76,11 @@ def _off(name: str):
         "tracy_widom_threshold",
         "token_gram",
         "token_gram_count",
+        "train_static_student",
+        "train_linear_qk_student",
+        "linear_attention_mixing",
+        "softmax_attention_mixing",
+        "planted_spectrum",
     ],
 )
 def test_a_variant_of_any_estimator_is_caught(name: str) -> None:

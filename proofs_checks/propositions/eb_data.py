@@ -159,8 +159,10 @@ def domains(ctx: Context, wrong: bool) -> Outcome:
     """Every call of ``capacity_domains.EDGES``: the estimators and task builders at the ends
     of their domains (S·d = n for the static OLS, S = d + 1 for the first-order regression,
     n = d = d_v for the inversion, r = 1 and r = d for a kernel, …) are accepted and one step
-    past them refused; and every function of ``capacity_domains.DEFAULTS`` returns without its
-    defaults what it returns with the documented values. Residual: the number of wrong
+    past them refused, a refusal naming the measured value of its constructed input (S·d, a
+    singular-value or eigenvalue ratio, a rank) where the edge states one; and every function
+    of ``capacity_domains.DEFAULTS`` returns without its defaults what it returns with the
+    documented values. Residual: the number of wrong
     decisions and moved defaults, tolerance 0. Control: the static mixer's OLS refusing
     S·d = n, substituted into ``reference.capacity.pretraining``."""
     variant = domain.ols_refusing_its_end(pretraining.ols_static_mixer)
@@ -180,10 +182,11 @@ def domains(ctx: Context, wrong: bool) -> Outcome:
 
 def estimator_forms(ctx: Context, wrong: bool) -> Outcome:
     """Every comparison of ``spectrum_forms.comparisons(seed)``: the rank estimators, the
-    attention floor, the Marchenko–Pastur edge and the Tracy–Widom threshold of
-    ``reference.capacity`` against their definitions transcribed in exact rationals and in
-    mpmath (integers exactly, reals within the bounds derived there). Residual: the number of
-    wrong values, tolerance 0. Control (a near miss), substituted into
+    attention floor, the Marchenko–Pastur edge, the Tracy–Widom threshold, the token Gram and
+    its count, the students' reported risks, and the planted tasks' decay spectrum and
+    attention maps of ``reference.capacity`` against their definitions transcribed in exact
+    rationals and in mpmath (integers exactly, reals within the bounds derived there).
+    Residual: the number of wrong values, tolerance 0. Control (a near miss), substituted into
     ``reference.capacity.spectra`` and the package namespace: the largest-gap rank's
     denominators not floored, so values below the floor make a gap."""
     unfloored = (
