@@ -6,9 +6,10 @@ The ends, as the functions' docstrings state them: S·d ≥ n for the static mix
 for the first-order softmax regression; n ≤ d_v and n ≤ d for the inversion estimator;
 1 ≤ r ≤ d for a planted kernel, 0 ≤ r ≤ n for a planted mixer, r ≥ 0 for a student; every
 size ≥ 1 and a task's noise ≥ 0; τ ∈ [0, 1) and η ∈ (0, 1] for the thresholded ranks; p,
-dof ≥ 1 for the noise edges; a student width in 1 … limit, steps ≥ 0 and init ≥ 0 for the
-trainers. A refusal that names a measured value (a size, a ratio of singular values or
-eigenvalues, a rank) names the value of the constructed input.
+dof ≥ 1 for the noise edges; a student width in 1 … limit, steps ≥ 0, lr > 0 and init ≥ 0
+for the trainers; an inversion floor > 0 and a symmetric token covariance (to n·ε·max|C|). A
+refusal that names a measured value (a size, a ratio of singular values or eigenvalues, a
+rank, the step at which descent diverged) names the value of the constructed input.
 
 And the defaults (``DEFAULTS``, the table of docs/entropic_bound.md written again here): each
 function that has defaults, called without them, returns what it returns with the documented
@@ -73,10 +74,10 @@ def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
     return args
 
 
-def _descent(steps: int) -> tuple:
+def _descent(steps: int, lr: float = 1.0) -> tuple:
     """Factorised GD on 2×1 factors of ones with an infinite gradient: the first step's
     factors are non-finite."""
-    return (lambda m: np.full_like(m, np.inf), np.ones((2, 1)), np.ones((2, 1)), 1.0, steps)
+    return (lambda m: np.full_like(m, np.inf), np.ones((2, 1)), np.ones((2, 1)), lr, steps)
 
 
 #: A spectrum for the rank estimators' parameter ends.
@@ -261,6 +262,7 @@ EDGES = [
     Edge("init of width 1, scale 0", trainers, "small_init", lambda rng: (1, 1, 0.0, rng), False),
     Edge("init of width 0", trainers, "small_init", lambda rng: (2, 0, 0.1, rng), True),
     Edge("GD of 0 steps", trainers, "factorised_gd", lambda rng: _descent(0), False),
+    Edge("GD with lr 0", trainers, "factorised_gd", lambda rng: _descent(0, 0.0), True),
     Edge(
         "GD on an infinite gradient",
         trainers,

@@ -235,6 +235,22 @@ class Comparison:
     ratio: float  #: error / bound for reals (0 for integers)
 
 
+def _over(ratio: float) -> bool:
+    """An error beyond its bound: ratio > 1, or NaN (a value that is not a number is never
+    within a bound; ``nan > 1`` alone would pass it)."""
+    return not ratio <= 1.0
+
+
+def _gap(got: float, want: Fraction | mpmath.mpf) -> float:
+    """|got − want| for an exact rational or a multi-precision want; inf when got is not
+    finite (so that no NaN enters the arithmetic of a bound)."""
+    if not np.isfinite(got):
+        return np.inf
+    if isinstance(want, Fraction):
+        return float(abs(Fraction(float(got)) - want))
+    return float(abs(mpmath.mpf(float(got)) - want))
+
+
 def _integer(label: str, got: int, want: int) -> Comparison:
     return Comparison(f"{label}: {got} ≠ {want}", got != want, 0.0)
 
@@ -243,7 +259,7 @@ def _real(label: str, got: float, want: object, bound: float) -> Comparison:
     want = float(want)
     err = abs(got - want) / abs(want) if want else abs(got)
     ratio = err / bound if bound else (0.0 if err == 0 else float("inf"))
-    return Comparison(f"{label}: {got!r} against {want!r}", ratio > 1.0, ratio)
+    return Comparison(f"{label}: {got!r} against {want!r}", _over(ratio), ratio)
 
 
 def comparisons(seed: int) -> Iterator[Comparison]:
@@ -315,7 +331,7 @@ def gram_comparisons(seed: int) -> Iterator[Comparison]:
             for b in range(n)
         ]
         worst = max(errors)
-        yield Comparison(f"{label}: entry error {worst:.2g} of its bound", worst > 1.0, worst)
+        yield Comparison(f"{label}: entry error {worst:.2g} of its bound", _over(worst), worst)
         counts = {q: capacity.token_gram_count(y, q) for q in (0.99, 0.95)}
         for q, count in counts.items():
             lam = [float(v) for v in count.eigenvalues]
@@ -374,7 +390,7 @@ def _risk(
     exact = (fa @ fh @ fa) / 2 - fb @ fa + Fraction(c) / 2
     envelope = np.abs(a) @ np.abs(hess) @ np.abs(a) / 2 + np.abs(b.reshape(-1)) @ np.abs(a) + c / 2
     ratio = float(abs(Fraction(got) - exact)) / (1.01 * gamma(2 * a.size + 3) * envelope)
-    return Comparison(f"{label}: {got!r} against {float(exact)!r}", ratio > 1.0, ratio)
+    return Comparison(f"{label}: {got!r} against {float(exact)!r}", _over(ratio), ratio)
 
 
 #: ``task_comparisons``' mixing maps at (S, n, d, β): a batch (n ≠ d, so that a swapped axis
@@ -411,21 +427,21 @@ def task_comparisons(seed: int) -> Iterator[Comparison]:
         envelope = np.abs(x) @ np.abs(k) @ np.swapaxes(np.abs(x), -1, -2)
         exact = _fractions(x) @ _fractions(k) @ np.swapaxes(_fractions(x), -1, -2)
         got = capacity.linear_attention_mixing(x, k)
-        error = np.vectorize(lambda g, e: float(abs(Fraction(g) - e)))(got, exact / n)
+        error = np.vectorize(_gap)(got, exact / n)
         worst = float(np.max(error / (gamma(2 * d + 1) * envelope / n)))
-        yield Comparison(f"linear {label}: {worst:.2g} of its bound", worst > 1.0, worst)
+        yield Comparison(f"linear {label}: {worst:.2g} of its bound", _over(worst), worst)
         got = capacity.softmax_attention_mixing(x, k, beta)
         with mpmath.workdps(40):
             scale = mpmath.mpf(beta) / mpmath.sqrt(d)
             logits = scale * np.vectorize(lambda e: mpmath.mpf(e.numerator) / e.denominator)(exact)
             rows = np.vectorize(mpmath.exp)(logits - logits.max(axis=-1, keepdims=True))
             want = rows / rows.sum(axis=-1, keepdims=True)
-            error = np.vectorize(lambda g, w: float(abs(mpmath.mpf(g) - w)))(got, want)
+            error = np.vectorize(_gap)(got, want)
             size = np.vectorize(float)(want)
         delta = 2 * gamma(2 * d + 4) * beta / np.sqrt(d) * envelope.max(axis=-1, keepdims=True)
         relative = np.expm1(2 * delta) + gamma(n + 3) * np.exp(2 * delta) + 1e-30
         worst = float(np.max(error / (relative * size + TINY)))
-        yield Comparison(f"softmax {label}: {worst:.2g} of its bound", worst > 1.0, worst)
+        yield Comparison(f"softmax {label}: {worst:.2g} of its bound", _over(worst), worst)
 
 
 def unfloored_gap(s: np.ndarray, floor: float = 0.0) -> int:

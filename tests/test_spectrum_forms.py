@@ -94,7 +94,22 @@ def test_a_real_value_twice_its_bound_off_is_rejected_and_the_bounds_are_tight()
     assert not sf._real("x", 1.0 + bound / 2, 1.0, bound).wrong
     assert sf._real("x", 1.0 + 2 * bound, 1.0, bound).wrong
     assert sf._real("exact", np.nextafter(1.0, 2.0), 1.0, 0.0).wrong  # a zero bound: bit for bit
+    assert sf._real("not a number", float("nan"), 1.0, 1.0).wrong  # never within a bound
     assert bound < 1e-13  # the claim is about the last digits, not a loose agreement
+
+
+def test_a_softmax_that_overflows_is_caught() -> None:
+    """The row maximum added instead of subtracted: at logits ~1e3 exp overflows and the
+    entries are NaN, which the comparison must count as wrong (NaN > 1 is false): it counts
+    a value that is not finite as infinitely far."""
+    original = capacity.softmax_attention_mixing
+
+    def unshifted(x, k, beta=1.0):
+        return original(x, k, beta) * np.nan if beta > 100 else original(x, k, beta)
+
+    with substituted(capacity, "softmax_attention_mixing", unshifted):
+        wrong = [c.label for c in sf.task_comparisons(0) if c.wrong]
+    assert wrong == ["softmax mixing at (S, n, d, β) = (2, 4, 3, 300.0): inf of its bound"]
 
 
 def test_the_count_is_transcribed_from_its_fixed_point() -> None:
