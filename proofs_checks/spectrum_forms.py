@@ -350,8 +350,12 @@ def gram_comparisons(seed: int) -> Iterator[Comparison]:
 
 
 #: Students at (S, n, d, d_v, r*): a static one of full width and a linear-QK one of rank r*,
-#: 40 steps from the default initialisation.
+#: 100 steps from the default initialisation at lr = 0.25/λ_max of the risk's Hessian (the
+#: trainers' safe step, lr·2‖M‖₂·λ_max < 1, while ‖M‖₂ < 2, with ‖M*‖₂ = 1; their default lr
+#: diverges on some draws of so few tokens): a direction of value 1 is learned after
+#: ≈ log(1/α²)/(2·lr) ≈ 28 steps, so the risk's quadratic term is not negligible.
 STUDENT_SIZES = (6, 3, 2, 2, 1), (8, 4, 3, 3, 1)
+STUDENT_STEPS, STUDENT_LR = 100, 0.25
 
 
 def _fractions(a: np.ndarray) -> np.ndarray:
@@ -369,13 +373,19 @@ def student_comparisons(seed: int) -> Iterator[Comparison]:
     (s, n, d, dv, r), (s2, n2, d2, dv2, r2) = STUDENT_SIZES
     rng = np.random.default_rng([seed, TAG, 2])
     task = capacity.static_task(s, n, d, dv, r, rng, noise=0.1)
-    fit = capacity.train_static_student(task.x, task.y, task.value, steps=40, seed=rng)
     stats = capacity.static_statistics(task.x, task.y, task.value)
+    lr = STUDENT_LR / np.linalg.eigvalsh(stats.h)[-1]
+    fit = capacity.train_static_student(
+        task.x, task.y, task.value, steps=STUDENT_STEPS, lr=lr, seed=rng
+    )
     flat, hess = fit.operator.reshape(-1), np.kron(np.eye(n), stats.h)  # vec_row(A H) = (I ⊗ H)a
     yield _risk("static student", fit.loss, flat, hess, stats.b, stats.c)
     task = capacity.linear_qk_task(s2, n2, d2, dv2, r2, rng, noise=0.1)
-    fit = capacity.train_linear_qk_student(task.x, task.y, task.value, r2, steps=40, seed=rng)
     stats = capacity.linear_qk_statistics(task.x, task.y, task.value)
+    lr = STUDENT_LR / np.linalg.eigvalsh(stats.hess)[-1]
+    fit = capacity.train_linear_qk_student(
+        task.x, task.y, task.value, r2, steps=STUDENT_STEPS, lr=lr, seed=rng
+    )
     yield _risk(
         "linear-QK student", fit.loss, fit.operator.reshape(-1), stats.hess, stats.b, stats.c
     )
