@@ -201,12 +201,20 @@ EDGES = [
         True,
         "symmetric",
     ),
-    Edge(  # the asymmetry, 1e-10, is 1e-16 of the largest entry: within n·ε·max|C|
+    Edge(  # the asymmetry, 1e-10 (1.2e-10 once rounded), is within n·ε·max|C| = 4.4e-10
         "covariance of scale 1e6 asymmetric by 1e-10",
         tasks,
         "cholesky",
         lambda rng: (np.array([[1e6, 3e5 + 1e-10], [3e5, 1e6]]), 2),
         False,
+    ),
+    Edge(  # and 6e-10 (5.8e-10 once rounded) is beyond it
+        "covariance of scale 1e6 asymmetric by 6e-10",
+        tasks,
+        "cholesky",
+        lambda rng: (np.array([[1e6, 3e5 + 6e-10], [3e5, 1e6]]), 2),
+        True,
+        "symmetric",
     ),
     Edge("task of one token", tasks, "linear_qk_task", lambda rng: (1, 1, 1, 1, 1, rng), False),
     Edge("task without noise", tasks, "static_task", lambda rng: (2, 2, 2, 2, 1, rng, 0.0), False),
