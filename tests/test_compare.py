@@ -119,6 +119,7 @@ def test_bench_port_small_runs():
     from proofs_checks.bench import (
         ADAMW_ROW,
         FLOOR_ROW,
+        LINEARITY_ROW,
         PASSES_ROW,
         PORT_ROW,
         bench_port,
@@ -143,9 +144,14 @@ def test_bench_port_small_runs():
     assert res["targets"][-1]["port_over_floor_with_passes"] == (
         port["median_s"] / passes["median_s"]
     )
+    linearity = rows[("b", LINEARITY_ROW)]
+    assert res["targets"][-1]["linearity_floor_over_floor"] == (
+        linearity["median_s"] / floor["median_s"]
+    )
     text = format_port(res)
     assert "port / AdamW" in text and "Where one port step goes" in text
     assert "port / floor =" in text and "port / floor with passes =" in text
+    assert "floor of the linearity route / floor =" in text
     # operators are charged to torch_port source lines; everything else shares one row (which
     # row is first depends on the machine's timing, so the order is not asserted)
     sites = [x["site"] for x in res["profile"]["float32"]["sites"]]

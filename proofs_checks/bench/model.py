@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from proofs_checks.bench.port import ProductFloor
+from proofs_checks.bench.floors import ProductFloor
 from proofs_checks.bench.timing import (
     _check_repeats,
     _interleaved_rounds,

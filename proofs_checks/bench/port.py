@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from proofs_checks.bench.floors import PORT_LR, LinearityFloor, ProductFloor
 from proofs_checks.bench.peers import _import_geoopt
 from proofs_checks.bench.profile import port_attribution
 from proofs_checks.bench.timing import (
@@ -31,6 +32,9 @@ ADAMW_ROW = "torch AdamW (foreach)"
 GEOOPT_ROW = "geoopt RiemannianAdam (EuclideanStiefel)"
 FLOOR_ROW = "floor: 6 batched products, 3 XᵀG (r×d·d×r) + 3 X·S (d×r·r×r)"
 PASSES_ROW = "floor with passes: the 6 products and 4 passes over the frames (G, m, W + c·m, ‖g‖)"
+LINEARITY_ROW = (
+    "floor of the linearity route: 5 products (3 XᵀY, 2 X·S) and 3 passes (‖G‖, m, W + c·m)"
+)
 CAPTURABLE_ROW = "torch_port RiemannianAdam, capturable (Δ = 0.5)"
 COMPILED_ROW = "torch_port RiemannianAdam, capturable, torch.compile(fullgraph=True)"
 #: The capturable rows' trust radius: above every step of the benchmark (‖ξ‖ ≈ lr·sqrt(d·r)
@@ -45,9 +49,6 @@ PORT_TARGET_VS_GEOOPT = 3.0
 PORT_TARGET_STATE = 0.5
 #: The target for size (b): the port's step at most this many times the floor's.
 PORT_TARGET_VS_FLOOR = 1.3
-
-#: Learning rate of every optimizer in the benchmark (Gaussian gradients of unit entries).
-PORT_LR = 1e-3
 
 
 def _port_sizes(d: int, r: int) -> list[dict[str, Any]]:
@@ -106,52 +107,6 @@ def _port_inputs(
     return [t.to(device, dtype) for t in points], [t.to(device, dtype) for t in grads]
 
 
-class ProductFloor:
-    """The batched products any projection-and-polar step needs per frame: rgrad
-    G − W sym(WᵀG), the Gram AᵀA and A·(AᵀA)^{-1/2}, transport m − Y sym(Yᵀm): three
-    r×d·d×r and three d×r·r×r products, all in the working dtype, into outputs kept between
-    calls (a lower bound: nothing else of the step is done, nothing is allocated), for frame
-    parameters ``ps`` with their gradients attached. With ``passes``, also the passes over
-    whole frames that every step of the frame-moment Adam rule makes besides them: the
-    gradient's finiteness check (a sum), the frame norm of g (one fused reduction), the moment
-    update m ← lerp(m, g, 1 − β1) and the step A = W + c·m."""
-
-    def __init__(self, ps: list[Any], passes: bool = False) -> None:
-        import torch
-
-        self.ps, self.state = ps, {}
-        self.small = [
-            torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
-            .expand(*p.shape[:-2], -1, -1)
-            .contiguous()
-            for p in ps
-        ]
-        self.out_small = [torch.empty_like(s) for s in self.small]
-        self.out_big = [torch.empty_like(p) for p in ps]
-        #: With ``passes``: each parameter's moment and per-frame step factor c.
-        self.moments = [
-            (torch.zeros_like(p), torch.full_like(p[..., :1, :1], -PORT_LR))
-            for p in (ps if passes else [])
-        ]
-
-    def step(self) -> None:
-        import torch
-
-        with torch.no_grad():
-            for p, s, o_s, o_b in zip(
-                self.ps, self.small, self.out_small, self.out_big, strict=True
-            ):
-                x, g = p.detach(), p.grad
-                for _ in range(3):
-                    torch.matmul(x.transpose(-1, -2), g, out=o_s)
-                    torch.matmul(x, s, out=o_b)
-            for p, (m, c), a in zip(self.ps, self.moments, self.out_big, strict=False):
-                p.grad.sum()
-                torch.linalg.vector_norm(p.grad, dim=(-2, -1))
-                m.lerp_(p.grad, 0.1)
-                torch.addcmul(p.detach(), m, c, out=a)
-
-
 class _Compiled:
     """An optimizer whose ``step`` is ``torch.compile(opt.step, fullgraph=True)`` (compiled at
     the first call, a warm-up call of the benchmark)."""
@@ -203,6 +158,8 @@ def _port_candidates(
     out[FLOOR_ROW] = (ProductFloor(ps), ps)
     ps = params(torch.nn.Parameter)
     out[PASSES_ROW] = (ProductFloor(ps, passes=True), ps)
+    ps = params(torch.nn.Parameter)
+    out[LINEARITY_ROW] = (LinearityFloor(ps), ps)
     return out
 
 
@@ -233,9 +190,12 @@ def bench_port(
     projection-and-polar step needs per frame (rgrad, Gram, polar product, transport), in the
     working dtype: if it alone exceeds PORT_TARGET_VS_ADAMW × AdamW, the time target is out of
     reach on that machine for this algorithm with torch's batched matmul, however the rest of the
-    step is written. Rows report the median and IQR of seconds per step, ``ratio_to_adamw`` and
-    ``state_bytes`` (after the warm-up steps). With ``profile``, one port step on the last
-    size is attributed to source lines and operators (``port_attribution``), for each dtype.
+    step is written. PASSES_ROW adds the rule's four passes over the frames to those products
+    (``ProductFloor(passes=True)``), and LINEARITY_ROW times the products and passes of the route
+    with lazy transport (``LinearityFloor``). Rows report the median and IQR of seconds per
+    step, ``ratio_to_adamw`` and ``state_bytes`` (after the warm-up steps). With ``profile``,
+    one port step on the last size is attributed to source lines and operators
+    (``port_attribution``), for each dtype.
 
     Returns ``{"rows": [{"size", "label", "dtype", "name", "median_s", "iqr_s",
     "ratio_to_adamw", "state_bytes", "param_bytes", "calls_per_sample"}], "targets": [...],
@@ -312,6 +272,9 @@ def bench_port(
             t["port_over_floor"] = port["median_s"] / by[FLOOR_ROW]["median_s"]
             t["port_over_floor_with_passes"] = port["median_s"] / by[PASSES_ROW]["median_s"]
             t["floor_met"] = t["port_over_floor"] <= PORT_TARGET_VS_FLOOR
+            t["linearity_floor_over_floor"] = (
+                by[LINEARITY_ROW]["median_s"] / by[FLOOR_ROW]["median_s"]
+            )
             targets.append(t)
     profile_rows: dict[str, Any] = {}
     if profile and device != "cpu":
@@ -398,7 +361,8 @@ def format_port(result: dict[str, Any]) -> str:
         line += (
             f"; floor / AdamW = {t['floor_over_adamw']:.2f}; port / floor = "
             f"{t['port_over_floor']:.2f} (target ≤ {PORT_TARGET_VS_FLOOR:g}: {verdict}); "
-            f"port / floor with passes = {t['port_over_floor_with_passes']:.2f}"
+            f"port / floor with passes = {t['port_over_floor_with_passes']:.2f}; "
+            f"floor of the linearity route / floor = {t['linearity_floor_over_floor']:.2f}"
         )
         lines.append(line)
     for dt, prof in result.get("profile", {}).items():
