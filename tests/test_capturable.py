@@ -267,12 +267,16 @@ def _step_reads_the_host(opt) -> bool:
 
 
 def test_the_step_never_reads_a_tensor_on_the_host(monkeypatch):
-    """Three steps from a fresh optimizer (the first creates the state) under a dispatch mode that
-    refuses host reads; ``.tolist()`` does not dispatch, so the module is also free of it.
-    Control: the same step reading its step count with ``.item()``, as the eager step does."""
+    """Steps 2 and 3 from a fresh optimizer under a dispatch mode that refuses host reads (the
+    first, which creates the state, checks each new point on its manifold on the host, as the
+    eager step does); ``.tolist()`` does not dispatch, so the module is also free
+    of it. Control: the same step reading its step count with ``.item()``, as the eager step
+    does."""
     params = _model()
     opt = _optimizer(params, True)
-    for k in range(3):
+    _grads(params, 0)
+    opt.step()
+    for k in range(1, 3):
         _grads(params, k)
         assert not _step_reads_the_host(opt)
     assert ".tolist(" not in Path(capturable.__file__).read_text(encoding="utf-8")

@@ -104,7 +104,21 @@ def _bad_state_dicts():
         ),
         "fractional step": (
             lambda sd, w, b: (sd["state"][0].update(step=torch.tensor(2.5)), sd)[1],
-            r"\['step'\]: the step count must be an integer ≥ 0, got 2.5",
+            r"\['step'\]: the step count must be an integer in \[0, 16777216\) for "
+            r"torch.float32, got 2.5",
+        ),
+        "step as a number": (
+            lambda sd, w, b: (sd["state"][0].update(step=3), sd)[1],
+            r"\['step'\]: expected the step count as a floating tensor, got int",
+        ),
+        "integer step tensor": (  # torch's foreach AdamW needs a floating step
+            lambda sd, w, b: (sd["state"][1].update(step=torch.tensor(3)), sd)[1],
+            r"param_groups\[1\].*\['step'\]: expected a one-entry floating tensor, got shape "
+            r"\(\), dtype torch.int64",
+        ),
+        "step past float32's integers": (  # 2^24 + 1 rounds to 2^24: the count would stop
+            lambda sd, w, b: (sd["state"][0].update(step=torch.tensor(2.0**24)), sd)[1],
+            r"\['step'\]: the step count must be an integer in \[0, 16777216\)",
         ),
         "missing key": (
             lambda sd, w, b: (sd["state"][0].pop("sqrt_v"), sd)[1],

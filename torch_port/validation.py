@@ -61,17 +61,23 @@ def check_layout(where: str, value: Any, expected: Any) -> None:
 
 
 def check_step(where: str, value: Any) -> None:
-    """The step count: a finite integer ≥ 0 (a 0-dim tensor or a number)."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1 or value.is_complex():
-            raise ValueError(
-                f"{where}: expected a scalar step count, got shape {tuple(value.shape)}"
-            )
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{where}: expected a step count, got {type(value).__name__}")
-    if not (math.isfinite(value) and value >= 0 and value == int(value)):
-        raise ValueError(f"{where}: the step count must be an integer ≥ 0, got {value!r}")
+    """The step count: a one-entry floating tensor (as torch's optimizers store it) holding an
+    integer 0 ≤ t < 2/ε of its dtype (beyond, t + 1 rounds back to t and the count stops)."""
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(
+            f"{where}: expected the step count as a floating tensor, got {type(value).__name__}"
+        )
+    if value.numel() != 1 or not value.dtype.is_floating_point:
+        raise ValueError(
+            f"{where}: expected a one-entry floating tensor, got shape {tuple(value.shape)}, "
+            f"dtype {value.dtype}"
+        )
+    t, top = float(value.item()), 2.0 / torch.finfo(value.dtype).eps
+    if not (math.isfinite(t) and 0 <= t < top and t == int(t)):
+        raise ValueError(
+            f"{where}: the step count must be an integer in [0, {top:.0f}) for {value.dtype}, "
+            f"got {t!r}"
+        )
 
 
 def check_values(where: str, value: Any, nonnegative: bool = False) -> None:

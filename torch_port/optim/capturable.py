@@ -32,7 +32,7 @@ import torch
 
 from torch_port import linalg
 from torch_port.linalg import Tensor, sym, transpose
-from torch_port.optim import sharding, transforms
+from torch_port.optim import checks, sharding, transforms
 
 #: Above this trust radius the fixed-degree series needs too many terms (Δ = 0.7: degree 55).
 MAX_RADIUS = 0.7
@@ -110,7 +110,10 @@ def adam_frames(
     coef = (-lr / c1) / den  # ξ = coef·m per frame (den ≥ ε > 0)
     norm = torch.linalg.vector_norm(m, dim=(-2, -1), dtype=torch.float64) * coef.abs()
     coef = coef * torch.where(norm > radius, radius / norm, torch.ones_like(norm))
-    a = torch.addcmul(x, m.to(x.dtype), coef[..., None, None].to(x.dtype))
+    if x.dtype.itemsize < 4:  # the factor may exceed a half-precision range where m ≈ 0
+        a = torch.addcmul(x.float(), m.float(), coef[..., None, None].float()).to(x.dtype)
+    else:
+        a = torch.addcmul(x, m.to(x.dtype), coef[..., None, None].to(x.dtype))
     y = polar_fixed(a, degree)
     moved = m - (y @ sym(transpose(y) @ m.to(y.dtype))).to(m.dtype)
     return y, moved, sv, torch.isfinite(linalg.max_abs(y).amax())
@@ -151,6 +154,61 @@ def check_group(group: dict[str, Any]) -> None:
     for p in group["params"]:
         if sharding.is_sharded(p):
             raise ValueError("capturable=True does not take sharded (DTensor) frames")
+    _check_step_factor(group)
+
+
+def _check_step_factor(group: dict[str, Any]) -> None:
+    """The largest step factor, lr/((1 − β1)·ε) (√v = 0 at the first step), is finite in the
+    dtype ``adam_frames`` forms W + c·m in (float32 for half-precision frames); a tensor lr's
+    value is read only where the group is checked on the host."""
+    lr = float(group["lr"]) if isinstance(group["lr"], Tensor) else group["lr"]
+    top = lr / ((1.0 - group["betas"][0]) * group["eps"])
+    for p in group["params"]:
+        limit = torch.finfo(torch.promote_types(p.dtype, torch.float32)).max
+        if not top < limit:
+            raise ValueError(
+                f"capturable=True: the step factor lr/((1 − β1)·eps) = {top:.3e} overflows "
+                f"{torch.promote_types(p.dtype, torch.float32)} (largest {limit:.3e}); use a "
+                "larger eps"
+            )
+
+
+def check_step_group(opt: Any, gi: int, group: dict[str, Any], new: list[Tensor]) -> None:
+    """Before a capturable step changes anything: the group's hyperparameters as Python values
+    (no device read: a tensor lr's value is checked on the device, ``step``), and for each
+    parameter without state yet its layout and, outside ``torch.compile``, its point on
+    St(d, r) (the eager step's check of a new point). Under ``torch.compile`` nothing is
+    checked here (the traced graph cannot raise on Python values): a compiled step relies on the
+    checks made when the group was added or loaded, and on the device check of a tensor lr."""
+    if torch.compiler.is_compiling():
+        return
+    where = f"param_groups[{gi}]"
+    try:
+        lr = group["lr"]
+        if isinstance(lr, Tensor):
+            if lr.ndim != 0 or not lr.is_floating_point():
+                raise ValueError(
+                    f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}"
+                )
+        elif lr != 0:  # lr = 0: torch.distributed.checkpoint's state-making step (no move)
+            checks.positive("lr", lr)
+        checks.betas(group["betas"])
+        checks.positive("eps", group["eps"])
+        checks.nonnegative("weight_decay", group["weight_decay"])
+        if group.get("geometry") is None:
+            checks.plain_eps(group)
+            return
+        taylor_degree(group["trust_radius"])
+        if not isinstance(lr, Tensor) and lr != 0:
+            _check_step_factor(group)
+        checks.frame_layouts(group, new)
+    except (ValueError, TypeError) as err:
+        raise type(err)(f"{where}: {err}; no parameter or state was changed") from None
+    if new:
+        fresh = {id(p) for p in new}
+        opt._check_points(
+            [pt for pt in opt._geometries.points(gi, group) if id(pt.params[0]) in fresh]
+        )
 
 
 def _state(opt: Any, p: Tensor, frame: bool) -> dict:
@@ -169,7 +227,11 @@ def _state(opt: Any, p: Tensor, frame: bool) -> dict:
     layout = {"step": (), "exp_avg": tuple(p.shape)}
     layout.update({"sqrt_v": tuple(p.shape[:-2])} if frame else {"exp_avg_sq": tuple(p.shape)})
     got = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, Tensor)}
-    if got != layout or any(v.device != p.device for v in state.values()):
+    if (
+        got != layout
+        or any(v.device != p.device for v in state.values())
+        or not all(v.is_contiguous() for v in state.values())  # written in place by copy_
+    ):
         raise ValueError(
             f"the state of a parameter of shape {tuple(p.shape)} has entries {got} (devices "
             f"{sorted({str(v.device) for v in state.values()})}); capturable=True expects "
@@ -202,8 +264,10 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
             loss = closure()
     frames: dict[tuple, list[Tensor]] = {}
     plain: list[tuple[dict, list[Tensor]]] = []
-    for group in opt.param_groups:
+    for gi, group in enumerate(opt.param_groups):
         params = [p for p in group["params"] if p.grad is not None]
+        if params:
+            check_step_group(opt, gi, group, [p for p in params if not opt.state.get(p)])
         if group.get("geometry") is None:
             plain.append((group, params))
         for p in params if group.get("geometry") is not None else ():
@@ -223,6 +287,9 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
         for p in ps:
             _state(opt, p, frame=False)
     finite = [torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in every], math.inf)))]
+    for group in opt.param_groups:  # a tensor lr set < 0 or NaN skips the step (0: no move)
+        if isinstance(group["lr"], Tensor):
+            finite.append((torch.isfinite(group["lr"]) & (group["lr"] >= 0)).reshape(1))
     updates = []
     for key, ps in frames.items():
         _, _, lr, b1, b2, eps, radius = key

@@ -93,3 +93,38 @@ def betas(v: Any) -> tuple[float, float]:
     if not (isinstance(v, tuple | list) and len(v) == 2):
         raise ValueError(f"betas must be a pair of numbers (beta1, beta2), got {v!r}")
     return beta("beta1", v[0]), beta("beta2", v[1])
+
+
+def plain_eps(group: dict[str, Any]) -> None:
+    """AdamW's √v + ε in the dtype of each plain parameter: ε must be > 0 and must not round to
+    0 there, else the update of an entry whose squared gradient is 0 or underflows is 0/0 (NaN)
+    or x/0 (inf)."""
+    import torch
+
+    eps = group["eps"]
+    for p in group["params"]:
+        info = torch.finfo(p.dtype)  # below half the smallest subnormal, eps rounds to 0
+        if eps <= info.smallest_normal * info.eps / 2:
+            raise ValueError(
+                f"eps={eps:g} {'is' if eps == 0.0 else 'rounds to'} 0 in {p.dtype}, so AdamW's "
+                "update of an entry whose squared gradient is 0 or underflows is 0/0 (NaN) or "
+                f"x/0 (inf); use eps ≥ {torch.finfo(p.dtype).tiny:.1e} for {p.dtype} parameters, "
+                "or keep float32 parameters and train under torch.autocast"
+            )
+
+
+def frame_layouts(group: dict[str, Any], params: Any) -> None:
+    """The parameters of a geometry group have points to step: at least one entry, and for a
+    Stiefel group frames (..., d, r) with 1 ≤ r ≤ d."""
+    for p in params:
+        if not p.dtype.is_floating_point or p.is_complex():
+            raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
+        if p.numel() == 0:
+            raise ValueError(f"a parameter of shape {tuple(p.shape)} holds no point (no entries)")
+        if group["geometry"] == "stiefel" and (
+            p.ndim < 2 or p.shape[-1] > p.shape[-2] or p.shape[-1] < 1
+        ):
+            raise ValueError(
+                "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
+                f"parameter of shape {tuple(p.shape)}"
+            )

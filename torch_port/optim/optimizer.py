@@ -134,16 +134,18 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         for p in group["params"]:
             if not p.dtype.is_floating_point or p.is_complex():
                 raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
+        seen: dict[int, int] = {}
+        for pi, p in enumerate(group["params"]):
+            if id(p) in seen:  # torch only warns; the parameter would step twice per step
+                raise ValueError(
+                    f"a parameter group lists the same parameter twice (params[{seen[id(p)]}] "
+                    f"and params[{pi}], shape {tuple(p.shape)})"
+                )
+            seen[id(p)] = pi
         if name is None:
-            for p in group["params"]:  # AdamW's √v + ε in p's dtype: ε must not round to 0
-                if group["eps"] > 0.0 and float(torch.tensor(group["eps"], dtype=p.dtype)) == 0:
-                    raise ValueError(
-                        f"eps={group['eps']:g} rounds to 0 in {p.dtype}, so AdamW's update of a "
-                        "parameter whose squared gradient underflows is 0/0 (NaN); use eps ≥ "
-                        f"{torch.finfo(p.dtype).tiny:.1e} for {p.dtype} parameters, or keep "
-                        "float32 parameters and train under torch.autocast"
-                    )
+            checks.plain_eps(group)
             return
+        checks.frame_layouts(group, group["params"])
         gi = len(self.param_groups) - 1  # the group being added
         rows = (
             name == "stiefel"
@@ -186,12 +188,6 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             )
         if group.get("metric", "embedded") not in METRICS:
             raise ValueError(f"unknown metric {group['metric']!r}; choose one of {METRICS}")
-        for p in group["params"]:
-            if p.ndim < 2 or p.shape[-1] > p.shape[-2] or p.shape[-1] < 1:
-                raise ValueError(
-                    "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
-                    f"parameter of shape {tuple(p.shape)}"
-                )
 
     @staticmethod
     def _new_step() -> Tensor:
@@ -293,6 +289,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         ]
         if not items:
             return loss
+        self._check_step_groups(items)
         points = [
             point
             for gi, group in enumerate(self.param_groups)
@@ -307,10 +304,8 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         for point in points:
             try:
                 pending.append((point, *self._point_update(point)))
-            except ValueError as err:
-                raise ValueError(
-                    f"{self._point_name(point)}: {err}; no parameter or state was changed"
-                ) from err
+            except (ValueError, torch.linalg.LinAlgError) as err:
+                raise self._point_error(point, err) from err
         for point, values, new in pending:
             point.write(values)
             state = self.state[point.key]
@@ -331,6 +326,37 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             if group.get("geometry") is None:
                 self._adamw(group, [p for g, _, p in items if g == gi])
         return loss
+
+    def _check_step_groups(self, items: list[tuple[int, int, Tensor]]) -> None:
+        """Before a step changes anything: the hyperparameters of every group that steps (a
+        scheduler or a user may have set them since the last step), and the layout of every
+        parameter that has no state yet (one appended to a group since the last step)."""
+        for gi in sorted({gi for gi, _, _ in items}):
+            group = self.param_groups[gi]
+            try:
+                # torch.distributed.checkpoint makes a state with a step at lr = 0 (no move)
+                zero = checks.is_real(group["lr"]) and group["lr"] == 0
+                self._check_hyperparameters({**group, "lr": 1.0} if zero else group)
+                if group.get("geometry") is None:
+                    checks.plain_eps(group)
+                else:
+                    new = [p for p in group["params"] if not self.state.get(p)]
+                    checks.frame_layouts(group, new)
+            except (ValueError, TypeError) as err:
+                raise type(err)(
+                    f"param_groups[{gi}]: {err}; no parameter or state was changed"
+                ) from None
+
+    def _point_error(self, point: Point, err: Exception) -> ValueError:
+        """The error of a point's update, named, and blamed on the point when the point itself
+        has non-finite entries (changed outside the optimizer since its last step)."""
+        bad = sum(int((~torch.isfinite(sharding.local(p.detach()))).sum()) for p in point.params)
+        cause = (
+            f"the point has {bad} non-finite entries (NaN or inf), set outside the optimizer"
+            if bad
+            else str(err)
+        )
+        return ValueError(f"{self._point_name(point)}: {cause}; no parameter or state was changed")
 
     def _point_update(self, point: Point) -> tuple[tuple[Any, ...], dict]:
         """The new factors (in the parameters' layout) and the new state of one point, computed

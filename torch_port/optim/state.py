@@ -11,6 +11,8 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from torch_port import validation
 from torch_port.geometries import PLAIN
 from torch_port.linalg import Tensor
@@ -102,6 +104,12 @@ class StateChecks:
             raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
         for k in ("exp_avg", "exp_avg_sq"):
             validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
+            if (state[k].dtype, state[k].device) != (p.dtype, p.device):  # foreach AdamW's
+                raise ValueError(
+                    f"{where}['{k}']: held in {state[k].dtype} on {state[k].device}, the "
+                    f"parameter in {p.dtype} on {p.device}; AdamW keeps its state in the "
+                    "parameter's dtype and device"
+                )
             if deep:  # a DTensor's values: this rank's shard
                 validation.check_values(
                     f"{where}['{k}']", sharding.local(state[k]), k == "exp_avg_sq"
@@ -158,13 +166,37 @@ class StateChecks:
         saved = state_dict["state"]
         self._check_saved_state(saved, ids, saved_groups)
         sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
+        before = [dict(group) for group in self.param_groups]
         super().load_state_dict(state_dict)
+        for group, old in zip(self.param_groups, before, strict=True):
+            for k, v in old.items():  # entries the saved groups lack keep this optimizer's values
+                group.setdefault(k, v)
+        self._own_state_tensors()
         self._geometries.forget()  # torch keeps the caller's tensors, which a buffer may be
         for (gi, pi), value in sqrt_v.items():
             group = self.param_groups[gi]
             p = group["params"][pi]
             if group.get("moment", "frame") == "frame":
                 self.state[p]["sqrt_v"] = value.to(p.device, sqrt_v_dtype(p.dtype)).clone()
+
+    def _own_state_tensors(self) -> None:
+        """After a load: every state tensor contiguous and sharing memory with no parameter and
+        no other state tensor (torch keeps the loaded tensors, and a state dict may hold one
+        tensor under two entries, e.g. after torch.save; the step writes its state in place)."""
+        seen = {
+            sharding.local(p.detach()).untyped_storage().data_ptr()
+            for g in self.param_groups
+            for p in g["params"]
+        }
+        for entry in self.state.values():
+            for k, v in entry.items():
+                if not isinstance(v, torch.Tensor) or sharding.is_sharded(v) or v.numel() == 0:
+                    continue
+                where = v.untyped_storage().data_ptr()
+                if where in seen or not v.is_contiguous():
+                    v = entry[k] = v.clone(memory_format=torch.contiguous_format)
+                    where = v.untyped_storage().data_ptr()
+                seen.add(where)
 
     def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
         where = f"param_groups[{gi}] of the state dict"

@@ -1,0 +1,258 @@
+"""What a step and a load refuse that earlier checks let through: hyperparameters changed after
+construction, parameters appended to a group, a point edited to NaN, a factored point made
+singular, a state dict with shared or expanded tensors or without some group entries, and the
+capturable step's half-precision frames with a zero gradient. A refused step changes nothing."""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+
+import pytest
+import torch
+
+import torch_port as tp
+
+
+def _model(cap: bool = False, dtype=torch.float64, lr=1e-2, **kw):
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float64).to(dtype))
+    b = torch.nn.Parameter(torch.ones(4, dtype=dtype))
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}, {"params": [b]}],
+        lr=lr,
+        trust_radius=0.5,
+        capturable=cap,
+        **kw,
+    )
+    return w, b, opt, g
+
+
+def _grads(g, *ps) -> None:
+    for p in ps:
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+
+
+def _snapshot(opt, *ps) -> list:
+    tensors = [p.detach().clone() for p in ps]
+    for p in ps:
+        tensors += [v.clone() for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
+    return tensors
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+AFTER_CONSTRUCTION = {
+    "plain lr NaN": (1, "lr", math.nan, r"param_groups\[1\]: lr must be a positive finite number"),
+    "plain beta1 = 1": (1, "betas", (1.0, 0.999), r"param_groups\[1\]: beta1 must lie in \[0, 1\)"),
+    "plain eps NaN": (1, "eps", math.nan, r"param_groups\[1\]: eps must be a"),
+    "plain weight decay NaN": (1, "weight_decay", math.nan, r"weight_decay must be a finite"),
+    "frame lr < 0": (0, "lr", -0.01, r"param_groups\[0\]: lr must be a positive finite number"),
+    "frame trust radius 0": (0, "trust_radius", 0.0, r"param_groups\[0\]: .*trust"),
+}
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+@pytest.mark.parametrize("case", sorted(AFTER_CONSTRUCTION))
+def test_hyperparameters_set_after_construction_are_refused_before_the_step_writes(case, cap):
+    """A value set into a group after construction is checked at the next step, before any
+    parameter or state is written (the plain group's error used to come from torch's AdamW
+    after the frames had stepped)."""
+    gi, key, value, message = AFTER_CONSTRUCTION[case]
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    opt.param_groups[gi][key] = value
+    _grads(g, w, b)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=message):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b))
+
+
+def test_a_tensor_lr_in_the_eager_step_is_refused_before_it_writes():
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    opt.param_groups[1]["lr"] = torch.tensor(0.01)
+    _grads(g, w, b)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"param_groups\[1\]: a tensor lr needs capturable"):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b))
+
+
+def test_a_capturable_tensor_lr_set_to_a_bad_value_skips_the_step_on_the_device():
+    """The capturable step reads no tensor on the host: a tensor lr filled with a negative value
+    (which would be ascent) makes the step change nothing and count as skipped."""
+    w, b, opt, g = _model(True, lr=torch.tensor(0.01))
+    _grads(g, w, b)
+    opt.step()
+    opt.param_groups[0]["lr"].fill_(-0.01)
+    _grads(g, w, b)
+    before = _snapshot(opt, w, b)
+    opt.step()
+    assert _same(before, _snapshot(opt, w, b)) and int(opt.skipped_on_device) == 1
+
+
+def test_plain_eps_zero_and_duplicates_and_empty_frames_are_refused_at_construction():
+    _, b, _, _ = _model()
+    with pytest.raises(ValueError, match=r"eps=0 is 0 in torch.float64, so AdamW's update"):
+        tp.RiemannianAdam([{"params": [b]}], eps=0.0)
+    with pytest.raises(ValueError, match=r"lists the same parameter twice \(params\[0\] and "):
+        tp.RiemannianAdam([{"params": [b, b]}])
+    empty = torch.nn.Parameter(torch.zeros(0, 8, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"shape \(0, 8, 3\) holds no point"):
+        tp.RiemannianAdam([{"params": [empty], "geometry": "stiefel"}])
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+@pytest.mark.parametrize("shape", [(3, 5), (5,)])
+def test_a_parameter_appended_to_a_group_is_checked_at_its_first_step(cap, shape):
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    q = torch.nn.Parameter(torch.randn(shape, generator=g, dtype=torch.float64))
+    opt.param_groups[0]["params"].append(q)
+    _grads(g, w, b, q)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(
+        ValueError, match=rf"frames of shape .* got a parameter of shape {re.escape(str(shape))}"
+    ):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b)) and not opt.state.get(q)
+
+
+def test_the_first_capturable_step_refuses_a_point_off_its_manifold():
+    w, b, opt, g = _model(True)
+    with torch.no_grad():
+        w[..., 0] *= 1.5
+    _grads(g, w, b)
+    with pytest.raises(ValueError, match=r"point is off St\(8, 3\): ‖WᵀW − I‖ = 1.250e\+00"):
+        opt.step()
+    assert not opt.state.get(w)
+
+
+def test_a_point_made_non_finite_is_named_as_the_cause():
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    with torch.no_grad():
+        w[0, 0, 0] = math.nan
+    _grads(g, w, b)
+    with pytest.raises(ValueError, match=r"the point has 1 non-finite entries \(NaN or inf\)"):
+        opt.step()
+
+
+def test_a_factored_point_made_singular_gives_the_librarys_error_with_its_name():
+    """torch's LinAlgError from a singular core S becomes a ValueError naming the point."""
+    geo = tp.GEOMETRIES["fixed_rank_embedded"](8, 6, 3)
+    g = torch.Generator().manual_seed(0)
+    start = geo.random_point(g, batch_shape=(2,), dtype=torch.float64)
+    ps = [torch.nn.Parameter(t.clone()) for t in start]
+    opt = tp.RiemannianAdam([{"params": ps, "geometry": "fixed_rank_embedded"}], lr=1e-2)
+    _grads(g, *ps)
+    opt.step()
+    with torch.no_grad():
+        ps[1][..., 0, :] = 0
+        ps[1][..., :, 0] = 0
+    _grads(g, *ps)
+    before = _snapshot(opt, *ps)
+    with pytest.raises(ValueError, match=r"the fixed_rank_embedded point of param_groups\[0\]"):
+        opt.step()
+    assert _same(before, _snapshot(opt, *ps))
+
+
+def test_a_plain_state_in_another_dtype_is_refused_before_the_frames_step():
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    opt.state[b]["exp_avg"] = opt.state[b]["exp_avg"].to(torch.bfloat16)
+    _grads(g, w, b)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"\['exp_avg'\]: held in torch.bfloat16 on cpu"):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b))
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+def test_a_saved_group_without_an_entry_keeps_this_optimizers_value(cap):
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    for k in ("betas", "trust_radius", "weight_decay", "capturable"):
+        del sd["param_groups"][0][k]
+    opt.load_state_dict(sd)
+    assert opt.param_groups[0]["trust_radius"] == 0.5 and opt.param_groups[0]["capturable"] is cap
+    _grads(g, w, b)
+    opt.step()
+    assert int(opt.state[w]["step"]) == 2
+
+
+def _loaded_run(shared: bool, cap: bool, expanded: bool = False) -> list:
+    g = torch.Generator().manual_seed(0)
+    ws = [
+        torch.nn.Parameter(tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float64))
+        for _ in range(2)
+    ]
+    opt = tp.RiemannianAdam(
+        [{"params": ws, "geometry": "stiefel"}], lr=1e-2, trust_radius=0.5, capturable=cap
+    )
+    sd = opt.state_dict()
+    zero = torch.zeros(8, 3, dtype=torch.float64)
+    for i in (0, 1):
+        m = zero.expand(2, 8, 3) if expanded else torch.zeros(2, 8, 3, dtype=torch.float64)
+        sd["state"][i] = {
+            "step": torch.tensor(0.0),
+            "exp_avg": sd["state"][0]["exp_avg"] if shared and i else m,
+            "sqrt_v": torch.zeros(2, dtype=torch.float64),
+        }
+    opt.load_state_dict(sd)
+    for _ in range(3):
+        _grads(g, *ws)
+        opt.step()
+    return [w.detach().clone() for w in ws]
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+def test_loaded_moments_that_share_or_broadcast_memory_are_owned_copies(cap):
+    """One tensor under two parameters' exp_avg (as torch.save keeps it), or an expanded one:
+    the trajectory is that of separate tensors (the step writes its state in place)."""
+    separate = _loaded_run(False, cap)
+    assert _same(separate, _loaded_run(True, cap))
+    assert _same(separate, _loaded_run(False, cap, expanded=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_zero_gradient_half_frame_does_not_stop_the_capturable_step(dtype):
+    """m = 0 with √v = 0 gives the factor lr/((1 − β1)ε) ≈ 1e7, beyond float16: W + c·m is
+    formed in float32, so 0·c = 0 and the other frames keep stepping (the whole step used to
+    be skipped, at every step)."""
+    g = torch.Generator().manual_seed(0)
+    st = tp.Stiefel(16, 4)
+    used, idle = (
+        torch.nn.Parameter(st.random_point(g, (2,), dtype=torch.float64).to(dtype))
+        for _ in range(2)
+    )
+    opt = tp.RiemannianAdam(
+        [{"params": [used, idle], "geometry": "stiefel"}],
+        lr=1e-2,
+        trust_radius=0.5,
+        capturable=True,
+    )
+    start = used.detach().clone()
+    for _ in range(3):
+        _grads(g, used)
+        idle.grad = torch.zeros_like(idle)
+        opt.step()
+    assert int(opt.skipped_on_device) == 0 and int(opt.state[used]["step"]) == 3
+    assert not torch.equal(start, used.detach())
+
+
+def test_a_capturable_eps_whose_step_factor_overflows_is_refused():
+    with pytest.raises(ValueError, match=r"step factor lr/\(\(1 − β1\)·eps\) = 1.000e\+39"):
+        _model(True, dtype=torch.float32, eps=1e-40)
