@@ -9,6 +9,7 @@ import copy
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -256,3 +257,26 @@ def test_a_zero_gradient_half_frame_does_not_stop_the_capturable_step(dtype):
 def test_a_capturable_eps_whose_step_factor_overflows_is_refused():
     with pytest.raises(ValueError, match=r"step factor lr/\(\(1 − β1\)·eps\) = 1.000e\+39"):
         _model(True, dtype=torch.float32, eps=1e-40)
+
+
+def test_numpy_scalars_as_hyperparameters_are_refused_as_such():
+    """np.float32 is a real number but not a Python float: the message says that (it used to say
+    'must be a positive finite number' of 0.001)."""
+    _, b, _, _ = _model()
+    with pytest.raises(ValueError, match=r"lr must be a Python int or float, got numpy.float32"):
+        tp.RiemannianAdam([{"params": [b]}], lr=np.float32(1e-3))
+    with pytest.raises(ValueError, match=r"beta1 must be a Python int or float, got numpy"):
+        tp.RiemannianAdam([{"params": [b]}], betas=(np.float32(0.9), 0.999))
+
+
+@pytest.mark.parametrize("gi", [0, 1])
+def test_a_saved_state_entry_that_is_not_a_dict_is_refused_with_its_type(gi):
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][gi] = torch.zeros(3)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"expected the .*entries .*, got Tensor"):
+        opt.load_state_dict(sd)
+    assert _same(before, _snapshot(opt, w, b))

@@ -71,19 +71,34 @@ def tensor_lr(lr: Any, capturable: bool) -> float:
     return positive("lr", float(lr))
 
 
+def _python_number(name: str, v: Any) -> None:
+    """A real number of another type (a NumPy scalar, a 0-d array) is refused as such: the group
+    keeps the value it is given, and NumPy scalars in torch's arithmetic change its dtype."""
+    import numbers
+
+    if not is_real(v) and isinstance(v, numbers.Real) and not isinstance(v, bool):
+        raise ValueError(
+            f"{name} must be a Python int or float, got {type(v).__module__}.{type(v).__name__} "
+            f"{v!r}; pass float({name})"
+        )
+
+
 def positive(name: str, v: Any) -> float:
+    _python_number(name, v)
     if not (is_real(v) and math.isfinite(v) and v > 0.0):
         raise ValueError(f"{name} must be a positive finite number, got {v!r}")
     return float(v)
 
 
 def nonnegative(name: str, v: Any) -> float:
+    _python_number(name, v)
     if not (is_real(v) and math.isfinite(v) and v >= 0.0):
         raise ValueError(f"{name} must be a finite number ≥ 0, got {v!r}")
     return float(v)
 
 
 def beta(name: str, v: Any) -> float:
+    _python_number(name, v)
     if not (is_real(v) and 0.0 <= v < 1.0):
         raise ValueError(f"{name} must lie in [0, 1), got {v!r}")
     return float(v)

@@ -38,6 +38,12 @@ def structure_value(group: dict[str, Any], key: str) -> Any:
     return None
 
 
+def _given(entry: Any) -> bool:
+    """A saved state entry to check: anything but None or an empty dict (an entry that is not a
+    dict, e.g. a bare tensor, is given, and refused by the checks with its type)."""
+    return entry is not None and not (isinstance(entry, dict) and not entry)
+
+
 def _same_step(entry: Any, step: Any) -> bool:
     """Whether a factor's state entry is exactly {"step": step} (the point's step)."""
     if not (isinstance(entry, dict) and set(entry) == {"step"} and step is not None):
@@ -230,7 +236,7 @@ class StateChecks:
             if group.get("geometry") is None:
                 for pi, p in enumerate(group["params"]):
                     entry = saved.get(sids[pi])
-                    if entry:
+                    if _given(entry):
                         self._check_plain_state(gi, pi, p, entry, deep=True)
                 continue
             for point in self._geometries.points(gi, group, all_=True):
@@ -238,7 +244,9 @@ class StateChecks:
                 entry = saved.get(owners[0])
                 step = entry.get("step") if isinstance(entry, dict) else None
                 stray = [
-                    sid for sid in owners[1:] if saved.get(sid) and not _same_step(saved[sid], step)
+                    sid
+                    for sid in owners[1:]
+                    if _given(saved.get(sid)) and not _same_step(saved[sid], step)
                 ]
                 if stray:
                     raise ValueError(
@@ -246,5 +254,5 @@ class StateChecks:
                         "first factor, its other factors holding only the same 'step'; got "
                         f"other state for parameter ids {stray}"
                     )
-                if entry:
+                if _given(entry):
                     self._check_state(point, sharding.localize(entry), deep=True)
