@@ -334,9 +334,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         for gi in sorted({gi for gi, _, _ in items}):
             group = self.param_groups[gi]
             try:
-                # torch.distributed.checkpoint makes a state with a step at lr = 0 (no move)
-                zero = checks.is_real(group["lr"]) and group["lr"] == 0
-                self._check_hyperparameters({**group, "lr": 1.0} if zero else group)
+                self._check_current_hyperparameters(group)
                 if group.get("geometry") is None:
                     checks.plain_eps(group)
                 else:
@@ -346,6 +344,14 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                 raise type(err)(
                     f"param_groups[{gi}]: {err}; no parameter or state was changed"
                 ) from None
+
+    def _check_current_hyperparameters(self, group: dict[str, Any]) -> None:
+        """``_check_hyperparameters`` of a group in use, where lr = 0 is a value it may hold:
+        a schedule that ends at 0 leaves it there (and in its checkpoints), and
+        torch.distributed.checkpoint makes a state with a step at lr = 0; such a step does
+        not move. A new group still needs lr > 0."""
+        zero = checks.is_real(group["lr"]) and group["lr"] == 0
+        self._check_hyperparameters({**group, "lr": 1.0} if zero else group)
 
     def _point_error(self, point: Point, err: Exception) -> ValueError:
         """The error of a point's update, named, and blamed on the point when the point itself

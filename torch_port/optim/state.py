@@ -223,7 +223,7 @@ class StateChecks:
                 )
         merged = {**group, **{k: v for k, v in saved.items() if k != "params"}}
         try:
-            self._check_hyperparameters(merged)
+            self._check_current_hyperparameters(merged)
         except (ValueError, TypeError, KeyError) as err:
             raise ValueError(f"{where}: {err}") from None
 
