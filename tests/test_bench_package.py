@@ -76,6 +76,7 @@ def test_the_model_benchmark_counts_gpt2_small_and_runs_at_a_small_size() -> Non
     from proofs_checks.bench.model import (
         FLOOR_ROW,
         PASSES_ROW,
+        ROUTE_ROW,
         bench_model,
         format_model,
         model_shapes,
@@ -100,6 +101,39 @@ def test_the_model_benchmark_counts_gpt2_small_and_runs_at_a_small_size() -> Non
     for row_name, key in (
         (FLOOR_ROW, "floor_over_adamw"),
         (PASSES_ROW, "floor_with_passes_over_adamw"),
+        (ROUTE_ROW, "route_floor_over_adamw"),
     ):
         floor = {r["dtype"]: r["ratio_to_adamw"] for r in result["rows"] if r["name"] == row_name}
         assert {t["dtype"]: t[key] for t in result["targets"]} == floor
+
+
+def test_the_route_floor_takes_the_steps_route() -> None:
+    """One call of ``RouteFloor`` (its moment starting at m0 = g = P_W(G)) is the step's
+    arithmetic: m = β1·m0 + (1 − β1)·g, A = W − lr·m/RMS(g) per frame, Y = polar(A) and m
+    transported to P_Y(m), compared with the same step formed independently (Y = UVᵀ from
+    the SVD of A). In float64 both sides agree to rounding: the polar factor of A, κ(A) ≤ 1.1,
+    to about κ·r·u ≈ 1e-14, and the rest are a few products of unit-sized frames."""
+    torch = pytest.importorskip("torch")
+    from proofs_checks.bench.floors import PORT_LR, RouteFloor
+
+    gen = torch.Generator().manual_seed(3)
+    w = torch.linalg.qr(torch.randn(2, 3, 24, 4, generator=gen, dtype=torch.float64))[0]
+    p = torch.nn.Parameter(w.clone())
+    p.grad = torch.randn(w.shape, generator=gen, dtype=torch.float64)
+    floor = RouteFloor([p])
+    floor.step()
+    m_floor, _, _, y_floor = floor.bufs[0]
+
+    def proj(x, z):
+        s = x.transpose(-1, -2) @ z
+        return z - x @ (0.5 * (s + s.transpose(-1, -2)))
+
+    g = proj(w, p.grad)
+    m = 0.9 * g + 0.1 * g
+    rms = torch.linalg.vector_norm(g, dim=(-2, -1), keepdim=True) / math.sqrt(24 * 4)
+    u, _, vh = torch.linalg.svd(w - PORT_LR * m / rms, full_matrices=False)
+    y = u @ vh
+    assert float((y_floor.view_as(y) - y).abs().max()) <= 1e-13
+    assert float((m_floor.view_as(m) - proj(y, m)).abs().max()) <= 1e-13
+    assert float((y - w).abs().max()) > 1e-4  # the step moved the frames
+    assert torch.equal(p.detach(), w)  # the floor writes its buffers, not the parameter

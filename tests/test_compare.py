@@ -122,6 +122,7 @@ def test_bench_port_small_runs():
         LINEARITY_ROW,
         PASSES_ROW,
         PORT_ROW,
+        ROUTE_ROW,
         bench_port,
         format_port,
     )
@@ -148,10 +149,14 @@ def test_bench_port_small_runs():
     assert res["targets"][-1]["linearity_floor_over_floor"] == (
         linearity["median_s"] / floor["median_s"]
     )
+    route = rows[("b", ROUTE_ROW)]
+    assert res["targets"][-1]["route_floor_over_floor"] == route["median_s"] / floor["median_s"]
+    assert res["targets"][-1]["port_over_route_floor"] == port["median_s"] / route["median_s"]
     text = format_port(res)
     assert "port / AdamW" in text and "Where one port step goes" in text
     assert "port / floor =" in text and "port / floor with passes =" in text
     assert "floor of the linearity route / floor =" in text
+    assert "floor of the step's route / floor =" in text
     # operators are charged to torch_port source lines; everything else shares one row (which
     # row is first depends on the machine's timing, so the order is not asserted)
     sites = [x["site"] for x in res["profile"]["float32"]["sites"]]

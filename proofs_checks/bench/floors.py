@@ -8,6 +8,7 @@ torch is imported inside the methods (``rattn certify`` runs without torch).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 #: Learning rate of every optimizer in the benchmark (Gaussian gradients of unit entries).
@@ -112,3 +113,56 @@ class LinearityFloor:
 def _frames(t: Any) -> Any:
     """A (..., d, r) tensor as one batch of frames, (n, d, r)."""
     return t.view(-1, *t.shape[-2:])
+
+
+class RouteFloor:
+    """The arithmetic of the step's own route and nothing else: the products, passes and r×r
+    work of the frame-moment Adam step as ``torch_port.StiefelFrames`` takes it, on the real
+    matrices, into buffers kept between calls, with none of the step's checks (beyond the
+    polar factor's own), state bookkeeping or per-point dispatch. Per parameter:
+
+        G's sum (its validation);  S = sym(WᵀG);  g = G − W·S (``baddbmm``: G is copied into
+        the output first);  ‖g‖;  m ← lerp(m, g, 1 − β1);  A = W + c·m;
+        H = (AᵀA)^{-1/2} by ``torch_port.linalg.polar_plan`` from the Gram formed in the
+        frames' dtype (the port's normalisation, series and one host read);  Y = A·H;
+        C = H·sym(H·Aᵀm);  m ← m − A·C,
+
+    with W and G fixed, so every call does the same work, m starting at g = P_W(G) (the
+    moment of a fixed gradient) and c = −lr/RMS(g) per frame: the port's step when its moments
+    equal g, ξ = −lr·g/RMS(g), of norm lr·sqrt(d·r), so that the polar factor's series has the
+    port's degree. Y goes into a buffer instead of the parameter (the same product). A step of
+    this route can be faster than this floor only by changing the route, its arithmetic, not by
+    leaving out checks."""
+
+    def __init__(self, ps: list[Any]) -> None:
+        import torch
+
+        self.ps, self.state = ps, {}  # as ProductFloor: no optimizer state counted
+        frames = [_frames(p.detach()) for p in ps]
+        self.bufs = [tuple(torch.zeros_like(w) for _ in range(4)) for w in frames]  # m, g, A, Y
+        self.c = []
+        for (m, *_), w, p in zip(self.bufs, frames, ps, strict=True):
+            s = w.transpose(-1, -2) @ _frames(p.grad)
+            torch.baddbmm(_frames(p.grad), w, (s + s.transpose(-1, -2)) / 2, alpha=-1.0, out=m)
+            rms = torch.linalg.vector_norm(m, dim=(-2, -1), keepdim=True) / math.sqrt(m[0].numel())
+            self.c.append(-PORT_LR / rms)
+        self.gram = [w.new_empty(w.shape[0], w.shape[-1], w.shape[-1]) for w in frames]
+
+    def step(self) -> None:
+        import torch
+
+        from torch_port import linalg
+        from torch_port.linalg import sym, transpose
+
+        with torch.no_grad():
+            for p, (m, g, a, y), gram, c in zip(self.ps, self.bufs, self.gram, self.c, strict=True):
+                w, grad = _frames(p.detach()), _frames(p.grad)
+                grad.sum()
+                torch.baddbmm(grad, w, sym(transpose(w) @ grad), alpha=-1.0, out=g)
+                torch.linalg.vector_norm(g, dim=(-2, -1))
+                m.lerp_(g, 0.1)
+                torch.addcmul(w, m, c, out=a)
+                torch.bmm(transpose(a), a, out=gram)
+                h = linalg.polar_plan(a, gram=gram.to(torch.float64))[0]
+                torch.bmm(a, h, out=y)
+                m.baddbmm_(a, h @ sym(h @ (transpose(a) @ m)), alpha=-1.0)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from proofs_checks.bench.floors import ProductFloor
+from proofs_checks.bench.floors import ProductFloor, RouteFloor
 from proofs_checks.bench.timing import (
     _check_repeats,
     _interleaved_rounds,
@@ -32,6 +32,7 @@ PORT_ROW = "torch_port RiemannianAdam (frames on W_Q, W_K)"
 ADAMW_ROW = "torch AdamW (foreach, all plain)"
 FLOOR_ROW = "floor: AdamW on the plain parameters + the frames' 6 batched products"
 PASSES_ROW = "floor with passes: the floor + the frames' 4 passes (G, m, W + c·m, ‖g‖)"
+ROUTE_ROW = "floor of the step's route: AdamW on the plain parameters + the frames' route"
 LR = 1e-3
 
 
@@ -56,10 +57,11 @@ def _entries(shapes: list[tuple]) -> int:
 def check_model_memory(dtypes: tuple[str, ...], config: dict[str, int] | None = None) -> None:
     """Refuse, before torch is imported, a run whose estimate exceeds the memory limit: for
     each of the four candidates its parameters, gradients and two state tensors of every entry
-    (16 copies), and the floors' and the port's buffers of the frames (6 more)."""
+    (16 copies), the floors' and the port's buffers of the frames (6 more), and the route floor's
+    frames, gradients and four buffers (6 more)."""
     frames, plain = model_shapes(config)
     widest = 8 if "float64" in dtypes else 4
-    copies = 16 * (_entries(frames) + _entries(plain)) + 6 * _entries(frames)
+    copies = 16 * (_entries(frames) + _entries(plain)) + 12 * _entries(frames)
     require_memory("bench model", widest * copies)
 
 
@@ -94,25 +96,27 @@ def _candidates(
         {"params": port[len(frames) :], "weight_decay": 1e-2},
     ]
     adamw = params()
-    floor, passes = params(), params()
+    floor, passes, route = params(), params(), params()
     n = len(frames)
     return {
         PORT_ROW: (tp.RiemannianAdam(groups, lr=LR), port),
         ADAMW_ROW: (torch.optim.AdamW(adamw, lr=LR, foreach=True), adamw),
-        FLOOR_ROW: (_ModelFloor(floor[:n], floor[n:]), floor),
-        PASSES_ROW: (_ModelFloor(passes[:n], passes[n:], passes=True), passes),
+        FLOOR_ROW: (_ModelFloor(ProductFloor(floor[:n]), floor[n:]), floor),
+        PASSES_ROW: (_ModelFloor(ProductFloor(passes[:n], passes=True), passes[n:]), passes),
+        ROUTE_ROW: (_ModelFloor(RouteFloor(route[:n]), route[n:]), route),
     }
 
 
 class _ModelFloor:
-    """What no frame optimizer can beat on this model: torch's AdamW (foreach) on the plain
-    parameters, as the port runs them, plus ``ProductFloor`` on the frames (the six batched
-    products per frame, and with ``passes`` the Adam rule's four passes over them)."""
+    """A floor of this model's step: torch's AdamW (foreach) on the plain parameters, as the
+    port runs them, plus a floor of the frames (``ProductFloor``: the six batched products per
+    frame, with ``passes`` the Adam rule's four passes over them; ``RouteFloor``: the whole
+    arithmetic of the step's route)."""
 
-    def __init__(self, frames: list[Any], plain: list[Any], passes: bool = False) -> None:
+    def __init__(self, frames: Any, plain: list[Any]) -> None:
         import torch
 
-        self.frames = ProductFloor(frames, passes)
+        self.frames = frames
         self.plain = torch.optim.AdamW(plain, lr=LR, foreach=True, weight_decay=1e-2)
 
     def step(self) -> None:
@@ -128,13 +132,15 @@ def bench_model(
     dtypes: tuple[str, ...] = ("float32", "float64"),
     config: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """Time the two optimizers' steps and the two floors (``_ModelFloor``, without and with
-    the rule's passes), interleaved round by round (``_interleaved_rounds``), in each dtype, on
-    GPT-2 small's blocks (or ``config``: layers, d, heads, mlp); returns ``{"rows": [{"dtype",
-    "name", "median_s", "iqr_s", "ratio_to_adamw"}], "targets": [{"dtype", "port_over_adamw",
-    "met", "floor_over_adamw", "floor_with_passes_over_adamw"}], "parameters",
+    """Time the two optimizers' steps and the three floors (``_ModelFloor``: the products,
+    with the rule's passes, and the step's whole route), interleaved round by round
+    (``_interleaved_rounds``), in each dtype, on GPT-2 small's blocks (or ``config``: layers,
+    d, heads, mlp); returns ``{"rows": [{"dtype", "name", "median_s", "iqr_s",
+    "ratio_to_adamw"}], "targets": [{"dtype", "port_over_adamw", "met", "floor_over_adamw",
+    "floor_with_passes_over_adamw", "route_floor_over_adamw"}], "parameters",
     "frame_parameters", "notes", "environment"}``. A floor above the target puts the target out
-    of reach of any step that forms the six products (and makes the rule's passes)."""
+    of reach of any step that forms the six products (and makes the rule's passes, or takes
+    the step's route)."""
     _check_repeats(repeats)
     check_model_memory(dtypes, config)
     import torch
@@ -169,6 +175,7 @@ def bench_model(
                 "met": ratio <= MODEL_TARGET_VS_ADAMW,
                 "floor_over_adamw": by[FLOOR_ROW] / adamw,
                 "floor_with_passes_over_adamw": by[PASSES_ROW] / adamw,
+                "route_floor_over_adamw": by[ROUTE_ROW] / adamw,
             }
         )
         del cands, fns
@@ -215,7 +222,8 @@ def format_model(result: dict[str, Any]) -> str:
             f"- {t['dtype']}: port / AdamW = {t['port_over_adamw']:.2f} "
             f"(target ≤ {MODEL_TARGET_VS_ADAMW:g}: {verdict}); floor / AdamW = "
             f"{t['floor_over_adamw']:.2f}; floor with passes / AdamW = "
-            f"{t['floor_with_passes_over_adamw']:.2f}"
+            f"{t['floor_with_passes_over_adamw']:.2f}; floor of the step's route / AdamW = "
+            f"{t['route_floor_over_adamw']:.2f}"
         )
     lines += ["", *result["notes"]]
     return "\n".join(lines)

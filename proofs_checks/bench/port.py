@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from proofs_checks.bench.floors import PORT_LR, LinearityFloor, ProductFloor
+from proofs_checks.bench.floors import PORT_LR, LinearityFloor, ProductFloor, RouteFloor
 from proofs_checks.bench.peers import _import_geoopt
 from proofs_checks.bench.profile import port_attribution
 from proofs_checks.bench.timing import (
@@ -35,6 +35,7 @@ PASSES_ROW = "floor with passes: the 6 products and 4 passes over the frames (G,
 LINEARITY_ROW = (
     "floor of the linearity route: 5 products (3 XᵀY, 2 X·S) and 3 passes (‖G‖, m, W + c·m)"
 )
+ROUTE_ROW = "floor of the step's route: its products, passes, copy of G and r×r work, no checks"
 CAPTURABLE_ROW = "torch_port RiemannianAdam, capturable (Δ = 0.5)"
 COMPILED_ROW = "torch_port RiemannianAdam, capturable, torch.compile(fullgraph=True)"
 #: The capturable rows' trust radius: above every step of the benchmark (‖ξ‖ ≈ lr·sqrt(d·r)
@@ -69,14 +70,16 @@ def _port_sizes(d: int, r: int) -> list[dict[str, Any]]:
 
 def check_port_sizes(d: int, r: int, sizes: list[dict[str, Any]] | None = None) -> None:
     """Refuse, before torch is imported or anything allocated, sizes ``bench_port`` cannot run:
-    not 1 ≤ r ≤ d, or an estimated peak above ``memory_limit``. The estimate: 28 float64 copies
-    of every frame (d×r, with an r×r matrix) of ``sizes`` (default ``_port_sizes(d, r)``): each
-    of four optimizers holds its own frames, gradients and state; 25 to 28 were measured."""
+    not 1 ≤ r ≤ d, or an estimated peak above ``memory_limit``. The estimate: 34 float64 copies
+    of every frame (d×r, with an r×r matrix) of ``sizes`` (default ``_port_sizes(d, r)``): every
+    candidate holds its own frames and gradients, the optimizers their state and the floors
+    their buffers; 25 to 28 were measured before the route floor, which adds six (its frames,
+    gradients and four d×r buffers)."""
     if isinstance(d, bool) or isinstance(r, bool) or not (1 <= r <= d):
         raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={d}, r={r}")
     sizes = _port_sizes(d, r) if sizes is None else sizes
     entries = sum(s["params"] * math.prod(s["batch"]) * (s["d"] + s["r"]) * s["r"] for s in sizes)
-    require_memory(f"bench port at d={d}, r={r}", 8 * 28 * entries)
+    require_memory(f"bench port at d={d}, r={r}", 8 * 34 * entries)
 
 
 def _state_bytes(opt: Any) -> int:
@@ -160,6 +163,8 @@ def _port_candidates(
     out[PASSES_ROW] = (ProductFloor(ps, passes=True), ps)
     ps = params(torch.nn.Parameter)
     out[LINEARITY_ROW] = (LinearityFloor(ps), ps)
+    ps = params(torch.nn.Parameter)
+    out[ROUTE_ROW] = (RouteFloor(ps), ps)
     return out
 
 
@@ -191,11 +196,12 @@ def bench_port(
     working dtype: if it alone exceeds PORT_TARGET_VS_ADAMW × AdamW, the time target is out of
     reach on that machine for this algorithm with torch's batched matmul, however the rest of the
     step is written. PASSES_ROW adds the rule's four passes over the frames to those products
-    (``ProductFloor(passes=True)``), and LINEARITY_ROW times the products and passes of the route
-    with lazy transport (``LinearityFloor``). Rows report the median and IQR of seconds per
-    step, ``ratio_to_adamw`` and ``state_bytes`` (after the warm-up steps). With ``profile``,
-    one port step on the last size is attributed to source lines and operators
-    (``port_attribution``), for each dtype.
+    (``ProductFloor(passes=True)``), LINEARITY_ROW times the products and passes of the route
+    with lazy transport (``LinearityFloor``), and ROUTE_ROW the whole arithmetic of the step's
+    own route, r×r work included, without its checks (``RouteFloor``). Rows report the median
+    and IQR of seconds per step, ``ratio_to_adamw`` and ``state_bytes`` (after the warm-up
+    steps). With ``profile``, one port step on the last size is attributed to source lines and
+    operators (``port_attribution``), for each dtype.
 
     Returns ``{"rows": [{"size", "label", "dtype", "name", "median_s", "iqr_s",
     "ratio_to_adamw", "state_bytes", "param_bytes", "calls_per_sample"}], "targets": [...],
@@ -275,6 +281,8 @@ def bench_port(
             t["linearity_floor_over_floor"] = (
                 by[LINEARITY_ROW]["median_s"] / by[FLOOR_ROW]["median_s"]
             )
+            t["route_floor_over_floor"] = by[ROUTE_ROW]["median_s"] / by[FLOOR_ROW]["median_s"]
+            t["port_over_route_floor"] = port["median_s"] / by[ROUTE_ROW]["median_s"]
             targets.append(t)
     profile_rows: dict[str, Any] = {}
     if profile and device != "cpu":
@@ -362,7 +370,9 @@ def format_port(result: dict[str, Any]) -> str:
             f"; floor / AdamW = {t['floor_over_adamw']:.2f}; port / floor = "
             f"{t['port_over_floor']:.2f} (target ≤ {PORT_TARGET_VS_FLOOR:g}: {verdict}); "
             f"port / floor with passes = {t['port_over_floor_with_passes']:.2f}; "
-            f"floor of the linearity route / floor = {t['linearity_floor_over_floor']:.2f}"
+            f"floor of the linearity route / floor = {t['linearity_floor_over_floor']:.2f}; "
+            f"floor of the step's route / floor = {t['route_floor_over_floor']:.2f}; "
+            f"port / floor of the step's route = {t['port_over_route_floor']:.2f}"
         )
         lines.append(line)
     for dt, prof in result.get("profile", {}).items():
