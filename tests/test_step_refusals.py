@@ -306,3 +306,40 @@ def test_a_schedule_that_ends_at_lr_0_steps_saves_and_loads(cap):
     # (‖WᵀW − I‖ and ~r·u per entry; 64·u bounds both here)
     moved = float((w.detach() - before).abs().max())
     assert moved <= 64 * torch.finfo(torch.float64).eps and int(opt.state[w]["step"]) == 4
+
+
+def test_a_learning_rate_whose_step_overflows_is_named_as_the_cause():
+    """lr = 1e38 on float32 frames without a trust region: W + c·ξ overflows, and the error
+    says so (with the step factor) instead of blaming the polar factor's input; nothing is
+    written. lr = 1e30 still steps (the polar factor of a finite A is a frame, whatever its
+    scale)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float32))
+    opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=1e38)
+    _grads(g, w)
+    before = _snapshot(opt, w)
+    with pytest.raises(ValueError, match=r"the step W \+ c·ξ overflows torch.float32: .*inf"):
+        opt.step()
+    assert _same(before, _snapshot(opt, w))
+    opt.param_groups[0]["lr"] = 1e30
+    opt.step()
+    assert float(tp.Stiefel(8, 3).residual(w.detach()).max()) <= 1e-5
+
+
+def test_a_trust_region_caps_a_step_whose_factor_overflows():
+    """With a trust radius Δ the step has length min(‖c·u‖, Δ) for any lr: at lr = 1e38 in
+    float32 (c·u beyond the dtype) the step is ξ = −Δ·u/‖u‖ per frame, the step it takes at
+    lr = 1e20 (c·u finite, capped the usual way). The two agree to float32 rounding: ‖ξ‖ = 0.5,
+    so the polar factors of W + ξ differ by a few ulps of entries ≤ 1 (bound 1e-5 = 80 u₃₂).
+    (The capturable step refuses such an lr at construction: its step factor overflows.)"""
+    frames = []
+    for lr in (1e38, 1e20):
+        w, b, opt, g = _model(dtype=torch.float32, lr=lr)
+        _grads(g, w, b)
+        before = w.detach().clone()
+        opt.param_groups[1]["lr"] = 1e-3  # AdamW at such an lr is not under test here
+        opt.step()
+        assert float(tp.Stiefel(8, 3).residual(w.detach()).max()) <= 1e-5
+        assert float((w.detach() - before).abs().max()) > 0.05  # a step of length Δ = 0.5
+        frames.append(w.detach().clone())
+    assert float((frames[0] - frames[1]).abs().max()) <= 1e-5

@@ -183,6 +183,19 @@ def _trust_factor(norm: Tensor, radius: float) -> Tensor:
     return torch.where(norm > 0, torch.clamp(_rdiv(radius, norm), max=1.0), torch.ones_like(norm))
 
 
+def _trust_capped(c: Tensor, n: Tensor, radius: float) -> Tensor:
+    """c·min(1, Δ/(|c|·n)) per frame, the step factor of ξ = c·u capped at ‖ξ‖ ≤ Δ (n = ‖u‖).
+    Where |c|·n overflows the dtype (a learning rate near its largest value, or c already
+    infinite), the capped factor is what that product equals, sign(c)·Δ/n; where n = 0 it is
+    0 (the step is 0 whatever c)."""
+    norm = c.abs() * n
+    capped = c * _trust_factor(norm, radius)
+    if bool(torch.isfinite(norm).all()):
+        return capped
+    capped = torch.where(torch.isinf(norm), torch.sign(c) * _rdiv(radius, n), capped)
+    return torch.where(n > 0, capped, torch.zeros_like(capped))
+
+
 def frame_scalars(geometry: PointGeometry, x: Sequence[Tensor]) -> Tensor:
     """Zeros of the shape of x's per-frame scalars, in ``sqrt_v_dtype``."""
     return x[0].new_zeros(geometry.frame_batch(x), dtype=sqrt_v_dtype(x[0].dtype))
@@ -280,13 +293,12 @@ def trust_region(radius: float) -> Transform:
         step = step.formed(geometry)
         n = geometry.frame_norms(x, step.u)
         c = step.c
-        if isinstance(c, Tensor):
-            return replace(step, c=c * _trust_factor(c.abs() * n.to(c.dtype), radius))
-        if step.eager and c == 1.0:
-            return replace(step, c=_trust_factor(n, radius))
-        u0 = step.u[0]
-        full = torch.full(geometry.frame_batch(x), c, dtype=u0.dtype, device=u0.device)
-        return replace(step, c=full * _trust_factor(abs(c) * n.to(u0.dtype), radius))
+        if not isinstance(c, Tensor):
+            if step.eager and c == 1.0:
+                return replace(step, c=_trust_factor(n, radius))
+            u0 = step.u[0]
+            c = torch.full(geometry.frame_batch(x), c, dtype=u0.dtype, device=u0.device)
+        return replace(step, c=_trust_capped(c, n.to(c.dtype), radius))
 
     return _stateless(update)
 
