@@ -343,3 +343,105 @@ def test_a_trust_region_caps_a_step_whose_factor_overflows():
         assert float((w.detach() - before).abs().max()) > 0.05  # a step of length Δ = 0.5
         frames.append(w.detach().clone())
     assert float((frames[0] - frames[1]).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+@pytest.mark.parametrize("which", [0, 1], ids=["frame", "plain"])
+def test_a_gradient_that_is_not_dense_is_refused_by_name(cap, which):
+    """Sparse gradients are refused before anything is written, by both steps (the capturable
+    one used to fail inside torch's norm with a NotImplementedError). (torch itself refuses
+    to assign a CSR gradient to a dense parameter.)"""
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    _grads(g, w, b)
+    p = (w, b)[which]
+    p.grad = p.grad.to_sparse()
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"torch.sparse_coo gradient for param_groups"):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b))
+
+
+@pytest.mark.parametrize("saved_cap", [False, True], ids=["eager saved", "capturable saved"])
+def test_a_state_dict_loads_into_the_other_step_which_keeps_its_own_mode(saved_cap):
+    """A state dict of the capturable step loads into an eager optimizer and the other way
+    round, as saved: the loading optimizer keeps its ``capturable`` and steps in its own
+    mode, and the two then take the same steps to float64 rounding (their polar factors
+    differ: a fixed-degree series against the eager step's, both below 1e-17, so 1e-13 over
+    three unit-sized steps)."""
+    w, b, opt, g = _model(saved_cap)
+    _grads(g, w, b)
+    opt.step()
+    sd = opt.state_dict()
+    w2, b2, opt2, _ = _model(not saved_cap)
+    with torch.no_grad():
+        w2.copy_(w)
+        b2.copy_(b)
+    opt2.load_state_dict(sd)
+    assert sd["param_groups"][0]["capturable"] is saved_cap  # the caller's dict is unchanged
+    assert all(group["capturable"] is (not saved_cap) for group in opt2.param_groups)
+    for _ in range(3):
+        gen = torch.Generator().manual_seed(len(opt2.state))
+        for x, y in ((w, w2), (b, b2)):
+            x.grad = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+            y.grad = x.grad.clone()
+        opt.step()
+        opt2.step()
+    assert float((w - w2).abs().max()) <= 1e-13 and float((b - b2).abs().max()) <= 1e-13
+
+
+def test_a_state_saved_in_another_dtype_loads_cast_as_torch_casts_it():
+    """A float32 run's state loads into float64 parameters (torch casts each floating entry to
+    its parameter's dtype, as torch.optim.AdamW does), and a float64 state whose exp_avg_sq
+    would overflow float32 is refused before anything is loaded."""
+    w, b, opt, g = _model(dtype=torch.float32)
+    _grads(g, w, b)
+    opt.step()
+    w2, b2, opt2, g2 = _model(dtype=torch.float64)
+    with torch.no_grad():
+        w2.copy_(w)
+        b2.copy_(b)
+    opt2.load_state_dict(opt.state_dict())
+    assert opt2.state[b2]["exp_avg_sq"].dtype == torch.float64
+    assert opt2.state[w2]["exp_avg"].dtype == torch.float64
+    _grads(g2, w2, b2)
+    opt2.step()
+    sd = opt2.state_dict()
+    sd["state"][1]["exp_avg_sq"] = torch.full((4,), 1e300, dtype=torch.float64)
+    w3, _, opt3, _ = _model(dtype=torch.float32)
+    with torch.no_grad():
+        w3.copy_(w2)
+    with pytest.raises(ValueError, match=r"exp_avg_sq.*non-finite"):
+        opt3.load_state_dict(sd)
+    assert not opt3.state
+
+
+def test_a_state_dict_of_a_live_optimizer_shares_nothing_with_it_once_loaded():
+    """torch's load keeps the loaded tensors themselves, and both AdamW and the frame steps
+    write their state in place (or reuse it as a buffer), so a state dict taken from a live
+    optimizer and loaded into another would tie the two. After the load each goes on exactly
+    as it would alone: the source equals a run that loaded nothing, bitwise."""
+    w, b, opt, g = _model()
+    wr, br, ref, _ = _model()
+    for x, y in ((w, wr), (b, br)):
+        x.grad = torch.randn(x.shape, generator=g, dtype=torch.float64)
+        y.grad = x.grad.clone()
+    opt.step()
+    ref.step()
+    w2, b2, opt2, _ = _model()
+    with torch.no_grad():
+        w2.copy_(w)
+        b2.copy_(b)
+    opt2.load_state_dict(opt.state_dict())
+    for k in range(3):
+        gen = torch.Generator().manual_seed(k)
+        for xs in ((w, wr, w2), (b, br, b2)):
+            grad = torch.randn(xs[0].shape, generator=gen, dtype=torch.float64)
+            for x in xs:
+                x.grad = grad.clone()
+        opt.step()
+        opt2.step()
+        ref.step()
+    assert torch.equal(w, wr) and torch.equal(b, br)
+    assert torch.equal(w2, wr) and torch.equal(b2, br)

@@ -97,8 +97,9 @@ def check_values(where: str, value: Any, nonnegative: bool = False) -> None:
 def check_tangent(where: str, geometry: Any, x: Sequence[Tensor], u: Sequence[Tensor]) -> None:
     """‖P_x(u) − u‖_x ≤ sqrt(ε)·‖u‖_x + tiny per frame, measured in float64 (module docstring);
     ``geometry`` is the optimizer's view of the point's geometry (``proj_tangent``,
-    ``frame_norms``)."""
-    dtype = u[0].dtype
+    ``frame_norms``). ε is that of the coarser of u's and x's dtypes: a moment saved in
+    float64 is tangent at a float32 point only to float32's rounding of it."""
+    dtype = max(u[0].dtype, x[0].dtype, key=lambda d: torch.finfo(d).eps)
     x64 = tuple(t.to(torch.float64) for t in x)
     u64 = tuple(t.to(torch.float64) for t in u)
     p64 = geometry.proj_tangent(x64, u64)

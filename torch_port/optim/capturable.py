@@ -266,6 +266,9 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     plain: list[tuple[dict, list[Tensor]]] = []
     for gi, group in enumerate(opt.param_groups):
         params = [p for p in group["params"] if p.grad is not None]
+        for pi, p in enumerate(group["params"]):
+            if p.grad is not None:
+                checks.dense_grad(opt._param_name(gi, pi, p), p)
         if params:
             check_step_group(opt, gi, group, [p for p in params if not opt.state.get(p)])
         if group.get("geometry") is None:

@@ -6,6 +6,8 @@ import math
 import sys
 from typing import Any
 
+import torch
+
 #: Geometries whose points are frames (orthonormal factors): weight decay does nothing there.
 FRAME_GEOMETRIES = frozenset(
     {"stiefel"}
@@ -143,3 +145,13 @@ def frame_layouts(group: dict[str, Any], params: Any) -> None:
                 "a Stiefel group holds frames of shape (..., d, r) with 1 ≤ r ≤ d, got a "
                 f"parameter of shape {tuple(p.shape)}"
             )
+
+
+def dense_grad(name: str, p: Any) -> None:
+    """Refuse a gradient that is not a dense (strided) tensor: sparse COO, CSR and the other
+    layouts (the steps read and write gradients entry by entry). Metadata only: no host read."""
+    if p.grad.layout != torch.strided:
+        raise ValueError(
+            f"{p.grad.layout} gradient for {name}: not supported (a dense gradient is needed); "
+            "no parameter or state was changed"
+        )

@@ -218,10 +218,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         entry is NaN/inf or the sum overflows) and one host synchronisation per device; the
         entries are counted only for a gradient whose sum is not finite."""
         for gi, pi, p in items:
-            if p.grad.is_sparse:
-                raise ValueError(
-                    f"sparse gradient for {self._param_name(gi, pi, p)}: not supported"
-                )
+            checks.dense_grad(self._param_name(gi, pi, p), p)
         counts: list[int] = [0] * len(items)
         by_device: dict[torch.device, list[int]] = {}
         for k, (_, _, p) in enumerate(items):

@@ -61,6 +61,10 @@ class RiemannianAdam(ChainOptimizer):
             (a device tensor) instead of raising or warning.
     """
 
+    #: A state dict of either step loads into either (the same state); the loading optimizer
+    #: keeps its own ``capturable``, as a checkpoint of a capturable GPU run may resume eagerly.
+    _KEPT_ON_LOAD = ("capturable",)
+
     def __init__(
         self,
         params: Iterable,

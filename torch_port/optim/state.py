@@ -110,15 +110,18 @@ class StateChecks:
             raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
         for k in ("exp_avg", "exp_avg_sq"):
             validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
-            if (state[k].dtype, state[k].device) != (p.dtype, p.device):  # foreach AdamW's
+            if deep:  # a load: torch casts the entry to the parameter's dtype and device, so
+                # its values are checked as they will be held (float64 → float32 may overflow)
+                validation.check_values(
+                    f"{where}['{k}']",
+                    sharding.local(state[k]).to(p.dtype),
+                    k == "exp_avg_sq",
+                )
+            elif (state[k].dtype, state[k].device) != (p.dtype, p.device):  # foreach AdamW's
                 raise ValueError(
                     f"{where}['{k}']: held in {state[k].dtype} on {state[k].device}, the "
                     f"parameter in {p.dtype} on {p.device}; AdamW keeps its state in the "
                     "parameter's dtype and device"
-                )
-            if deep:  # a DTensor's values: this rank's shard
-                validation.check_values(
-                    f"{where}['{k}']", sharding.local(state[k]), k == "exp_avg_sq"
                 )
         if deep:
             validation.check_step(f"{where}['step']", state["step"])
@@ -137,12 +140,16 @@ class StateChecks:
         "groups",
     )
 
+    #: Group entries a load keeps from this optimizer: how its step runs, not what it computes.
+    _KEPT_ON_LOAD: tuple[str, ...] = ()
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's ``load_state_dict`` after checking everything it would load: the groups
         (same geometry and options as this optimizer's, valid hyperparameters), and the state
         of every parameter (this optimizer's entries and shapes, finite values, √v ≥ 0, integer
         steps, moments tangent at the current points within sqrt(ε) of their dtype — load the
-        model's state first). A refused state dict changes nothing. √v keeps its documented
+        model's state first). A refused state dict changes nothing. The entries named in
+        ``_KEPT_ON_LOAD`` keep this optimizer's values. √v keeps its documented
         dtype (at least float32; torch would cast it to the parameter's dtype, and in bfloat16
         √β2·√v rounds back to √v, so √v would stop decaying)."""
         if not (
@@ -159,6 +166,13 @@ class StateChecks:
                 f"the state dict has {len(saved_groups)} parameter groups, this optimizer "
                 f"{len(self.param_groups)}"
             )
+        saved_groups = [  # a copy: the caller's state dict is not changed
+            {**saved, **{k: group[k] for k in self._KEPT_ON_LOAD if k in group}}
+            if isinstance(saved, dict)
+            else saved
+            for saved, group in zip(saved_groups, self.param_groups, strict=True)
+        ]
+        state_dict = {**state_dict, "param_groups": saved_groups}
         ids: dict[Any, tuple[int, int]] = {}
         for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
             self._check_saved_group(gi, saved, group)
@@ -186,23 +200,16 @@ class StateChecks:
                 self.state[p]["sqrt_v"] = value.to(p.device, sqrt_v_dtype(p.dtype)).clone()
 
     def _own_state_tensors(self) -> None:
-        """After a load: every state tensor contiguous and sharing memory with no parameter and
-        no other state tensor (torch keeps the loaded tensors, and a state dict may hold one
-        tensor under two entries, e.g. after torch.save; the step writes its state in place)."""
-        seen = {
-            sharding.local(p.detach()).untyped_storage().data_ptr()
-            for g in self.param_groups
-            for p in g["params"]
-        }
+        """After a load: every state tensor a contiguous copy owned by this optimizer. torch
+        keeps the loaded tensors themselves (cast only where the dtype or device differs), so
+        without the copy a state dict taken from a live optimizer would share its tensors with
+        that optimizer, and one tensor saved under two entries (as ``torch.save`` keeps it)
+        would be shared between them; the steps write their state in place. Sharded state
+        (DTensors) is left to ``torch.distributed.checkpoint``, which loads into it in place."""
         for entry in self.state.values():
             for k, v in entry.items():
-                if not isinstance(v, torch.Tensor) or sharding.is_sharded(v) or v.numel() == 0:
-                    continue
-                where = v.untyped_storage().data_ptr()
-                if where in seen or not v.is_contiguous():
-                    v = entry[k] = v.clone(memory_format=torch.contiguous_format)
-                    where = v.untyped_storage().data_ptr()
-                seen.add(where)
+                if isinstance(v, torch.Tensor) and not sharding.is_sharded(v):
+                    entry[k] = v.clone(memory_format=torch.contiguous_format)
 
     def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
         where = f"param_groups[{gi}] of the state dict"
