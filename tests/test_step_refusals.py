@@ -445,3 +445,23 @@ def test_a_state_dict_of_a_live_optimizer_shares_nothing_with_it_once_loaded():
         ref.step()
     assert torch.equal(w, wr) and torch.equal(b, br)
     assert torch.equal(w2, wr) and torch.equal(b2, br)
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+@pytest.mark.parametrize(
+    ("sid", "key"), [(0, "exp_avg"), (0, "sqrt_v"), (0, "step"), (1, "step"), (1, "exp_avg_sq")]
+)
+def test_a_state_on_the_meta_device_is_refused_by_name(cap, sid, key):
+    """A meta tensor (shape without values, e.g. from a model built on the meta device) in a
+    state dict is refused with its entry's name, instead of torch's "item() cannot be called
+    on meta tensors"; nothing is loaded."""
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    before = _snapshot(opt, w, b)
+    sd = opt.state_dict()  # its entries are opt.state's own dicts: replace, don't edit
+    entry = sd["state"][sid]
+    sd["state"][sid] = {**entry, key: torch.empty(entry[key].shape, device="meta")}
+    with pytest.raises(ValueError, match=rf"\['{key}'\]: a tensor on the meta device"):
+        opt.load_state_dict(sd)
+    assert _same(before, _snapshot(opt, w, b))

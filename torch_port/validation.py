@@ -41,7 +41,8 @@ def shape_of(value: Any) -> Any:
 
 def check_layout(where: str, value: Any, expected: Any) -> None:
     """``value`` is a floating tensor (or a tuple of them) of the ``expected`` shapes (a shape
-    tuple, or a tuple of them for a tangent vector with several parts)."""
+    tuple, or a tuple of them for a tangent vector with several parts), not on the meta
+    device."""
     parts = isinstance(expected, tuple) and bool(expected) and isinstance(expected[0], tuple)
     if parts:
         if not isinstance(value, tuple | list) or len(value) != len(expected):
@@ -56,8 +57,14 @@ def check_layout(where: str, value: Any, expected: Any) -> None:
         )
     if not value.dtype.is_floating_point:
         raise ValueError(f"{where}: expected a real floating tensor, got dtype {value.dtype}")
+    _check_not_meta(where, value)
     if tuple(value.shape) != tuple(expected):
         raise ValueError(f"{where}: expected shape {tuple(expected)}, got {tuple(value.shape)}")
+
+
+def _check_not_meta(where: str, value: torch.Tensor) -> None:
+    if value.device.type == "meta":
+        raise ValueError(f"{where}: a tensor on the meta device, which holds no values")
 
 
 def check_step(where: str, value: Any) -> None:
@@ -72,6 +79,7 @@ def check_step(where: str, value: Any) -> None:
             f"{where}: expected a one-entry floating tensor, got shape {tuple(value.shape)}, "
             f"dtype {value.dtype}"
         )
+    _check_not_meta(where, value)
     t, top = float(value.item()), 2.0 / torch.finfo(value.dtype).eps
     if not (math.isfinite(t) and 0 <= t < top and t == int(t)):
         raise ValueError(

@@ -92,6 +92,23 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
 
+    #: Attributes of this optimizer kept by ``copy.deepcopy`` and pickling, beside torch's
+    #: defaults, state and param_groups (torch's ``__getstate__`` keeps only those three).
+    _KEPT_ATTRIBUTES = ("rule", "skipped_steps", "skipped_on_device")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """torch's state and the attributes in ``_KEPT_ATTRIBUTES``; the per-point caches
+        (geometries, buffers, layouts) are not copied but rebuilt by ``__setstate__``."""
+        state = super().__getstate__()
+        state.update({k: self.__dict__[k] for k in self._KEPT_ATTRIBUTES if k in self.__dict__})
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._geometries = Geometries()
+        self._layouts = {}
+        self.__dict__.setdefault("skipped_steps", 0)
+
     # -- groups ------------------------------------------------------------------------------
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         """Validate the hyperparameters of one group (subclasses extend)."""

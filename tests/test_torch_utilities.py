@@ -1,0 +1,141 @@
+"""The optimizers with torch's training utilities, eager and capturable: AMP's GradScaler (a
+step with an inf gradient is skipped by the scaler and changes nothing), OneCycleLR (which
+cycles lr and β1 in the groups), a deep copy of an optimizer (an independent optimizer that
+steps as the original) and swa_utils.AveragedModel (a mean of frames is not a frame;
+``reproject`` puts it back)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch_port as tp  # noqa: E402
+from torch_port.optim import reproject  # noqa: E402
+
+ST = tp.Stiefel(8, 3)
+#: float64 frames after a few polar steps: ‖WᵀW − I‖ is a few ulps of r = 3 unit columns.
+ON_ST = 1e-13
+
+
+def _model(cap: bool) -> tuple:
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(ST.random_point(g, (2,)))
+    b = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}, {"params": [b]}],
+        lr=1e-2,
+        trust_radius=0.5,
+        capturable=cap,
+    )
+    return w, b, opt, g
+
+
+def _loss(w, b, g):
+    z = torch.randn(2, 8, 3, generator=g, dtype=torch.float64)
+    return (w * z).sum() + (b * b).sum()
+
+
+def _everything(opt, *ps) -> list:
+    out = [p.detach().clone() for p in ps]
+    for p in ps:
+        out += [v.clone() for v in opt.state[p].values()]
+    return out
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+def test_grad_scaler_skips_an_inf_step_and_the_others_step(cap):
+    w, b, opt, g = _model(cap)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    for i in range(4):
+        opt.zero_grad()
+        loss = _loss(w, b, g) * (float("inf") if i == 2 else 1.0)
+        scaler.scale(loss).backward()
+        before = _everything(opt, w, b) if opt.state else None
+        scaler.step(opt)
+        scaler.update()
+        if i == 2:
+            after = _everything(opt, w, b)
+            assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
+            assert scaler.get_scale() == 2.0**7
+        assert float(opt.state[w]["step"]) == (i + 1 if i < 2 else i)
+    assert float(ST.residual(w.detach()).max()) <= ON_ST
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+def test_one_cycle_sets_lr_and_beta1_and_the_steps_use_them(cap):
+    w, b, opt, g = _model(cap)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=6)
+    betas = []
+    for _ in range(6):
+        opt.zero_grad()
+        _loss(w, b, g).backward()
+        opt.step()
+        sched.step()
+        betas.append(opt.param_groups[0]["betas"][0])
+    assert len(set(betas)) > 2  # β1 cycled in the frame group
+    assert float(ST.residual(w.detach()).max()) <= ON_ST
+    # a copy that never saw the schedule, given its last lr and β1 before one more step,
+    # steps as the scheduled optimizer does: the step reads the groups as they are
+    twin_w = torch.nn.Parameter(w.detach().clone())
+    twin_b = torch.nn.Parameter(b.detach().clone())
+    twin = tp.RiemannianAdam(
+        [{"params": [twin_w], "geometry": "stiefel"}, {"params": [twin_b]}],
+        lr=1e-2,
+        trust_radius=0.5,
+        capturable=cap,
+    )
+    twin.load_state_dict(opt.state_dict())
+    for group, other in zip(twin.param_groups, opt.param_groups, strict=True):
+        assert group["lr"] == other["lr"] and group["betas"] == other["betas"]
+    grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in (w, b)]
+    for p, q, grad in zip((w, b), (twin_w, twin_b), grads, strict=True):
+        p.grad, q.grad = grad.clone(), grad.clone()
+    opt.step()
+    twin.step()
+    assert torch.equal(w, twin_w) and torch.equal(b, twin_b)
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+def test_a_deep_copy_is_an_independent_optimizer_that_steps_as_the_original(cap):
+    w, b, opt, g = _model(cap)
+    opt.zero_grad()
+    _loss(w, b, g).backward()
+    opt.step()
+    # deepcopy of the optimizer alone copies its parameters too (they are in its groups)
+    dup = copy.deepcopy(opt)
+    dw, db = dup.param_groups[0]["params"][0], dup.param_groups[1]["params"][0]
+    assert dw is not w and torch.equal(dw, w)
+    for _ in range(2):
+        grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in (w, b)]
+        for p, q, grad in zip((w, b), (dw, db), grads, strict=True):
+            p.grad, q.grad = grad.clone(), grad.clone()
+        opt.step()
+        dup.step()
+    assert torch.equal(w, dw) and torch.equal(b, db)
+    dw.grad = torch.randn(dw.shape, generator=g, dtype=torch.float64)
+    before = w.detach().clone()
+    dup.step()
+    assert torch.equal(w, before)  # stepping the copy leaves the original alone
+
+
+def test_an_averaged_model_of_frames_needs_reproject():
+    """swa_utils.AveragedModel averages parameters entry by entry: the mean of two frames is
+    off St(d, r) by far more than rounding, and ``torch_port.optim.reproject`` makes it the
+    nearest frame (its largest residual before is returned)."""
+    w, b, opt, g = _model(False)
+    module = torch.nn.Module()
+    module.w = w
+    avg = torch.optim.swa_utils.AveragedModel(module)
+    for _ in range(5):
+        opt.zero_grad()
+        (_loss(w, b, g) * 50).backward()
+        opt.step()
+        avg.update_parameters(module)
+    mean = avg.module.w
+    off = float(ST.residual(mean.detach()).max())
+    assert off > 1e-6
+    found = reproject([{"params": [mean], "geometry": "stiefel"}])
+    assert found["param_groups[0]"] == pytest.approx(off, rel=1e-12)
+    assert float(ST.residual(mean.detach()).max()) <= ON_ST
