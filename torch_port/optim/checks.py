@@ -155,3 +155,22 @@ def dense_grad(name: str, p: Any) -> None:
             f"{p.grad.layout} gradient for {name}: not supported (a dense gradient is needed); "
             "no parameter or state was changed"
         )
+
+
+def step_size(x: Any, u: Any, c: Any) -> None:
+    """After a retraction of x by ξ = c·u failed: when x and u are finite and ξ's entries
+    reach √(largest value) of the dtype, where the retractions' products of ξ (Grams, the
+    factorisations of W + ξ) overflow, raise ValueError naming the step's size as the cause (a
+    learning rate too large for the dtype). Else return, and the retraction's error stands."""
+    if not all(bool(torch.isfinite(t).all()) for t in (*x, *u)):
+        return
+    top = max(float(t.abs().max()) if t.numel() else 0.0 for t in u)
+    if c is not None:
+        top *= float(c.abs().max()) if isinstance(c, torch.Tensor) else abs(c)
+    limit = math.sqrt(torch.finfo(u[0].dtype).max)
+    if not math.isnan(top) and top >= limit:
+        raise ValueError(
+            f"the step c·ξ has entries up to {top:.3e}, beyond √(largest {u[0].dtype}) = "
+            f"{limit:.3e}, where the retraction's products of it overflow: the learning rate "
+            "is too large for this dtype"
+        )

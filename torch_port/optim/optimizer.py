@@ -397,7 +397,11 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         t = int(stored["step"].item()) + 1
         step, new = rule.update(geometry, x, g, state, t)
         u, c = step.resolve(geometry, x)
-        y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
+        try:
+            y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
+        except (ValueError, torch.linalg.LinAlgError):
+            checks.step_size(x, u, c)  # names a step too large for the dtype as the cause
+            raise
         if not geometry.retraction_checks_finite:
             sums = torch.stack([t.sum().to(torch.float64) for t in y])
             if not bool(torch.isfinite(sums).all()):
