@@ -358,7 +358,7 @@ def test_a_gradient_that_is_not_dense_is_refused_by_name(cap, which):
     p = (w, b)[which]
     p.grad = p.grad.to_sparse()
     before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"torch.sparse_coo gradient for param_groups"):
+    with pytest.raises(ValueError, match=r"the gradient of param_groups.* is torch.sparse_coo"):
         opt.step()
     assert _same(before, _snapshot(opt, w, b))
 
@@ -490,3 +490,49 @@ def test_a_step_too_large_for_the_dtype_is_named_in_every_geometry(name):
         opt.step()
     assert all(torch.equal(p.detach(), t) for p, t in zip(ps, start, strict=True))
     assert not opt.state
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+@pytest.mark.parametrize("which", [0, 1], ids=["frame", "plain"])
+@pytest.mark.parametrize("change", ["dtype", "shape"])
+def test_a_gradient_unlike_its_parameter_is_refused_before_anything_is_written(cap, which, change):
+    """torch lets a gradient of another dtype (``grad_dtype = None``) or shape (``grad.data
+    = ...``) be set; torch's AdamW then failed after the frames had stepped. Both steps now
+    refuse it by name first."""
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    _grads(g, w, b)
+    p = (w, b)[which]
+    if change == "dtype":
+        p.grad_dtype = None
+        p.grad = p.grad.to(torch.float32)
+    else:
+        p.grad.data = torch.ones(p.shape[0] + 1, *p.shape[1:], dtype=p.dtype)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"the gradient of param_groups.* has shape"):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b))
+
+
+@pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
+def test_a_parameter_whose_entries_share_memory_is_refused(cap):
+    """An expanded tensor as a parameter (both of its frames on St, so the point check passes)
+    cannot be written in place: refused when the group is built, and when it is appended to a
+    group, before a step writes the parameters before it."""
+    base = tp.Stiefel(8, 3).random_point(torch.Generator().manual_seed(2), (1,))
+    expanded = torch.nn.Parameter(base.expand(2, 8, 3))
+    kw = {"trust_radius": 0.5, "capturable": cap}
+    with pytest.raises(ValueError, match=r"entries that share memory \(an expanded tensor\)"):
+        tp.RiemannianAdam([{"params": [expanded], "geometry": "stiefel"}], **kw)
+    with pytest.raises(ValueError, match=r"entries that share memory"):
+        tp.RiemannianAdam([{"params": [torch.nn.Parameter(torch.ones(1).expand(3))]}], **kw)
+    w, b, opt, g = _model(cap)
+    _grads(g, w, b)
+    opt.step()
+    opt.param_groups[0]["params"].append(expanded)
+    _grads(g, w, b, expanded)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: .*entries that share memory"):
+        opt.step()
+    assert _same(before, _snapshot(opt, w, b))

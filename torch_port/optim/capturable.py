@@ -195,13 +195,13 @@ def check_step_group(opt: Any, gi: int, group: dict[str, Any], new: list[Tensor]
         checks.betas(group["betas"])
         checks.positive("eps", group["eps"])
         checks.nonnegative("weight_decay", group["weight_decay"])
+        checks.parameter_layouts(group, new)
         if group.get("geometry") is None:
             checks.plain_eps(group)
             return
         taylor_degree(group["trust_radius"])
         if not isinstance(lr, Tensor) and lr != 0:
             _check_step_factor(group)
-        checks.frame_layouts(group, new)
     except (ValueError, TypeError) as err:
         raise type(err)(f"{where}: {err}; no parameter or state was changed") from None
     if new:
@@ -268,7 +268,7 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
         params = [p for p in group["params"] if p.grad is not None]
         for pi, p in enumerate(group["params"]):
             if p.grad is not None:
-                checks.dense_grad(opt._param_name(gi, pi, p), p)
+                checks.gradient_layout(opt._param_name(gi, pi, p), p)
         if params:
             check_step_group(opt, gi, group, [p for p in params if not opt.state.get(p)])
         if group.get("geometry") is None:

@@ -130,12 +130,23 @@ def plain_eps(group: dict[str, Any]) -> None:
             )
 
 
-def frame_layouts(group: dict[str, Any], params: Any) -> None:
-    """The parameters of a geometry group have points to step: at least one entry, and for a
-    Stiefel group frames (..., d, r) with 1 ≤ r ≤ d."""
+def parameter_layouts(group: dict[str, Any], params: Any) -> None:
+    """The parameters of a group can be stepped: a real floating dtype, no two entries in one
+    memory location (an expanded tensor, which torch refuses to write in place, after the
+    step has written other parameters); and for a geometry group at least one entry and, for
+    a Stiefel group, frames (..., d, r) with 1 ≤ r ≤ d."""
     for p in params:
         if not p.dtype.is_floating_point or p.is_complex():
             raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
+        local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this rank's shard
+        if torch._debug_has_internal_overlap(local.detach()) == 1:
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} with strides {local.stride()} has "
+                "entries that share memory (an expanded tensor); the step writes parameters "
+                "in place: give the optimizer a copy (.clone())"
+            )
+        if group.get("geometry") is None:
+            continue
         if p.numel() == 0:
             raise ValueError(f"a parameter of shape {tuple(p.shape)} holds no point (no entries)")
         if group["geometry"] == "stiefel" and (
@@ -147,14 +158,22 @@ def frame_layouts(group: dict[str, Any], params: Any) -> None:
             )
 
 
-def dense_grad(name: str, p: Any) -> None:
-    """Refuse a gradient that is not a dense (strided) tensor: sparse COO, CSR and the other
-    layouts (the steps read and write gradients entry by entry). Metadata only: no host read."""
-    if p.grad.layout != torch.strided:
-        raise ValueError(
-            f"{p.grad.layout} gradient for {name}: not supported (a dense gradient is needed); "
-            "no parameter or state was changed"
+def gradient_layout(name: str, p: Any) -> None:
+    """Refuse a gradient the step cannot use as its parameter's: not dense (sparse COO, CSR;
+    the steps read gradients entry by entry), or of another shape, dtype or device than the
+    parameter (torch lets ``grad_dtype = None`` or ``grad.data = ...`` set one; torch's AdamW
+    would then fail after the frames were written). Metadata only: no host read."""
+    g = p.grad
+    if g.layout != torch.strided:
+        problem = f"is {g.layout} (a dense gradient is needed)"
+    elif (tuple(g.shape), g.dtype, g.device) != (tuple(p.shape), p.dtype, p.device):
+        problem = (
+            f"has shape {tuple(g.shape)}, {g.dtype} on {g.device}, the parameter "
+            f"{tuple(p.shape)}, {p.dtype} on {p.device}"
         )
+    else:
+        return
+    raise ValueError(f"the gradient of {name} {problem}; no parameter or state was changed")
 
 
 def step_size(x: Any, u: Any, c: Any) -> None:

@@ -148,9 +148,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
     def _check_group(self, group: dict[str, Any]) -> None:
         self._check_hyperparameters(group)
         name = group.get("geometry")
-        for p in group["params"]:
-            if not p.dtype.is_floating_point or p.is_complex():
-                raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
+        checks.parameter_layouts(group, group["params"])
         seen: dict[int, int] = {}
         for pi, p in enumerate(group["params"]):
             if id(p) in seen:  # torch only warns; the parameter would step twice per step
@@ -162,7 +160,6 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         if name is None:
             checks.plain_eps(group)
             return
-        checks.frame_layouts(group, group["params"])
         gi = len(self.param_groups) - 1  # the group being added
         rows = (
             name == "stiefel"
@@ -235,7 +232,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         entry is NaN/inf or the sum overflows) and one host synchronisation per device; the
         entries are counted only for a gradient whose sum is not finite."""
         for gi, pi, p in items:
-            checks.dense_grad(self._param_name(gi, pi, p), p)
+            checks.gradient_layout(self._param_name(gi, pi, p), p)
         counts: list[int] = [0] * len(items)
         by_device: dict[torch.device, list[int]] = {}
         for k, (_, _, p) in enumerate(items):
@@ -351,9 +348,9 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                 self._check_current_hyperparameters(group)
                 if group.get("geometry") is None:
                     checks.plain_eps(group)
-                else:
-                    new = [p for p in group["params"] if not self.state.get(p)]
-                    checks.frame_layouts(group, new)
+                checks.parameter_layouts(
+                    group, [p for p in group["params"] if not self.state.get(p)]
+                )
             except (ValueError, TypeError) as err:
                 raise type(err)(
                     f"param_groups[{gi}]: {err}; no parameter or state was changed"
