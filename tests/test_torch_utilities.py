@@ -139,3 +139,54 @@ def test_an_averaged_model_of_frames_needs_reproject():
     found = reproject([{"params": [mean], "geometry": "stiefel"}])
     assert found["param_groups[0]"] == pytest.approx(off, rel=1e-12)
     assert float(ST.residual(mean.detach()).max()) <= ON_ST
+
+
+def test_step_hooks_run_once_per_step_whatever_classes_were_built_before():
+    """torch wraps the ``step`` of every optimizer class it builds with its hook runner; once a
+    plain ``ChainOptimizer`` had been built, RiemannianAdam's step (which calls the chain's)
+    ran every pre and post hook twice (an EMA in a post hook moved twice per step)."""
+    from torch_port.optim import ChainOptimizer, transforms
+
+    w, b, opt, g = _model(False)
+    ChainOptimizer(
+        [{"params": [torch.nn.Parameter(ST.random_point(g))], "geometry": "stiefel"}],
+        lambda group: transforms.chain(transforms.scale(-group["lr"])),
+    )
+    w, b, opt, g = _model(False)
+    calls: list[str] = []
+    opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    opt.zero_grad()
+    _loss(w, b, g).backward()
+    opt.step()
+    assert calls == ["pre", "post"]
+
+
+def test_a_compiled_step_of_the_eager_optimizer_is_the_eager_step():
+    """Dynamo sets ``capturable=True`` in the param_groups of an optimizer step it traces;
+    the eager RiemannianAdam reads its mode from ``defaults``, so ``torch.compile(opt.step)``
+    still runs the eager step: on an R1 point (U, S, V) the compiled steps equal the eager
+    ones bitwise (run as the capturable Stiefel step, S was made orthonormal) and a NaN
+    gradient raises as it does eagerly."""
+    geo = tp.GEOMETRIES["fixed_rank_embedded"](8, 6, 2)
+    start = geo.random_point(torch.Generator().manual_seed(0), (2,))
+
+    def make():
+        ps = [torch.nn.Parameter(t.clone()) for t in start]
+        group = {"params": ps, "geometry": "fixed_rank_embedded"}
+        return ps, tp.RiemannianAdam([group], lr=1e-2, trust_radius=0.1)
+
+    (ps, opt), (qs, ref) = make(), make()
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, backend="eager")
+    for k in range(2):
+        gen = torch.Generator().manual_seed(k)
+        for p, q in zip(ps, qs, strict=True):
+            p.grad = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            q.grad = p.grad.clone()
+        step()
+        ref.step()
+    assert all(torch.equal(p, q) for p, q in zip(ps, qs, strict=True))
+    ps[0].grad[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite gradient"):
+        step()

@@ -281,13 +281,18 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                 self._check_plain_state(gi, pi, p, self.state[p], deep=False)
         return True
 
-    # torch.compile(optimizer.step) runs the step eagerly: traced, its data-dependent checks
-    # and Python-number state recompile at every step and the AdamW path drifted from eager.
-    @torch.compiler.disable
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient (see the module docstring).
         Under ``torch.compile`` it runs eagerly, so a compiled step is the eager step."""
+        return self._chain_step(closure)
+
+    # torch.compile(optimizer.step) runs the step eagerly: traced, its data-dependent checks
+    # and Python-number state recompile at every step and the AdamW path drifted from eager.
+    # Not named ``step``: torch wraps every class's ``step`` with its hook runner, so a
+    # subclass's ``step`` calling ``super().step`` would run the step hooks twice.
+    @torch.compiler.disable
+    @torch.no_grad()
+    def _chain_step(self, closure: Callable[[], Any] | None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -360,9 +365,11 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         """``_check_hyperparameters`` of a group in use, where lr = 0 is a value it may hold:
         a schedule that ends at 0 leaves it there (and in its checkpoints), and
         torch.distributed.checkpoint makes a state with a step at lr = 0; such a step does
-        not move. A new group still needs lr > 0."""
+        not move. A new group still needs lr > 0. The optimizer's own entries are read from
+        ``defaults`` (Dynamo sets ``capturable=True`` in the groups of a step it traces)."""
+        own = {k: self.defaults[k] for k in self._OWN_ENTRIES}
         zero = checks.is_real(group["lr"]) and group["lr"] == 0
-        self._check_hyperparameters({**group, "lr": 1.0} if zero else group)
+        self._check_hyperparameters({**group, **own, **({"lr": 1.0} if zero else {})})
 
     def _point_error(self, point: Point, err: Exception) -> ValueError:
         """The error of a point's update, named, and blamed on the point when the point itself

@@ -63,7 +63,7 @@ class RiemannianAdam(ChainOptimizer):
 
     #: A state dict of either step loads into either (the same state); the loading optimizer
     #: keeps its own ``capturable``, as a checkpoint of a capturable GPU run may resume eagerly.
-    _KEPT_ON_LOAD = ("capturable",)
+    _OWN_ENTRIES = ("capturable",)
 
     def __init__(
         self,
@@ -84,9 +84,9 @@ class RiemannianAdam(ChainOptimizer):
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
-        if group["capturable"] != self.param_groups[0]["capturable"]:
+        if group["capturable"] != self.defaults["capturable"]:
             raise ValueError("capturable must be the same for every parameter group")
-        if group["capturable"]:
+        if self.defaults["capturable"]:
             capturable.check_group(group)
         if group["moment"] not in transforms.MOMENTS:
             raise ValueError(
@@ -99,9 +99,11 @@ class RiemannianAdam(ChainOptimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update (``ChainOptimizer.step``), or with ``capturable=True`` the step of
-        ``torch_port.optim.capturable``, which ``torch.compile`` traces as one graph."""
-        if not (self.param_groups and self.param_groups[0]["capturable"]):
-            return super().step(closure)
+        ``torch_port.optim.capturable``, which ``torch.compile`` traces as one graph. The
+        mode is read from ``defaults`` (every group holds the same): Dynamo sets
+        ``capturable=True`` in the param_groups it traces, for torch's own optimizers."""
+        if not self.defaults["capturable"]:
+            return self._chain_step(closure)
         return capturable.step(self, closure)
 
     def rule(self, group: dict[str, Any]) -> Transform:

@@ -140,8 +140,10 @@ class StateChecks:
         "groups",
     )
 
-    #: Group entries a load keeps from this optimizer: how its step runs, not what it computes.
-    _KEPT_ON_LOAD: tuple[str, ...] = ()
+    #: Group entries that belong to the optimizer, not the group: how its step runs, fixed at
+    #: construction and the same in every group. A load takes them from ``defaults``, and
+    #: the step reads them from there.
+    _OWN_ENTRIES: tuple[str, ...] = ()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch's ``load_state_dict`` after checking everything it would load: the groups
@@ -149,7 +151,7 @@ class StateChecks:
         of every parameter (this optimizer's entries and shapes, finite values, √v ≥ 0, integer
         steps, moments tangent at the current points within sqrt(ε) of their dtype — load the
         model's state first). A refused state dict changes nothing. The entries named in
-        ``_KEPT_ON_LOAD`` keep this optimizer's values. √v keeps its documented
+        ``_OWN_ENTRIES`` keep this optimizer's values. √v keeps its documented
         dtype (at least float32; torch would cast it to the parameter's dtype, and in bfloat16
         √β2·√v rounds back to √v, so √v would stop decaying)."""
         if not (
@@ -167,10 +169,10 @@ class StateChecks:
                 f"{len(self.param_groups)}"
             )
         saved_groups = [  # a copy: the caller's state dict is not changed
-            {**saved, **{k: group[k] for k in self._KEPT_ON_LOAD if k in group}}
+            {**saved, **{k: self.defaults[k] for k in self._OWN_ENTRIES}}
             if isinstance(saved, dict)
             else saved
-            for saved, group in zip(saved_groups, self.param_groups, strict=True)
+            for saved in saved_groups
         ]
         state_dict = {**state_dict, "param_groups": saved_groups}
         ids: dict[Any, tuple[int, int]] = {}
