@@ -536,3 +536,41 @@ def test_a_parameter_whose_entries_share_memory_is_refused(cap):
     with pytest.raises(ValueError, match=r"param_groups\[0\]: .*entries that share memory"):
         opt.step()
     assert _same(before, _snapshot(opt, w, b))
+
+
+@pytest.mark.parametrize("key", ["exp_avg", "sqrt_v"])
+def test_frame_state_beyond_the_dtype_it_will_be_held_in_is_refused(key):
+    """A float64 state whose entries are finite but beyond float32's range, loaded into
+    float32 frames: torch casts exp_avg to the parameter's dtype and √v is held in float32,
+    where they would be inf; the load checks them as they will be held and refuses."""
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][0][key] = sd["state"][0][key] * 1e42  # |entries| ≤ 1e40 before: finite in f64
+    w2, _, opt2, _ = _model(dtype=torch.float32)
+    with torch.no_grad():
+        w2.copy_(w)
+    with pytest.raises(ValueError, match=rf"\['{key}'\]: .* once cast to torch.float32"):
+        opt2.load_state_dict(sd)
+    assert not opt2.state
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_step_count_saved_in_half_precision_is_held_in_float32(dtype):
+    """In bfloat16 t + 1 rounds back to t from t = 256, and Adam's bias corrections would stop
+    there; a loaded half-precision count is held in float32, torch's dtype for it, and keeps
+    counting (and torch's foreach AdamW, which refuses a float16 count, steps)."""
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    for entry in sd["state"].values():
+        entry["step"] = torch.tensor(250.0, dtype=dtype)
+    opt.load_state_dict(sd)
+    for _ in range(8):
+        _grads(g, w, b)
+        opt.step()
+    for p in (w, b):
+        assert opt.state[p]["step"].dtype == torch.float32
+        assert float(opt.state[p]["step"]) == 258.0

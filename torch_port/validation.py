@@ -88,13 +88,20 @@ def check_step(where: str, value: Any) -> None:
         )
 
 
-def check_values(where: str, value: Any, nonnegative: bool = False) -> None:
-    """Every entry finite (and ≥ 0 when ``nonnegative``, e.g. √v or Adam's v)."""
+def check_values(
+    where: str, value: Any, nonnegative: bool = False, dtype: torch.dtype | None = None
+) -> None:
+    """Every entry finite (and ≥ 0 when ``nonnegative``, e.g. √v or Adam's v); with ``dtype``,
+    as the entries will be held once cast to it (float64 values beyond float32's range become
+    inf in a float32 state)."""
     for k, t in enumerate(value if isinstance(value, tuple | list) else (value,)):
         label = f"{where}[{k}]" if isinstance(value, tuple | list) else where
+        held = ""
+        if dtype is not None and dtype != t.dtype:
+            t, held = t.to(dtype), f" once cast to {dtype}"
         bad = int((~torch.isfinite(t)).sum())
         if bad:
-            raise ValueError(f"{label}: {bad} non-finite entries (NaN or inf) of {t.numel()}")
+            raise ValueError(f"{label}: {bad} non-finite entries (NaN or inf) of {t.numel()}{held}")
         if nonnegative and t.numel() and bool((t < 0).any()):
             raise ValueError(
                 f"{label}: {int((t < 0).sum())} negative entries (smallest {float(t.min()):.3e}); "

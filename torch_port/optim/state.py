@@ -94,8 +94,10 @@ class StateChecks:
         if not deep:
             return
         validation.check_step(f"{where}['step']", state["step"])
+        held = point.params[0].dtype  # a load casts the entries to it (√v: ``_sqrt_v_dtype``)
         for k in expected:
-            validation.check_values(f"{where}['{k}']", state[k], nonnegative=k == "sqrt_v")
+            dtype = self._sqrt_v_dtype(point.gi, held) if k == "sqrt_v" else held
+            validation.check_values(f"{where}['{k}']", state[k], k == "sqrt_v", dtype)
         for k in self.rule(self.param_groups[point.gi]).transported:
             u = (state[k],) if point.single else tuple(state[k])
             validation.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
@@ -110,12 +112,9 @@ class StateChecks:
             raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
         for k in ("exp_avg", "exp_avg_sq"):
             validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
-            if deep:  # a load: torch casts the entry to the parameter's dtype and device, so
-                # its values are checked as they will be held (float64 → float32 may overflow)
+            if deep:  # a load: torch casts the entry to the parameter's dtype and device
                 validation.check_values(
-                    f"{where}['{k}']",
-                    sharding.local(state[k]).to(p.dtype),
-                    k == "exp_avg_sq",
+                    f"{where}['{k}']", sharding.local(state[k]), k == "exp_avg_sq", p.dtype
                 )
             elif (state[k].dtype, state[k].device) != (p.dtype, p.device):  # foreach AdamW's
                 raise ValueError(
@@ -196,10 +195,17 @@ class StateChecks:
         self._own_state_tensors()
         self._geometries.forget()  # torch keeps the caller's tensors, which a buffer may be
         for (gi, pi), value in sqrt_v.items():
-            group = self.param_groups[gi]
-            p = group["params"][pi]
-            if group.get("moment", "frame") == "frame":
-                self.state[p]["sqrt_v"] = value.to(p.device, sqrt_v_dtype(p.dtype)).clone()
+            p = self.param_groups[gi]["params"][pi]
+            if self.param_groups[gi].get("moment", "frame") == "frame":
+                self.state[p]["sqrt_v"] = value.to(
+                    p.device, self._sqrt_v_dtype(gi, p.dtype)
+                ).clone()
+
+    def _sqrt_v_dtype(self, gi: int, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a loaded √v is held in: ``sqrt_v_dtype`` for the frame moment (at least
+        float32), the parameter's own for the elementwise one (as torch casts it)."""
+        frame = self.param_groups[gi].get("moment", "frame") == "frame"
+        return sqrt_v_dtype(dtype) if frame else dtype
 
     def _own_state_tensors(self) -> None:
         """After a load: every state tensor a contiguous copy owned by this optimizer. torch
@@ -207,11 +213,15 @@ class StateChecks:
         without the copy a state dict taken from a live optimizer would share its tensors with
         that optimizer, and one tensor saved under two entries (as ``torch.save`` keeps it)
         would be shared between them; the steps write their state in place. Sharded state
-        (DTensors) is left to ``torch.distributed.checkpoint``, which loads into it in place."""
+        (DTensors) is left to ``torch.distributed.checkpoint``, which loads into it in place.
+        A step count saved in half precision is held in float32, torch's dtype for it (in
+        bfloat16 t + 1 rounds back to t from t = 256, and Adam's bias corrections would stop)."""
         for entry in self.state.values():
             for k, v in entry.items():
                 if isinstance(v, torch.Tensor) and not sharding.is_sharded(v):
                     entry[k] = v.clone(memory_format=torch.contiguous_format)
+                    if k == "step" and v.dtype.itemsize < 4:  # counts stop at 2/ε there
+                        entry[k] = v.to(torch.float32)
 
     def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
         where = f"param_groups[{gi}] of the state dict"
