@@ -109,6 +109,10 @@ def check_values(
             )
 
 
+class NotTangentError(ValueError):
+    """A vector (a stored moment) that is not tangent at its point (``check_tangent``)."""
+
+
 def check_tangent(where: str, geometry: Any, x: Sequence[Tensor], u: Sequence[Tensor]) -> None:
     """‖P_x(u) − u‖_x ≤ sqrt(ε)·‖u‖_x + tiny per frame, measured in float64 (module docstring);
     ``geometry`` is the optimizer's view of the point's geometry (``proj_tangent``,
@@ -124,7 +128,7 @@ def check_tangent(where: str, geometry: Any, x: Sequence[Tensor], u: Sequence[Te
     off = defect > bound
     if bool(off.any()):
         worst = int(torch.argmax((defect / bound).reshape(-1)))
-        raise ValueError(
+        raise NotTangentError(
             f"{where} is not tangent at the point: ‖P(m) − m‖ = "
             f"{float(defect.reshape(-1)[worst]):.3e} against ‖m‖ = "
             f"{float(size.reshape(-1)[worst]):.3e} (tolerance sqrt(ε) = "

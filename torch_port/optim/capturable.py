@@ -114,7 +114,9 @@ def adam_frames(
         a = torch.addcmul(x.float(), m.float(), coef[..., None, None].float()).to(x.dtype)
     else:
         a = torch.addcmul(x, m.to(x.dtype), coef[..., None, None].to(x.dtype))
-    y = polar_fixed(a, degree)
+    # lr = 0 (a Python number: torch.distributed.checkpoint's state-making step) does not
+    # move: R_W(0) = W exactly, where the polar factor of W would re-form it by rounding
+    y = x.clone() if isinstance(lr, (int, float)) and lr == 0 else polar_fixed(a, degree)
     moved = m - (y @ sym(transpose(y) @ m.to(y.dtype))).to(m.dtype)
     return y, moved, sv, torch.isfinite(linalg.max_abs(y).amax())
 
@@ -278,6 +280,8 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     every = [p for ps in frames.values() for p in ps] + [p for _, ps in plain for p in ps]
     if not every:
         return loss
+    if not torch.compiler.is_compiling():  # after a load, once (a host check)
+        opt._check_loaded_moments()
     devices = {p.device for p in every} | {
         g["lr"].device for g in opt.param_groups if isinstance(g["lr"], Tensor)
     }

@@ -94,7 +94,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
 
     #: Attributes of this optimizer kept by ``copy.deepcopy`` and pickling, beside torch's
     #: defaults, state and param_groups (torch's ``__getstate__`` keeps only those three).
-    _KEPT_ATTRIBUTES = ("rule", "skipped_steps", "skipped_on_device")
+    _KEPT_ATTRIBUTES = ("rule", "skipped_steps", "skipped_on_device", "_unverified")
 
     def __getstate__(self) -> dict[str, Any]:
         """torch's state and the attributes in ``_KEPT_ATTRIBUTES``; the per-point caches
@@ -233,6 +233,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         entries are counted only for a gradient whose sum is not finite."""
         for gi, pi, p in items:
             checks.gradient_layout(self._param_name(gi, pi, p), p)
+        self._check_loaded_moments()
         counts: list[int] = [0] * len(items)
         by_device: dict[torch.device, list[int]] = {}
         for k, (_, _, p) in enumerate(items):
@@ -402,7 +403,12 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         step, new = rule.update(geometry, x, g, state, t)
         u, c = step.resolve(geometry, x)
         try:
-            y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
+            if checks.is_real(group["lr"]) and group["lr"] == 0:
+                # R_x(0) = x exactly (torch.distributed.checkpoint's state-making step, a
+                # schedule at 0), where a retraction would re-form x by its rounding
+                y = tuple(t.clone() for t in x)
+            else:
+                y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
         except (ValueError, torch.linalg.LinAlgError):
             checks.step_size(x, u, c)  # names a step too large for the dtype as the cause
             raise

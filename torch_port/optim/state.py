@@ -2,7 +2,9 @@
 
 Nothing is loaded or stepped from a state that does not fit: the optimizer's entries with their
 exact shapes, real floating dtypes, finite values, √v and exp_avg_sq ≥ 0, integer step counts,
-and moments tangent at the current points within sqrt(ε)·‖m‖ (``torch_port.validation``).
+and moments tangent at the current points within sqrt(ε)·‖m‖ (``torch_port.validation``;
+for a load, at the points of the first step after it, since torch's ``set_state_dict`` loads the
+optimizer before the model).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ class StateChecks:
     state: Any
     param_groups: list[dict[str, Any]]
     _layouts: dict[tuple, dict[str, Any]]
+    #: Points whose loaded moments await the tangency check of the next step.
+    _unverified: set[tuple[int, int]] | frozenset = frozenset()
 
     def _expected_state(self, point: Point) -> dict[str, Any]:
         """The layout (key -> shape, or tuple of shapes) of the state of ``point``, from the
@@ -80,7 +84,8 @@ class StateChecks:
 
     def _check_state(self, point: Point, state: Any, deep: bool) -> None:
         """The stored state of ``point`` has this optimizer's keys and layout; with ``deep``
-        also finite entries, √v ≥ 0, an integer step and tangent moments (``validation``)."""
+        also finite entries, √v ≥ 0 and an integer step (``validation``), and moments tangent
+        at the point (``_check_moments``)."""
         where = f"state of {self._point_name(point)}"
         expected = self._expected_state(point)
         if not isinstance(state, dict) or set(state) != {"step", *expected}:
@@ -98,9 +103,35 @@ class StateChecks:
         for k in expected:
             dtype = self._sqrt_v_dtype(point.gi, held) if k == "sqrt_v" else held
             validation.check_values(f"{where}['{k}']", state[k], k == "sqrt_v", dtype)
+        self._check_moments(point, state)
+
+    def _check_moments(self, point: Point, state: dict[str, Any]) -> None:
+        """The transported entries of the state (moments) are tangent at the point as it is."""
+        where = f"state of {self._point_name(point)}"
         for k in self.rule(self.param_groups[point.gi]).transported:
             u = (state[k],) if point.single else tuple(state[k])
             validation.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
+
+    def _check_loaded_moments(self) -> None:
+        """Before the first step after a load: the moments that were not tangent at the points
+        the load saw (``load_state_dict`` defers them, since torch's ``set_state_dict`` loads
+        the optimizer before the model) must be tangent at the points now. Raises ValueError
+        before the step changes anything; nothing to do when every moment was tangent."""
+        if not self._unverified:
+            return
+        for gi, group in enumerate(self.param_groups):
+            if group.get("geometry") is None:
+                continue
+            for point in self._geometries.points(gi, group, all_=True):
+                if (gi, point.pis[0]) in self._unverified and self.state.get(point.key):
+                    try:
+                        self._check_moments(point, sharding.localize(self.state[point.key]))
+                    except ValueError as err:
+                        raise ValueError(
+                            f"{err}, after the state was loaded: the model's weights are not "
+                            "those the state was saved with; no parameter or state was changed"
+                        ) from None
+        self._unverified = set()
 
     def _check_plain_state(self, gi: int, pi: int, p: Tensor, state: Any, deep: bool) -> None:
         """The AdamW state of a plain parameter: step, exp_avg and exp_avg_sq of p's shape
@@ -148,8 +179,10 @@ class StateChecks:
         """torch's ``load_state_dict`` after checking everything it would load: the groups
         (same geometry and options as this optimizer's, valid hyperparameters), and the state
         of every parameter (this optimizer's entries and shapes, finite values, √v ≥ 0, integer
-        steps, moments tangent at the current points within sqrt(ε) of their dtype — load the
-        model's state first). A refused state dict changes nothing. The entries named in
+        steps; moments tangent at the points within sqrt(ε) of the coarser dtype, checked
+        here and, for those that are not tangent at the points as they are now, again by the
+        first step after the load, at the points as they are then). A refused state dict
+        changes nothing. The entries named in
         ``_OWN_ENTRIES`` keep this optimizer's values. √v keeps its documented
         dtype (at least float32; torch would cast it to the parameter's dtype, and in bfloat16
         √β2·√v rounds back to √v, so √v would stop decaying)."""
@@ -185,7 +218,7 @@ class StateChecks:
                 f"the state dict has state for parameter ids {unknown} that no group lists"
             )
         saved = state_dict["state"]
-        self._check_saved_state(saved, ids, saved_groups)
+        unverified = self._check_saved_state(saved, ids, saved_groups)
         sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
         before = [dict(group) for group in self.param_groups]
         super().load_state_dict(state_dict)
@@ -193,6 +226,7 @@ class StateChecks:
             for k, v in old.items():  # entries the saved groups lack keep this optimizer's values
                 group.setdefault(k, v)
         self._own_state_tensors()
+        self._unverified = unverified
         self._geometries.forget()  # torch keeps the caller's tensors, which a buffer may be
         for (gi, pi), value in sqrt_v.items():
             p = self.param_groups[gi]["params"][pi]
@@ -248,8 +282,11 @@ class StateChecks:
 
     def _check_saved_state(
         self, saved: dict[Any, Any], ids: dict[Any, tuple[int, int]], saved_groups: Sequence
-    ) -> None:
-        """Every saved state entry against the current parameters (``_check_state``)."""
+    ) -> set[tuple[int, int]]:
+        """Every saved state entry against the current parameters (``_check_state``); returns
+        the points (group, first parameter) whose moments are not tangent at the current
+        points, which the first step after the load checks again (``_check_loaded_moments``)."""
+        unverified: set[tuple[int, int]] = set()
         for gi, group in enumerate(self.param_groups):
             sids = list(saved_groups[gi]["params"])
             if group.get("geometry") is None:
@@ -274,4 +311,8 @@ class StateChecks:
                         f"other state for parameter ids {stray}"
                     )
                 if _given(entry):
-                    self._check_state(point, sharding.localize(entry), deep=True)
+                    try:
+                        self._check_state(point, sharding.localize(entry), deep=True)
+                    except validation.NotTangentError:
+                        unverified.add((gi, point.pis[0]))
+        return unverified
