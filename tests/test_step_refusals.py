@@ -574,3 +574,19 @@ def test_a_step_count_saved_in_half_precision_is_held_in_float32(dtype):
     for p in (w, b):
         assert opt.state[p]["step"].dtype == torch.float32
         assert float(opt.state[p]["step"]) == 258.0
+
+
+@pytest.mark.parametrize("value", [torch.tensor(1), 1.0], ids=["int64 tensor", "Python float"])
+def test_a_plain_step_count_of_another_kind_is_refused_before_the_frames_step(value):
+    """A plain parameter's step count set to an integer tensor or a Python number (torch's
+    layout before 1.12): torch's foreach AdamW refuses it, after the frames had stepped; the
+    step now checks it first."""
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    opt.state[b]["step"] = value
+    _grads(g, w, b)
+    before = [w.detach().clone(), *(v.clone() for v in opt.state[w].values())]
+    with pytest.raises(ValueError, match=r"param_groups\[1\].*\['step'\]: expected"):
+        opt.step()
+    assert _same(before, [w.detach().clone(), *(v.clone() for v in opt.state[w].values())])

@@ -67,9 +67,9 @@ def _check_not_meta(where: str, value: torch.Tensor) -> None:
         raise ValueError(f"{where}: a tensor on the meta device, which holds no values")
 
 
-def check_step(where: str, value: Any) -> None:
-    """The step count: a one-entry floating tensor (as torch's optimizers store it) holding an
-    integer 0 ≤ t < 2/ε of its dtype (beyond, t + 1 rounds back to t and the count stops)."""
+def check_step_layout(where: str, value: Any) -> None:
+    """The step count is a one-entry floating tensor (as torch's optimizers store it) with
+    values (not on the meta device). Metadata only: no host read."""
     if not isinstance(value, torch.Tensor):
         raise ValueError(
             f"{where}: expected the step count as a floating tensor, got {type(value).__name__}"
@@ -80,6 +80,12 @@ def check_step(where: str, value: Any) -> None:
             f"dtype {value.dtype}"
         )
     _check_not_meta(where, value)
+
+
+def check_step(where: str, value: Any) -> None:
+    """The step count: ``check_step_layout``, holding an integer 0 ≤ t < 2/ε of its dtype
+    (beyond, t + 1 rounds back to t and the count stops)."""
+    check_step_layout(where, value)
     t, top = float(value.item()), 2.0 / torch.finfo(value.dtype).eps
     if not (math.isfinite(t) and 0 <= t < top and t == int(t)):
         raise ValueError(

@@ -97,6 +97,7 @@ class StateChecks:
         for k, shape in expected.items():
             validation.check_layout(f"{where}['{k}']", state[k], shape)
         if not deep:
+            validation.check_step_layout(f"{where}['step']", state["step"])
             return
         validation.check_step(f"{where}['step']", state["step"])
         held = point.params[0].dtype  # a load casts the entries to it (√v: ``_sqrt_v_dtype``)
@@ -155,6 +156,8 @@ class StateChecks:
                 )
         if deep:
             validation.check_step(f"{where}['step']", state["step"])
+        else:  # torch's foreach AdamW would fail on it after the frames were written
+            validation.check_step_layout(f"{where}['step']", state["step"])
 
     # -- loading state -------------------------------------------------------------------------
     #: Group entries that fix the geometry of a group's points and the layout of their state.
