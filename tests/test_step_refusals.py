@@ -590,3 +590,39 @@ def test_a_plain_step_count_of_another_kind_is_refused_before_the_frames_step(va
     with pytest.raises(ValueError, match=r"param_groups\[1\].*\['step'\]: expected"):
         opt.step()
     assert _same(before, [w.detach().clone(), *(v.clone() for v in opt.state[w].values())])
+
+
+def test_load_hooks_see_and_change_what_is_checked_and_kept():
+    """torch runs load pre-hooks inside its own load, after the library had checked the
+    caller's dict: a pre-hook's NaN moments were loaded unchecked, a migrating pre-hook never
+    ran (the old dict was refused first) and a post-hook's √v was overwritten. Now the
+    pre-hooks run first and their result is checked, and the post-hooks run last."""
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+
+    def poison(_, d):
+        d = copy.deepcopy(d)
+        d["state"][0]["exp_avg"] = torch.full_like(d["state"][0]["exp_avg"], math.nan)
+        return d
+
+    handle = opt.register_load_state_dict_pre_hook(poison)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=r"\['exp_avg'\]: 48 non-finite entries"):
+        opt.load_state_dict(sd)
+    assert _same(before, _snapshot(opt, w, b))
+    handle.remove()
+
+    old = copy.deepcopy(sd)  # an earlier layout: √v saved as "v_root"
+    old["state"][0]["v_root"] = old["state"][0].pop("sqrt_v")
+
+    def migrate(_, d):
+        d = copy.deepcopy(d)
+        d["state"][0]["sqrt_v"] = d["state"][0].pop("v_root")
+        return d
+
+    opt.register_load_state_dict_pre_hook(migrate)
+    opt.register_load_state_dict_post_hook(lambda o: o.state[w]["sqrt_v"].mul_(2.0))
+    opt.load_state_dict(old)
+    assert torch.equal(opt.state[w]["sqrt_v"], 2.0 * sd["state"][0]["sqrt_v"])

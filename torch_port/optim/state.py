@@ -185,10 +185,29 @@ class StateChecks:
         steps; moments tangent at the points within sqrt(ε) of the coarser dtype, checked
         here and, for those that are not tangent at the points as they are now, again by the
         first step after the load, at the points as they are then). A refused state dict
-        changes nothing. The entries named in
-        ``_OWN_ENTRIES`` keep this optimizer's values. √v keeps its documented
-        dtype (at least float32; torch would cast it to the parameter's dtype, and in bfloat16
-        √β2·√v rounds back to √v, so √v would stop decaying)."""
+        changes nothing. The entries named in ``_OWN_ENTRIES`` keep this optimizer's values.
+        √v keeps its documented dtype (at least float32; torch would cast it to the
+        parameter's dtype, and in bfloat16 √β2·√v rounds back to √v, so √v would stop
+        decaying). The load pre-hooks run first, so that what they return is what is
+        checked and loaded, and the post-hooks last, after this optimizer's own changes."""
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        pre, post = (
+            self._optimizer_load_state_dict_pre_hooks,
+            self._optimizer_load_state_dict_post_hooks,
+        )
+        self._optimizer_load_state_dict_pre_hooks = type(pre)()
+        self._optimizer_load_state_dict_post_hooks = type(post)()
+        try:
+            self._checked_load(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = pre
+            self._optimizer_load_state_dict_post_hooks = post
+        for post_hook in post.values():
+            post_hook(self)
+
+    def _checked_load(self, state_dict: Any) -> None:
         if not (
             isinstance(state_dict, dict)
             and isinstance(state_dict.get("state"), dict)
