@@ -237,3 +237,21 @@ def test_torch_distributed_checkpoint_helpers_resume_bitwise(order):
         opt.step()
         opt2.step()
     assert torch.equal(m.w, m2.w) and torch.equal(m.b, m2.b)
+
+
+def test_a_compiled_first_capturable_step_counts_its_skips():
+    """``skipped_on_device`` is made with the optimizer: when it was made by the first step,
+    a compiled first step lost it (Dynamo does not keep an attribute the traced code sets)
+    and the skips of later steps were not counted."""
+    w, b, opt, g = _model(True)
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, backend="eager", fullgraph=True)
+    for k in range(3):
+        opt.zero_grad()
+        _loss(w, b, g).backward()
+        if k == 1:
+            w.grad[0, 0, 0] = float("nan")
+        before = w.detach().clone()
+        step()
+        assert torch.equal(w, before) == (k == 1)
+    assert float(opt.skipped_on_device) == 1.0

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import torch
+
 from torch_port.linalg import Tensor
 from torch_port.optim import capturable, checks, transforms
 from torch_port.optim.optimizer import ChainOptimizer
@@ -79,8 +81,12 @@ class RiemannianAdam(ChainOptimizer):
         capturable: bool = False,
     ):
         super().__init__(params, **hyperparameters(locals()))
-        #: Steps skipped for a non-finite gradient or frame (capturable=True), on the device.
+        #: Steps skipped for a non-finite gradient or frame (capturable=True), on the device
+        #: of the parameters: made here, so that a compiled first step counts into it too.
         self.skipped_on_device: Tensor | None = None
+        if capturable and self.param_groups and self.param_groups[0]["params"]:
+            device = self.param_groups[0]["params"][0].device
+            self.skipped_on_device = torch.zeros((), dtype=torch.float32, device=device)
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
