@@ -255,3 +255,32 @@ def test_a_compiled_first_capturable_step_counts_its_skips():
         step()
         assert torch.equal(w, before) == (k == 1)
     assert float(opt.skipped_on_device) == 1.0
+
+
+def test_a_tensor_lr_scheduled_to_zero_reloads_adds_groups_and_resumes_eagerly():
+    """A capturable optimizer with a 0-d tensor lr under a schedule that reaches 0: its state
+    dict loads back, a group added then (torch gives it the same tensor) is accepted, and the
+    checkpoint resumes in an eager optimizer, whose lr it holds as a number."""
+    w, b, opt, g = _model(True)
+    for group in opt.param_groups:
+        group["lr"] = torch.tensor(1e-2, dtype=torch.float64)
+    sched = torch.optim.lr_scheduler.PolynomialLR(opt, total_iters=2, power=1.0)
+    for _ in range(3):
+        opt.zero_grad()
+        _loss(w, b, g).backward()
+        opt.step()
+        sched.step()
+    assert all(float(group["lr"]) == 0.0 for group in opt.param_groups)
+    sd = copy.deepcopy(opt.state_dict())
+    opt.load_state_dict(sd)
+    opt.add_param_group({"params": [torch.nn.Parameter(torch.ones(2, dtype=torch.float64))]})
+    w2, b2, eager, _ = _model(False)
+    with torch.no_grad():
+        w2.copy_(w)
+        b2.copy_(b)
+    eager.load_state_dict(sd)
+    assert all(group["lr"] == 0.0 for group in eager.param_groups)
+    eager.zero_grad()
+    _loss(w2, b2, g).backward()
+    eager.step()  # lr = 0: the frames do not move
+    assert torch.equal(w2, w)

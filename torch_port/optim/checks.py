@@ -57,9 +57,10 @@ def is_real(v: Any) -> bool:
 
 
 def tensor_lr(lr: Any, capturable: bool) -> float:
-    """A learning rate given as a tensor: a 0-d floating tensor with a positive finite value,
-    only for ``capturable=True`` (whose step reads it on the device, so a scheduler's in-place
-    ``fill_`` changes it without a recompilation); its value is read here, once."""
+    """A learning rate given as a tensor: a 0-d floating tensor with a finite value ≥ 0 (a
+    scheduler may take it to 0, and groups added then share it), only for ``capturable=True``
+    (whose step reads it on the device, so a scheduler's in-place ``fill_`` changes it without
+    a recompilation); its value is read here, once."""
     if not capturable:
         raise ValueError(
             "a tensor lr needs capturable=True (the eager step reads lr on the host); pass a "
@@ -70,7 +71,7 @@ def tensor_lr(lr: Any, capturable: bool) -> float:
             f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}, dtype "
             f"{lr.dtype}"
         )
-    return positive("lr", float(lr))
+    return nonnegative("lr", float(lr))
 
 
 def _python_number(name: str, v: Any) -> None:
