@@ -388,8 +388,8 @@ def test_a_tensor_lr_changes_under_a_scheduler_without_recompiling():
         (torch.tensor(1e-2), False, "tensor lr needs capturable=True"),
         (torch.tensor([1e-2]), True, "0-d floating tensor"),
         (torch.tensor(1), True, "0-d floating tensor"),
-        (torch.tensor(-1e-2), True, "lr must be a positive finite number"),
-        (torch.tensor(float("nan")), True, "lr must be a positive finite number"),
+        (torch.tensor(-1e-2), True, "lr must be a finite number ≥ 0"),
+        (torch.tensor(float("nan")), True, "lr must be a finite number ≥ 0"),
     ],
 )
 def test_a_tensor_lr_is_checked(lr, cap, message):

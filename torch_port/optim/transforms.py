@@ -184,15 +184,11 @@ def _trust_factor(norm: Tensor, radius: float) -> Tensor:
 
 
 def _trust_capped(c: Tensor, n: Tensor, radius: float) -> Tensor:
-    """c·min(1, Δ/(|c|·n)) per frame, the step factor of ξ = c·u capped at ‖ξ‖ ≤ Δ (n = ‖u‖).
-    Where |c|·n overflows the dtype (a learning rate near its largest value, or c already
-    infinite), the capped factor is what that product equals, sign(c)·Δ/n; where n = 0 it is
-    0 (the step is 0 whatever c)."""
-    norm = c.abs() * n
-    capped = c * _trust_factor(norm, radius)
-    if bool(torch.isfinite(norm).all()):
-        return capped
-    capped = torch.where(torch.isinf(norm), torch.sign(c) * _rdiv(radius, n), capped)
+    """The step factor of ξ = c·u capped at ‖ξ‖ ≤ Δ (n = ‖u‖ per frame): c where |c|·n ≤ Δ,
+    sign(c)·Δ/n beyond, written as sign(c)·min(|c|, Δ/n) so that |c|·n, which overflows or
+    leaves Δ/(|c|·n) subnormal for a learning rate near the dtype's largest value, is never
+    formed; 0 where n = 0 (the step is 0 whatever c, even an infinite one)."""
+    capped = torch.sign(c) * torch.minimum(c.abs(), _rdiv(radius, n))
     return torch.where(n > 0, capped, torch.zeros_like(capped))
 
 
