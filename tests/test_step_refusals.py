@@ -626,3 +626,35 @@ def test_load_hooks_see_and_change_what_is_checked_and_kept():
     opt.register_load_state_dict_post_hook(lambda o: o.state[w]["sqrt_v"].mul_(2.0))
     opt.load_state_dict(old)
     assert torch.equal(opt.state[w]["sqrt_v"], 2.0 * sd["state"][0]["sqrt_v"])
+
+
+@pytest.mark.parametrize("retraction", ["polar", "polar_svd", "qr", "exp"])
+def test_a_step_too_large_for_the_dtype_is_named_for_every_stiefel_retraction(retraction):
+    """The QR and exponential retractions do not raise on an overflowing step: they make a
+    non-finite point, which the step then names by the step's size, as it names a retraction
+    that raises."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float32))
+    group = {"params": [w], "geometry": "stiefel", "retraction": retraction}
+    opt = tp.RiemannianAdam([group], lr=1e38)
+    _grads(g, w)
+    before = w.detach().clone()
+    with pytest.raises(ValueError, match=r"the step c·ξ has entries up to .*, beyond √"):
+        opt.step()
+    assert torch.equal(w, before) and not opt.state
+
+
+def test_the_step_size_is_taken_frame_by_frame():
+    """ξ = c·u per frame: a large |u| in one frame with a small c there, and a large c where
+    u = 0, is a small step, which the check does not blame (max|c|·max|u| would be 1e25)."""
+    from torch_port.optim import checks
+    from torch_port.optim.points import Geometries
+
+    geometry = Geometries().stiefel({"geometry": "stiefel"}, torch.zeros(2, 8, 3))
+    x = (tp.Stiefel(8, 3).random_point(torch.Generator().manual_seed(0), (2,)),)
+    u = torch.zeros(2, 8, 3)
+    u[0, 0, 0] = 1e15
+    c = torch.tensor([1e-10, 1e10])  # float32: the limit is √(3.4e38) = 1.8e19
+    checks.step_size(geometry, x, (u,), c)  # returns: the step's largest entry is 1e5
+    with pytest.raises(ValueError, match=r"entries up to 1\.000e\+25"):
+        checks.step_size(geometry, x, (u,), c.flip(0))

@@ -177,16 +177,20 @@ def gradient_layout(name: str, p: Any) -> None:
     raise ValueError(f"the gradient of {name} {problem}; no parameter or state was changed")
 
 
-def step_size(x: Any, u: Any, c: Any) -> None:
-    """After a retraction of x by ξ = c·u failed: when x and u are finite and ξ's entries
-    reach √(largest value) of the dtype, where the retractions' products of ξ (Grams, the
-    factorisations of W + ξ) overflow, raise ValueError naming the step's size as the cause (a
-    learning rate too large for the dtype). Else return, and the retraction's error stands."""
+def step_size(geometry: Any, x: Any, u: Any, c: Any) -> None:
+    """After a retraction of x by ξ = c·u failed or made a non-finite point: when x and u are
+    finite and ξ's largest entry (c·u formed frame by frame in float64; c may be infinite)
+    reaches √(largest
+    value) of the dtype, where the retractions' products of ξ (Grams, the factorisations of
+    W + ξ) overflow, raise ValueError naming the step's size as the cause (a learning rate too
+    large for the dtype). Else return, and the retraction's error stands."""
     if not all(bool(torch.isfinite(t).all()) for t in (*x, *u)):
         return
-    top = max(float(t.abs().max()) if t.numel() else 0.0 for t in u)
+    xi = tuple(t.to(torch.float64) for t in u)
     if c is not None:
-        top *= float(c.abs().max()) if isinstance(c, torch.Tensor) else abs(c)
+        xi = geometry.scale_frames(xi, c.to(torch.float64))
+    # an infinite c times a zero entry of u is a zero entry of ξ (NaN only from a NaN c)
+    top = max(float(torch.where(t.isnan(), 0.0, t).abs().max()) if t.numel() else 0.0 for t in xi)
     limit = math.sqrt(torch.finfo(u[0].dtype).max)
     if not math.isnan(top) and top >= limit:
         raise ValueError(

@@ -410,13 +410,14 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             else:
                 y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
         except (ValueError, torch.linalg.LinAlgError):
-            checks.step_size(x, u, c)  # names a step too large for the dtype as the cause
+            checks.step_size(geometry, x, u, c)  # names a step too large for the dtype
             raise
         if not geometry.retraction_checks_finite:
             sums = torch.stack([t.sum().to(torch.float64) for t in y])
             if not bool(torch.isfinite(sums).all()):
                 bad = int(sum((~torch.isfinite(t)).sum() for t in y))
                 if bad:
+                    checks.step_size(geometry, x, u, c)
                     raise ValueError(f"the point after this step has {bad} non-finite entries")
         for key in rule.transported:
             new[key] = geometry.transport_owned(x, y, new[key])
