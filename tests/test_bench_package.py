@@ -108,11 +108,13 @@ def test_the_model_benchmark_counts_gpt2_small_and_runs_at_a_small_size() -> Non
 
 
 def test_the_route_floor_takes_the_steps_route() -> None:
-    """One call of ``RouteFloor`` (its moment starting at m0 = g = P_W(G)) is the step's
-    arithmetic: m = β1·m0 + (1 − β1)·g, A = W − lr·m/RMS(g) per frame, Y = polar(A) and m
-    transported to P_Y(m), compared with the same step formed independently (Y = UVᵀ from
-    the SVD of A). In float64 both sides agree to rounding: the polar factor of A, κ(A) ≤ 1.1,
-    to about κ·r·u ≈ 1e-14, and the rest are a few products of unit-sized frames."""
+    """One call of ``RouteFloor`` is the step's arithmetic: from a moment m0 (set here to a
+    tangent vector other than g, so that β1 and the moment's role are seen), m = β1·m0 +
+    (1 − β1)·g with g = P_W(G), A = W − lr·m/RMS(g) per frame, Y = polar(A) and m transported
+    to P_Y(m), compared with the same step formed independently (Y = UVᵀ from the SVD of A).
+    In float64 both sides agree to rounding: the polar factor of A, κ(A) ≤ 1.1, to about
+    κ·r·u ≈ 1e-14, and the rest are a few products of unit-sized frames. Controls: the same
+    comparison with β1 taken as 0.1, and without the transport, fails."""
     torch = pytest.importorskip("torch")
     from proofs_checks.bench.floors import PORT_LR, RouteFloor
 
@@ -120,20 +122,30 @@ def test_the_route_floor_takes_the_steps_route() -> None:
     w = torch.linalg.qr(torch.randn(2, 3, 24, 4, generator=gen, dtype=torch.float64))[0]
     p = torch.nn.Parameter(w.clone())
     p.grad = torch.randn(w.shape, generator=gen, dtype=torch.float64)
-    floor = RouteFloor([p])
-    floor.step()
-    m_floor, _, _, y_floor = floor.bufs[0]
 
     def proj(x, z):
         s = x.transpose(-1, -2) @ z
         return z - x @ (0.5 * (s + s.transpose(-1, -2)))
 
+    m0 = proj(w, torch.randn(w.shape, generator=gen, dtype=torch.float64))
+    floor = RouteFloor([p])
+    floor.bufs[0][0].copy_(m0.view_as(floor.bufs[0][0]))
+    floor.step()
+    m_floor, _, _, y_floor = (t.view_as(w) for t in floor.bufs[0])
+
     g = proj(w, p.grad)
-    m = 0.9 * g + 0.1 * g
     rms = torch.linalg.vector_norm(g, dim=(-2, -1), keepdim=True) / math.sqrt(24 * 4)
-    u, _, vh = torch.linalg.svd(w - PORT_LR * m / rms, full_matrices=False)
-    y = u @ vh
-    assert float((y_floor.view_as(y) - y).abs().max()) <= 1e-13
-    assert float((m_floor.view_as(m) - proj(y, m)).abs().max()) <= 1e-13
-    assert float((y - w).abs().max()) > 1e-4  # the step moved the frames
+
+    def step(beta1: float, transport: bool) -> tuple:
+        m = beta1 * m0 + (1 - beta1) * g
+        u, _, vh = torch.linalg.svd(w - PORT_LR * m / rms, full_matrices=False)
+        y = u @ vh
+        return y, (proj(y, m) if transport else m)
+
+    def gap(y, m) -> float:
+        return max(float((y_floor - y).abs().max()), float((m_floor - m).abs().max()))
+
+    assert gap(*step(0.9, True)) <= 1e-13
+    assert gap(*step(0.1, True)) > 1e-3 and gap(*step(0.9, False)) > 1e-3  # controls
+    assert float((y_floor - w).abs().max()) > 1e-4  # the step moved the frames
     assert torch.equal(p.detach(), w)  # the floor writes its buffers, not the parameter

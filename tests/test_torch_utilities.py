@@ -76,25 +76,34 @@ def test_one_cycle_sets_lr_and_beta1_and_the_steps_use_them(cap):
         betas.append(opt.param_groups[0]["betas"][0])
     assert len(set(betas)) > 2  # β1 cycled in the frame group
     assert float(ST.residual(w.detach()).max()) <= ON_ST
-    # a copy that never saw the schedule, given its last lr and β1 before one more step,
-    # steps as the scheduled optimizer does: the step reads the groups as they are
-    twin_w = torch.nn.Parameter(w.detach().clone())
-    twin_b = torch.nn.Parameter(b.detach().clone())
-    twin = tp.RiemannianAdam(
-        [{"params": [twin_w], "geometry": "stiefel"}, {"params": [twin_b]}],
-        lr=1e-2,
-        trust_radius=0.5,
-        capturable=cap,
-    )
-    twin.load_state_dict(opt.state_dict())
-    for group, other in zip(twin.param_groups, opt.param_groups, strict=True):
-        assert group["lr"] == other["lr"] and group["betas"] == other["betas"]
+    # twins that never saw the schedule, built with the scheduled lr and β1 (and a control
+    # with another lr), take the state and step from the same gradients: the step uses the
+    # groups' values, which are not the optimizer's constructor defaults here
+    lr, b1 = opt.param_groups[0]["lr"], opt.param_groups[0]["betas"][0]
+    assert lr != opt.defaults["lr"] and b1 != opt.defaults["betas"][0]
     grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in (w, b)]
-    for p, q, grad in zip((w, b), (twin_w, twin_b), grads, strict=True):
-        p.grad, q.grad = grad.clone(), grad.clone()
+    twins = []
+    for twin_lr in (lr, 2 * lr):
+        tw = torch.nn.Parameter(w.detach().clone())
+        tb = torch.nn.Parameter(b.detach().clone())
+        twin = tp.RiemannianAdam(
+            [{"params": [tw], "geometry": "stiefel"}, {"params": [tb]}],
+            lr=twin_lr,
+            betas=(b1, 0.999),
+            trust_radius=0.5,
+            capturable=cap,
+        )
+        sd = copy.deepcopy(opt.state_dict())
+        for group in sd["param_groups"]:
+            group.update(lr=twin_lr, betas=(b1, 0.999))
+        twin.load_state_dict(sd)
+        tw.grad, tb.grad = grads[0].clone(), grads[1].clone()
+        twin.step()
+        twins.append((tw, tb))
+    w.grad, b.grad = grads[0].clone(), grads[1].clone()
     opt.step()
-    twin.step()
-    assert torch.equal(w, twin_w) and torch.equal(b, twin_b)
+    assert torch.equal(w, twins[0][0]) and torch.equal(b, twins[0][1])
+    assert not torch.equal(w, twins[1][0]) and not torch.equal(b, twins[1][1])
 
 
 @pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
