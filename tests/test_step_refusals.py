@@ -330,7 +330,7 @@ def test_a_trust_region_caps_a_step_whose_factor_overflows():
     """With a trust radius Δ the step has length min(‖c·u‖, Δ) for any lr: at lr = 1e38 in
     float32 (c·u beyond the dtype) the step is ξ = −Δ·u/‖u‖ per frame, the step it takes at
     lr = 1e20 (c·u finite, capped the usual way). The two agree to float32 rounding: ‖ξ‖ = 0.5,
-    so the polar factors of W + ξ differ by a few ulps of entries ≤ 1 (bound 1e-5 = 80 u₃₂).
+    so the polar factors of W + ξ differ by a few ulps of entries ≤ 1 (bound 1e-5 ≈ 170 u₃₂).
     (The capturable step refuses such an lr at construction: its step factor overflows.)"""
     frames = []
     for lr in (1e38, 1e20):

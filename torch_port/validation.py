@@ -82,15 +82,16 @@ def check_step_layout(where: str, value: Any) -> None:
     _check_not_meta(where, value)
 
 
-def check_step(where: str, value: Any) -> None:
-    """The step count: ``check_step_layout``, holding an integer 0 ≤ t < 2/ε of its dtype
-    (beyond, t + 1 rounds back to t and the count stops)."""
+def check_step(where: str, value: Any, held: torch.dtype | None = None) -> None:
+    """The step count: ``check_step_layout``, holding an integer 0 ≤ t < 2/ε of its dtype, or
+    of ``held`` when it will be cast to that (beyond, t + 1 rounds back to t and the count
+    stops)."""
     check_step_layout(where, value)
-    t, top = float(value.item()), 2.0 / torch.finfo(value.dtype).eps
+    dtype = value.dtype if held is None else held
+    t, top = float(value.item()), 2.0 / torch.finfo(dtype).eps
     if not (math.isfinite(t) and 0 <= t < top and t == int(t)):
         raise ValueError(
-            f"{where}: the step count must be an integer in [0, {top:.0f}) for {value.dtype}, "
-            f"got {t!r}"
+            f"{where}: the step count must be an integer in [0, {top:.0f}) for {dtype}, got {t!r}"
         )
 
 

@@ -70,7 +70,7 @@ def _port_sizes(d: int, r: int) -> list[dict[str, Any]]:
 
 def check_port_sizes(d: int, r: int, sizes: list[dict[str, Any]] | None = None) -> None:
     """Refuse, before torch is imported or anything allocated, sizes ``bench_port`` cannot run:
-    not 1 ≤ r ≤ d, or an estimated peak above ``memory_limit``. The estimate: 60 float64 copies
+    not 1 ≤ r ≤ d, or an estimated peak above ``memory_limit``. The estimate: 64 float64 copies
     of every frame (d×r, with an r×r matrix) of ``sizes`` (default ``_port_sizes(d, r)``): every
     candidate holds its own frames, gradients and state or buffers, and the capturable rows
     make frame-sized temporaries; the peak resident set of a run at the defaults was 58 such
@@ -79,7 +79,7 @@ def check_port_sizes(d: int, r: int, sizes: list[dict[str, Any]] | None = None) 
         raise ValueError(f"bench port needs 1 ≤ r ≤ d, got d={d}, r={r}")
     sizes = _port_sizes(d, r) if sizes is None else sizes
     entries = sum(s["params"] * math.prod(s["batch"]) * (s["d"] + s["r"]) * s["r"] for s in sizes)
-    require_memory(f"bench port at d={d}, r={r}", 8 * 60 * entries)
+    require_memory(f"bench port at d={d}, r={r}", 8 * 64 * entries)
 
 
 def _state_bytes(opt: Any) -> int:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from torch_port.optim import sharding
+
 #: Geometries whose points are frames (orthonormal factors): weight decay does nothing there.
 FRAME_GEOMETRIES = frozenset(
     {"stiefel"}
@@ -139,8 +141,9 @@ def parameter_layouts(group: dict[str, Any], params: Any) -> None:
     for p in params:
         if not p.dtype.is_floating_point or p.is_complex():
             raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
-        local = p.to_local() if hasattr(p, "to_local") else p  # a DTensor: this rank's shard
-        if torch._debug_has_internal_overlap(local.detach()) == 1:
+        local = sharding.local(p.detach())
+        # torch has no public test of internal overlap; this one answers 1 for "overlaps"
+        if torch._debug_has_internal_overlap(local) == 1:
             raise ValueError(
                 f"a parameter of shape {tuple(p.shape)} with strides {local.stride()} has "
                 "entries that share memory (an expanded tensor); the step writes parameters "

@@ -99,7 +99,7 @@ class StateChecks:
         if not deep:
             validation.check_step_layout(f"{where}['step']", state["step"])
             return
-        validation.check_step(f"{where}['step']", state["step"])
+        validation.check_step(f"{where}['step']", state["step"], self._step_dtype())
         held = point.params[0].dtype  # a load casts the entries to it (√v: ``_sqrt_v_dtype``)
         for k in expected:
             dtype = self._sqrt_v_dtype(point.gi, held) if k == "sqrt_v" else held
@@ -155,7 +155,7 @@ class StateChecks:
                     "parameter's dtype and device"
                 )
         if deep:
-            validation.check_step(f"{where}['step']", state["step"])
+            validation.check_step(f"{where}['step']", state["step"], self._step_dtype())
         else:  # torch's foreach AdamW would fail on it after the frames were written
             validation.check_step_layout(f"{where}['step']", state["step"])
 
@@ -260,6 +260,11 @@ class StateChecks:
         float32), the parameter's own for the elementwise one (as torch casts it)."""
         frame = self.param_groups[gi].get("moment", "frame") == "frame"
         return sqrt_v_dtype(dtype) if frame else dtype
+
+    def _step_dtype(self) -> torch.dtype | None:
+        """The dtype torch's load casts step counts to: float32 for a capturable optimizer
+        (as for torch's own), else None (kept as saved)."""
+        return torch.float32 if self.defaults.get("capturable") else None
 
     def _own_values(self, saved: dict[str, Any]) -> dict[str, Any]:
         """The entries of a saved group that this optimizer sets itself: its ``_OWN_ENTRIES``,
