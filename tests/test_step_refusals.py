@@ -271,14 +271,16 @@ def test_numpy_scalars_as_hyperparameters_are_refused_as_such():
 
 
 @pytest.mark.parametrize("gi", [0, 1])
-def test_a_saved_state_entry_that_is_not_a_dict_is_refused_with_its_type(gi):
+@pytest.mark.parametrize("entry", [torch.zeros(3), None], ids=["tensor", "None"])
+def test_a_saved_state_entry_that_is_not_a_dict_is_refused_with_its_type(gi, entry):
     w, b, opt, g = _model()
     _grads(g, w, b)
     opt.step()
     sd = copy.deepcopy(opt.state_dict())
-    sd["state"][gi] = torch.zeros(3)
+    sd["state"][gi] = entry
     before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"expected the .*entries .*, got Tensor"):
+    kind = type(entry).__name__
+    with pytest.raises(ValueError, match=rf"state entries must be dicts; got {{{gi}: '{kind}'}}"):
         opt.load_state_dict(sd)
     assert _same(before, _snapshot(opt, w, b))
 
@@ -658,3 +660,45 @@ def test_the_step_size_is_taken_frame_by_frame():
     checks.step_size(geometry, x, (u,), c)  # returns: the step's largest entry is 1e5
     with pytest.raises(ValueError, match=r"entries up to 1\.000e\+25"):
         checks.step_size(geometry, x, (u,), c.flip(0))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda sd: sd["state"][1].update(exp_avg=sd["state"][1]["exp_avg"].to_sparse()),
+            r"\['exp_avg'\]: a torch.sparse_coo tensor, where the state is held dense",
+        ),
+        (
+            lambda sd: sd["param_groups"][1].update(params=[[1]]),
+            r"param_groups\[1\] of the state dict: params\[0\] is \[1\], not a parameter id",
+        ),
+    ],
+    ids=["sparse state", "unhashable id"],
+)
+def test_hand_edited_state_dicts_are_refused_by_name(edit, message):
+    """A sparse state tensor and a parameter id that is a list gave raw internal errors."""
+    w, b, opt, g = _model()
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    edit(sd)
+    before = _snapshot(opt, w, b)
+    with pytest.raises(ValueError, match=message):
+        opt.load_state_dict(sd)
+    assert _same(before, _snapshot(opt, w, b))
+
+
+def test_a_one_entry_step_count_of_shape_1_loads_as_0_d_for_both_steps():
+    """A step count of shape (1,) passed the load and then failed the capturable step's layout
+    check; it is held 0-d, as torch's optimizers hold it."""
+    w, b, opt, g = _model(True)
+    _grads(g, w, b)
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][0]["step"] = sd["state"][0]["step"].reshape(1)
+    opt.load_state_dict(sd)
+    assert opt.state[w]["step"].shape == ()
+    _grads(g, w, b)
+    opt.step()
+    assert float(opt.state[w]["step"]) == 2.0

@@ -57,6 +57,8 @@ def check_layout(where: str, value: Any, expected: Any) -> None:
         )
     if not value.dtype.is_floating_point:
         raise ValueError(f"{where}: expected a real floating tensor, got dtype {value.dtype}")
+    if value.layout != torch.strided:
+        raise ValueError(f"{where}: a {value.layout} tensor, where the state is held dense")
     _check_not_meta(where, value)
     if tuple(value.shape) != tuple(expected):
         raise ValueError(f"{where}: expected shape {tuple(expected)}, got {tuple(value.shape)}")

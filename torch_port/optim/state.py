@@ -231,7 +231,19 @@ class StateChecks:
         for gi, (saved, group) in enumerate(zip(saved_groups, self.param_groups, strict=True)):
             self._check_saved_group(gi, saved, group)
             for pi, sid in enumerate(saved["params"]):
+                if not isinstance(sid, int | str) or isinstance(sid, bool):
+                    raise ValueError(
+                        f"param_groups[{gi}] of the state dict: params[{pi}] is {sid!r}, not a "
+                        "parameter id (an int, or a name)"
+                    )
                 ids[sid] = (gi, pi)
+        bad = {
+            k: type(v).__name__ for k, v in state_dict["state"].items() if not isinstance(v, dict)
+        }
+        if bad:
+            raise ValueError(
+                f"the state dict's state entries must be dicts; got {bad} (parameter id: type)"
+            )
         unknown = [k for k in state_dict["state"] if k not in ids]
         if unknown:
             raise ValueError(
@@ -283,14 +295,17 @@ class StateChecks:
         that optimizer, and one tensor saved under two entries (as ``torch.save`` keeps it)
         would be shared between them; the steps write their state in place. Sharded state
         (DTensors) is left to ``torch.distributed.checkpoint``, which loads into it in place.
-        A step count saved in half precision is held in float32, torch's dtype for it (in
-        bfloat16 t + 1 rounds back to t from t = 256, and Adam's bias corrections would stop)."""
+        A step count is held 0-d, as torch's optimizers hold it, and one saved in half
+        precision in float32 (in bfloat16 t + 1 rounds back to t from t = 256, and Adam's
+        bias corrections would stop)."""
         for entry in self.state.values():
             for k, v in entry.items():
                 if isinstance(v, torch.Tensor) and not sharding.is_sharded(v):
                     entry[k] = v.clone(memory_format=torch.contiguous_format)
-                    if k == "step" and v.dtype.itemsize < 4:  # counts stop at 2/ε there
-                        entry[k] = v.to(torch.float32)
+                    if k == "step":  # 0-d (one entry was checked), at least float32
+                        entry[k] = entry[k].reshape(())
+                        if v.dtype.itemsize < 4:  # counts stop at 2/ε there
+                            entry[k] = entry[k].to(torch.float32)
 
     def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
         where = f"param_groups[{gi}] of the state dict"
