@@ -702,3 +702,13 @@ def test_a_one_entry_step_count_of_shape_1_loads_as_0_d_for_both_steps():
     _grads(g, w, b)
     opt.step()
     assert float(opt.state[w]["step"]) == 2.0
+
+
+@pytest.mark.parametrize("geometry", ["stiefel", None])
+def test_parameters_on_the_meta_device_are_refused_by_name(geometry):
+    """A model built on the meta device has no values to check or step (the point check read
+    one and failed inside torch); the optimizer is refused until the model is materialised."""
+    p = torch.nn.Parameter(torch.empty(2, 8, 3, device="meta"))
+    group = {"params": [p]} if geometry is None else {"params": [p], "geometry": geometry}
+    with pytest.raises(ValueError, match=r"shape \(2, 8, 3\) is on the meta device"):
+        tp.RiemannianAdam([group], lr=1e-2)

@@ -134,14 +134,20 @@ def plain_eps(group: dict[str, Any]) -> None:
 
 
 def parameter_layouts(group: dict[str, Any], params: Any) -> None:
-    """The parameters of a group can be stepped: a real floating dtype, no two entries in one
-    memory location (an expanded tensor, which torch refuses to write in place, after the
-    step has written other parameters); and for a geometry group at least one entry and, for
-    a Stiefel group, frames (..., d, r) with 1 ≤ r ≤ d."""
+    """The parameters of a group can be stepped: a real floating dtype, values (not on the meta
+    device), no two entries in one memory location (an expanded tensor, which torch refuses to
+    write in place, after the step has written other parameters); and for a geometry group at
+    least one entry and, for a Stiefel group, frames (..., d, r) with 1 ≤ r ≤ d."""
     for p in params:
         if not p.dtype.is_floating_point or p.is_complex():
             raise TypeError(f"parameters must have a real floating dtype, got {p.dtype}")
         local = sharding.local(p.detach())
+        if local.device.type == "meta":
+            raise ValueError(
+                f"a parameter of shape {tuple(p.shape)} is on the meta device, which holds no "
+                "values: build the optimizer after the model is materialised (to_empty and "
+                "its initialisation)"
+            )
         # torch has no public test of internal overlap; this one answers 1 for "overlaps"
         if torch._debug_has_internal_overlap(local) == 1:
             raise ValueError(
