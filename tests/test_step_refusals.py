@@ -47,6 +47,15 @@ def _same(a: list, b: list) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def _refused_step(opt, message: str, *ps) -> None:
+    """opt.step() raises ValueError matching ``message`` and changes no parameter of ``ps``
+    and none of their state."""
+    before = _snapshot(opt, *ps)
+    with pytest.raises(ValueError, match=message):
+        opt.step()
+    assert _same(before, _snapshot(opt, *ps))
+
+
 AFTER_CONSTRUCTION = {
     "plain lr NaN": (1, "lr", math.nan, r"param_groups\[1\]: lr must be a positive finite number"),
     "plain beta1 = 1": (1, "betas", (1.0, 0.999), r"param_groups\[1\]: beta1 must lie in \[0, 1\)"),
@@ -69,10 +78,7 @@ def test_hyperparameters_set_after_construction_are_refused_before_the_step_writ
     opt.step()
     opt.param_groups[gi][key] = value
     _grads(g, w, b)
-    before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=message):
-        opt.step()
-    assert _same(before, _snapshot(opt, w, b))
+    _refused_step(opt, message, w, b)
 
 
 def test_a_tensor_lr_in_the_eager_step_is_refused_before_it_writes():
@@ -81,10 +87,7 @@ def test_a_tensor_lr_in_the_eager_step_is_refused_before_it_writes():
     opt.step()
     opt.param_groups[1]["lr"] = torch.tensor(0.01)
     _grads(g, w, b)
-    before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"param_groups\[1\]: a tensor lr needs capturable"):
-        opt.step()
-    assert _same(before, _snapshot(opt, w, b))
+    _refused_step(opt, r"param_groups\[1\]: a tensor lr needs capturable", w, b)
 
 
 def test_a_capturable_tensor_lr_set_to_a_bad_value_skips_the_step_on_the_device():
@@ -162,10 +165,7 @@ def test_a_factored_point_made_singular_gives_the_librarys_error_with_its_name()
         ps[1][..., 0, :] = 0
         ps[1][..., :, 0] = 0
     _grads(g, *ps)
-    before = _snapshot(opt, *ps)
-    with pytest.raises(ValueError, match=r"the fixed_rank_embedded point of param_groups\[0\]"):
-        opt.step()
-    assert _same(before, _snapshot(opt, *ps))
+    _refused_step(opt, r"the fixed_rank_embedded point of param_groups\[0\]", *ps)
 
 
 def test_a_plain_state_in_another_dtype_is_refused_before_the_frames_step():
@@ -174,10 +174,7 @@ def test_a_plain_state_in_another_dtype_is_refused_before_the_frames_step():
     opt.step()
     opt.state[b]["exp_avg"] = opt.state[b]["exp_avg"].to(torch.bfloat16)
     _grads(g, w, b)
-    before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"\['exp_avg'\]: held in torch.bfloat16 on cpu"):
-        opt.step()
-    assert _same(before, _snapshot(opt, w, b))
+    _refused_step(opt, r"\['exp_avg'\]: held in torch.bfloat16 on cpu", w, b)
 
 
 @pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
@@ -319,10 +316,7 @@ def test_a_learning_rate_whose_step_overflows_is_named_as_the_cause():
     w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float32))
     opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=1e38)
     _grads(g, w)
-    before = _snapshot(opt, w)
-    with pytest.raises(ValueError, match=r"the step c·ξ has entries up to inf, beyond √\(larg"):
-        opt.step()
-    assert _same(before, _snapshot(opt, w))
+    _refused_step(opt, r"the step c·ξ has entries up to inf, beyond √\(larg", w)
     opt.param_groups[0]["lr"] = 1e30
     opt.step()
     assert float(tp.Stiefel(8, 3).residual(w.detach()).max()) <= 1e-5
@@ -359,10 +353,7 @@ def test_a_gradient_that_is_not_dense_is_refused_by_name(cap, which):
     _grads(g, w, b)
     p = (w, b)[which]
     p.grad = p.grad.to_sparse()
-    before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"the gradient of param_groups.* is torch.sparse_coo"):
-        opt.step()
-    assert _same(before, _snapshot(opt, w, b))
+    _refused_step(opt, r"the gradient of param_groups.* is torch.sparse_coo", w, b)
 
 
 @pytest.mark.parametrize("saved_cap", [False, True], ids=["eager saved", "capturable saved"])
@@ -395,8 +386,7 @@ def test_a_state_dict_loads_into_the_other_step_which_keeps_its_own_mode(saved_c
 
 def test_a_state_saved_in_another_dtype_loads_cast_as_torch_casts_it():
     """A float32 run's state loads into float64 parameters (torch casts each floating entry to
-    its parameter's dtype, as torch.optim.AdamW does), and a float64 state whose exp_avg_sq
-    would overflow float32 is refused before anything is loaded."""
+    its parameter's dtype, as torch.optim.AdamW does) and steps."""
     w, b, opt, g = _model(dtype=torch.float32)
     _grads(g, w, b)
     opt.step()
@@ -409,14 +399,6 @@ def test_a_state_saved_in_another_dtype_loads_cast_as_torch_casts_it():
     assert opt2.state[w2]["exp_avg"].dtype == torch.float64
     _grads(g2, w2, b2)
     opt2.step()
-    sd = opt2.state_dict()
-    sd["state"][1]["exp_avg_sq"] = torch.full((4,), 1e300, dtype=torch.float64)
-    w3, _, opt3, _ = _model(dtype=torch.float32)
-    with torch.no_grad():
-        w3.copy_(w2)
-    with pytest.raises(ValueError, match=r"exp_avg_sq.*non-finite"):
-        opt3.load_state_dict(sd)
-    assert not opt3.state
 
 
 def test_a_state_dict_of_a_live_optimizer_shares_nothing_with_it_once_loaded():
@@ -511,10 +493,7 @@ def test_a_gradient_unlike_its_parameter_is_refused_before_anything_is_written(c
         p.grad = p.grad.to(torch.float32)
     else:
         p.grad.data = torch.ones(p.shape[0] + 1, *p.shape[1:], dtype=p.dtype)
-    before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"the gradient of param_groups.* has shape"):
-        opt.step()
-    assert _same(before, _snapshot(opt, w, b))
+    _refused_step(opt, r"the gradient of param_groups.* has shape", w, b)
 
 
 @pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
@@ -534,22 +513,19 @@ def test_a_parameter_whose_entries_share_memory_is_refused(cap):
     opt.step()
     opt.param_groups[0]["params"].append(expanded)
     _grads(g, w, b, expanded)
-    before = _snapshot(opt, w, b)
-    with pytest.raises(ValueError, match=r"param_groups\[0\]: .*entries that share memory"):
-        opt.step()
-    assert _same(before, _snapshot(opt, w, b))
+    _refused_step(opt, r"param_groups\[0\]: .*entries that share memory", w, b)
 
 
-@pytest.mark.parametrize("key", ["exp_avg", "sqrt_v"])
-def test_frame_state_beyond_the_dtype_it_will_be_held_in_is_refused(key):
+@pytest.mark.parametrize(("sid", "key"), [(0, "exp_avg"), (0, "sqrt_v"), (1, "exp_avg_sq")])
+def test_a_state_beyond_the_dtype_it_will_be_held_in_is_refused(sid, key):
     """A float64 state whose entries are finite but beyond float32's range, loaded into
-    float32 frames: torch casts exp_avg to the parameter's dtype and √v is held in float32,
-    where they would be inf; the load checks them as they will be held and refuses."""
+    float32 parameters: torch casts the moments to the parameter's dtype and √v is held in
+    float32, where they would be inf; the load checks them as they will be held and refuses."""
     w, b, opt, g = _model()
     _grads(g, w, b)
     opt.step()
     sd = copy.deepcopy(opt.state_dict())
-    sd["state"][0][key] = sd["state"][0][key] * 1e42  # |entries| ≤ 1e40 before: finite in f64
+    sd["state"][sid][key] = sd["state"][sid][key] + 1e40  # finite in float64
     w2, _, opt2, _ = _model(dtype=torch.float32)
     with torch.no_grad():
         w2.copy_(w)
