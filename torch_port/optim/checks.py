@@ -189,10 +189,10 @@ def gradient_layout(name: str, p: Any) -> None:
 def step_size(geometry: Any, x: Any, u: Any, c: Any) -> None:
     """After a retraction of x by ξ = c·u failed or made a non-finite point: when x and u are
     finite and ξ's largest entry (c·u formed frame by frame in float64; c may be infinite)
-    reaches √(largest
-    value) of the dtype, where the retractions' products of ξ (Grams, the factorisations of
-    W + ξ) overflow, raise ValueError naming the step's size as the cause (a learning rate too
-    large for the dtype). Else return, and the retraction's error stands."""
+    reaches √(largest value) of the dtype, where the retractions' products of ξ (Grams, the
+    factorisations of W + ξ) overflow, raise ValueError naming the step's size as the cause
+    (a learning rate too large for the dtype). Else return, and the retraction's error
+    stands."""
     if not all(bool(torch.isfinite(t).all()) for t in (*x, *u)):
         return
     xi = tuple(t.to(torch.float64) for t in u)
