@@ -688,3 +688,22 @@ def test_parameters_on_the_meta_device_are_refused_by_name(geometry):
     group = {"params": [p]} if geometry is None else {"params": [p], "geometry": geometry}
     with pytest.raises(ValueError, match=r"shape \(2, 8, 3\) is on the meta device"):
         tp.RiemannianAdam([group], lr=1e-2)
+
+
+@pytest.mark.parametrize(("dtype", "lr"), [(torch.float32, 100.0), (torch.float64, 1e4)])
+def test_an_exponential_step_that_leaves_the_manifold_is_refused(dtype, lr):
+    """The matrix exponentials of a long step lose orthonormality (float32: ‖YᵀY − I‖ = 0.14
+    at ‖ξ‖ = 1600; float64: 3.5e-6 at 1.6e5); the step was written off St. It is refused
+    against the point check's tolerance sqrt(ε), which a step of lr = 1 passes in float32
+    (1.3e-5 at ‖ξ‖ = 16)."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.nn.Parameter(tp.Stiefel(64, 4).random_point(g, (2,), dtype=dtype))
+    opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel", "retraction": "exp"}], lr=lr)
+    _grads(g, w)
+    before = w.detach().clone()
+    with pytest.raises(ValueError, match=r"the exponential retraction's result is off St\(64, 4\)"):
+        opt.step()
+    assert torch.equal(w, before) and not opt.state
+    opt.param_groups[0]["lr"] = 1.0
+    opt.step()
+    assert float(tp.Stiefel(64, 4).residual(w.detach()).max()) <= 3.5e-4

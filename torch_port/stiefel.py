@@ -342,7 +342,21 @@ class StiefelFrames:
         return (u[0] * c[..., None, None].to(u[0].dtype),)
 
     def retract(self, x: Sequence[Tensor], u: Sequence[Tensor]) -> tuple[Tensor]:
-        return (self.st.retract(x[0], u[0]),)
+        """R_W(ξ); for the exponential map, refused when the result is off St(d, r) by more
+        than sqrt(ε) of the dtype (the point check's tolerance): the matrix exponentials of a
+        long step lose orthonormality (‖YᵀY − I‖ = 0.14 at ‖ξ‖ = 1600 in float32), where the
+        polar and QR retractions make a frame whatever the step."""
+        y = self.st.retract(x[0], u[0])
+        if self.st.retraction == "exp":
+            res, atol = self.st.residual(y), default_atol(y.dtype)
+            if bool((res > atol).any()):  # (NaN is left to the step's finiteness check)
+                raise ValueError(
+                    f"the exponential retraction's result is off St({self.st.d}, {self.st.r}): "
+                    f"‖YᵀY − I‖ = {float(res.max()):.3e} > {atol:.1e} for a step of norm up to "
+                    f"{float(frobenius(u[0]).max()):.3e}; take shorter steps (a trust radius) "
+                    "or the polar retraction"
+                )
+        return (y,)
 
     def retract_scaled(self, x: Sequence[Tensor], u: Sequence[Tensor], c: Tensor) -> tuple:
         """polar(W + c·u), as a lazy product A @ H formed when the step is committed; A goes
