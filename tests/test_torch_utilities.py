@@ -293,3 +293,50 @@ def test_a_tensor_lr_scheduled_to_zero_reloads_adds_groups_and_resumes_eagerly()
     _loss(w2, b2, g).backward()
     eager.step()  # lr = 0: the frames do not move
     assert torch.equal(w2, w)
+
+
+def test_a_compiled_capturable_step_refuses_moments_that_await_the_tangency_check():
+    """A load defers the tangency check of moments not tangent at the points it saw to the
+    next step, which a compiled step cannot make: it refuses to step (through Dynamo's error,
+    before anything is written) until ``check_loaded_moments`` has passed."""
+    w, b, opt, g = _model(True)
+    opt.zero_grad()
+    _loss(w, b, g).backward()
+    opt.step()
+    sd = copy.deepcopy(opt.state_dict())
+    w2, b2, fresh, _ = _model(True)
+    fresh.load_state_dict(sd)  # torch's set_state_dict order: the optimizer first
+    torch._dynamo.reset()
+    step = torch.compile(fresh.step, backend="eager", fullgraph=True)
+    fresh.zero_grad()
+    _loss(w2, b2, g).backward()
+    before = w2.detach().clone()
+    with pytest.raises(Exception, match=r"ValueError|a loaded state holds moments"):
+        step()
+    assert torch.equal(w2, before)
+    with pytest.raises(ValueError, match=r"not tangent .* after the state was loaded"):
+        fresh.check_loaded_moments()  # the fresh model's weights are not the checkpoint's
+    with torch.no_grad():
+        w2.copy_(w)
+        b2.copy_(b)
+    fresh.check_loaded_moments()
+    step()
+    assert not torch.equal(w2, w)
+
+
+def test_a_refused_capturable_step_makes_no_state_for_new_frames():
+    """The capturable step made the state of new frames before it checked the existing
+    states' layouts; a refusal then left it, and the next step skipped those frames' point
+    check. Every existing layout is now checked first."""
+    w, b, opt, g = _model(True)
+    opt.zero_grad()
+    _loss(w, b, g).backward()
+    opt.step()
+    w3 = torch.nn.Parameter(ST.random_point(g, (2,)))
+    opt.add_param_group({"params": [w3], "geometry": "stiefel"})
+    opt.state[b]["exp_avg"] = opt.state[b]["exp_avg"][:2]  # a layout the step refuses
+    w3.grad = torch.randn(w3.shape, generator=g, dtype=torch.float64)
+    b.grad = torch.randn(b.shape, generator=g, dtype=torch.float64)
+    with pytest.raises(ValueError, match="capturable=True expects"):
+        opt.step()
+    assert not opt.state.get(w3)

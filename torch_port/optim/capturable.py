@@ -114,9 +114,12 @@ def adam_frames(
         a = torch.addcmul(x.float(), m.float(), coef[..., None, None].float()).to(x.dtype)
     else:
         a = torch.addcmul(x, m.to(x.dtype), coef[..., None, None].to(x.dtype))
-    # lr = 0 (a Python number: torch.distributed.checkpoint's state-making step) does not
+    # lr = 0 (torch.distributed.checkpoint's state-making step, a schedule's end) does not
     # move: R_W(0) = W exactly, where the polar factor of W would re-form it by rounding
-    y = x.clone() if isinstance(lr, (int, float)) and lr == 0 else polar_fixed(a, degree)
+    if isinstance(lr, Tensor):  # decided on the device
+        y = torch.where(lr == 0, x, polar_fixed(a, degree))
+    else:
+        y = x.clone() if lr == 0 else polar_fixed(a, degree)
     moved = m - (y @ sym(transpose(y) @ m.to(y.dtype))).to(m.dtype)
     return y, moved, sv, torch.isfinite(linalg.max_abs(y).amax())
 
@@ -281,7 +284,13 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     if not every:
         return loss
     if not torch.compiler.is_compiling():  # after a load, once (a host check)
-        opt._check_loaded_moments()
+        opt.check_loaded_moments()
+    elif opt._unverified:  # a Python value: part of the traced graph's guards
+        raise ValueError(
+            "a loaded state holds moments not tangent at the points it saw, which a compiled "
+            "step cannot check: call opt.check_loaded_moments() once the model's weights are "
+            "loaded, before the compiled step; no parameter or state was changed"
+        )
     devices = {p.device for p in every} | {
         g["lr"].device for g in opt.param_groups if isinstance(g["lr"], Tensor)
     }
@@ -289,8 +298,13 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
         raise ValueError(
             f"capturable=True needs every parameter (and a tensor lr) on one device, got {devices}"
         )
+    # every existing state's layout is checked before any state is made or anything written
+    for ps, frame in [*((ps, True) for ps in frames.values()), *((ps, False) for _, ps in plain)]:
+        for p in ps:
+            if opt.state.get(p):
+                _state(opt, p, frame)
     frame_states = {key: [_state(opt, p, frame=True) for p in ps] for key, ps in frames.items()}
-    for _, ps in plain:  # every layout checked before anything is computed or written
+    for _, ps in plain:
         for p in ps:
             _state(opt, p, frame=False)
     finite = [torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in every], math.inf)))]

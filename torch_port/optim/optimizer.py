@@ -233,7 +233,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         entries are counted only for a gradient whose sum is not finite."""
         for gi, pi, p in items:
             checks.gradient_layout(self._param_name(gi, pi, p), p)
-        self._check_loaded_moments()
+        self.check_loaded_moments()
         counts: list[int] = [0] * len(items)
         by_device: dict[torch.device, list[int]] = {}
         for k, (_, _, p) in enumerate(items):

@@ -113,11 +113,12 @@ class StateChecks:
             u = (state[k],) if point.single else tuple(state[k])
             validation.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
 
-    def _check_loaded_moments(self) -> None:
-        """Before the first step after a load: the moments that were not tangent at the points
-        the load saw (``load_state_dict`` defers them, since torch's ``set_state_dict`` loads
-        the optimizer before the model) must be tangent at the points now. Raises ValueError
-        before the step changes anything; nothing to do when every moment was tangent."""
+    def check_loaded_moments(self) -> None:
+        """The moments that were not tangent at the points a load saw (``load_state_dict``
+        defers them, since torch's ``set_state_dict`` loads the optimizer before the model)
+        must be tangent at the points now. The first eager step after the load calls it; call
+        it before a compiled capturable step, which cannot. Raises ValueError, changing
+        nothing; nothing to do when every moment was tangent."""
         if not self._unverified:
             return
         for gi, group in enumerate(self.param_groups):
@@ -335,7 +336,7 @@ class StateChecks:
     ) -> set[tuple[int, int]]:
         """Every saved state entry against the current parameters (``_check_state``); returns
         the points (group, first parameter) whose moments are not tangent at the current
-        points, which the first step after the load checks again (``_check_loaded_moments``)."""
+        points, which the first step after the load checks again (``check_loaded_moments``)."""
         unverified: set[tuple[int, int]] = set()
         for gi, group in enumerate(self.param_groups):
             sids = list(saved_groups[gi]["params"])
