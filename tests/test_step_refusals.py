@@ -350,7 +350,7 @@ def test_a_trust_region_caps_a_step_whose_factor_overflows():
 @pytest.mark.parametrize("which", [0, 1], ids=["frame", "plain"])
 def test_a_gradient_that_is_not_dense_is_refused_by_name(cap, which):
     """Sparse gradients are refused before anything is written, by both steps (the capturable
-    one used to fail inside torch's norm with a NotImplementedError). (torch itself refuses
+    one used to fail inside torch's norm, which has no sparse kernel). (torch itself refuses
     to assign a CSR gradient to a dense parameter.)"""
     w, b, opt, g = _model(cap)
     _grads(g, w, b)

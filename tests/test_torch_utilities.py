@@ -311,7 +311,8 @@ def test_a_compiled_capturable_step_refuses_moments_that_await_the_tangency_chec
     fresh.zero_grad()
     _loss(w2, b2, g).backward()
     before = w2.detach().clone()
-    with pytest.raises(Exception, match=r"ValueError|a loaded state holds moments"):
+    # Dynamo wraps the ValueError in its own error, whose text carries the message
+    with pytest.raises(Exception, match=r"a loaded state holds moments not tangent"):
         step()
     assert torch.equal(w2, before)
     with pytest.raises(ValueError, match=r"not tangent .* after the state was loaded"):

@@ -142,8 +142,7 @@ class RouteFloor:
         self.bufs = [tuple(torch.zeros_like(w) for _ in range(4)) for w in frames]  # m, g, A, Y
         self.c = []
         for (m, *_), w, p in zip(self.bufs, frames, ps, strict=True):
-            s = w.transpose(-1, -2) @ _frames(p.grad)
-            torch.baddbmm(_frames(p.grad), w, (s + s.transpose(-1, -2)) / 2, alpha=-1.0, out=m)
+            _rgrad(w, _frames(p.grad), out=m)
             rms = torch.linalg.vector_norm(m, dim=(-2, -1), keepdim=True) / math.sqrt(m[0].numel())
             self.c.append(-PORT_LR / rms)
         self.gram = [w.new_empty(w.shape[0], w.shape[-1], w.shape[-1]) for w in frames]
@@ -158,7 +157,7 @@ class RouteFloor:
             for p, (m, g, a, y), gram, c in zip(self.ps, self.bufs, self.gram, self.c, strict=True):
                 w, grad = _frames(p.detach()), _frames(p.grad)
                 grad.sum()
-                torch.baddbmm(grad, w, sym(transpose(w) @ grad), alpha=-1.0, out=g)
+                _rgrad(w, grad, out=g)
                 torch.linalg.vector_norm(g, dim=(-2, -1))
                 m.lerp_(g, 0.1)
                 torch.addcmul(w, m, c, out=a)
@@ -166,3 +165,13 @@ class RouteFloor:
                 h = linalg.polar_plan(a, gram=gram.to(torch.float64))[0]
                 torch.bmm(a, h, out=y)
                 m.baddbmm_(a, h @ sym(h @ (transpose(a) @ m)), alpha=-1.0)
+
+
+def _rgrad(w: Any, grad: Any, out: Any) -> None:
+    """P_W(G) = G − W sym(WᵀG) into ``out``, as the port forms it (``baddbmm``: G copied into
+    the output first)."""
+    import torch
+
+    from torch_port.linalg import sym, transpose
+
+    torch.baddbmm(grad, w, sym(transpose(w) @ grad), alpha=-1.0, out=out)
