@@ -608,3 +608,29 @@ def test_task_settings_are_checked_without_experiment_keys() -> None:
     assert arms_lib.trust_radius({"trust_tau": 0.1, "d_model": 128, "n_heads": 4}) == (
         pytest.approx(0.1 * math.sqrt(32))
     )
+
+
+def test_runs_made_in_separate_processes_assemble_into_the_whole_run(tmp_path: Path) -> None:
+    """``grokking.assemble`` (docs/gpu_grokking.sh runs each (seed, arm) in its own process)
+    gives the records and summary of one process running them all; a part of another
+    configuration and a missing run are refused."""
+    whole = grokking.run(RunOptions(preset="smoke", out=tmp_path / "whole", progress=False))
+    parts = [
+        grokking.run(
+            RunOptions(
+                preset="smoke", out=tmp_path / arm, progress=False, overrides={"arms": [arm]}
+            )
+        )
+        for arm in ("A", "C")
+    ]
+    merged = grokking.assemble(RunOptions(preset="smoke", out=tmp_path / "merged"), parts)
+    assert merged["runs"] == whole["runs"]
+    assert {k: v for k, v in merged["summary"].items() if k != "plots"} == {
+        k: v for k, v in whole["summary"].items() if k != "plots"
+    }
+    assert (tmp_path / "merged" / "grokking" / "results.md").is_file()
+    with pytest.raises(ValueError, match=r"no finished run for \(seed, arm\) \[\(0, 'C'\)\]"):
+        grokking.assemble(RunOptions(preset="smoke", out=tmp_path / "m2"), parts[:1])
+    other = {**parts[1], "config": {**parts[1]["config"], "lr": 1.0}}
+    with pytest.raises(ValueError, match="not a run of this preset"):
+        grokking.assemble(RunOptions(preset="smoke", out=tmp_path / "m3"), [parts[0], other])

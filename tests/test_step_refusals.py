@@ -17,10 +17,11 @@ import torch
 import torch_port as tp
 
 
-def _model(cap: bool = False, dtype=torch.float64, lr=1e-2, **kw):
+def _model(cap: bool = False, dtype=torch.float64, lr=1e-2, device="cpu", **kw):
     g = torch.Generator().manual_seed(0)
-    w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float64).to(dtype))
-    b = torch.nn.Parameter(torch.ones(4, dtype=dtype))
+    w = tp.Stiefel(8, 3).random_point(g, (2,), dtype=torch.float64).to(device, dtype)
+    w = torch.nn.Parameter(w)
+    b = torch.nn.Parameter(torch.ones(4, dtype=dtype, device=device))
     opt = tp.RiemannianAdam(
         [{"params": [w], "geometry": "stiefel"}, {"params": [b]}],
         lr=lr,
@@ -33,7 +34,7 @@ def _model(cap: bool = False, dtype=torch.float64, lr=1e-2, **kw):
 
 def _grads(g, *ps) -> None:
     for p in ps:
-        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.device, p.dtype)
 
 
 def _snapshot(opt, *ps) -> list:
@@ -404,6 +405,38 @@ def test_a_state_saved_in_another_dtype_loads_cast_as_torch_casts_it():
     assert opt2.state[w2]["exp_avg"].dtype == torch.float64
     _grads(g2, w2, b2)
     opt2.step()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cap", [False, True])
+def test_a_state_loaded_onto_the_cpu_resumes_a_cuda_run_exactly(cap):
+    """A checkpoint loaded with map_location="cpu" (Hugging Face's Trainer, the experiments'
+    resume) holds its moments on the CPU; the load moves them to the frames' device before it
+    checks them, and the resumed run equals the uninterrupted one bitwise."""
+    w, b, opt, g = _model(cap, device="cuda")
+    _grads(g, w, b)
+    opt.step()
+    saved = {k: v for k, v in opt.state_dict().items()}
+    saved = torch.utils._pytree.tree_map(
+        lambda v: v.cpu() if isinstance(v, torch.Tensor) else v, saved
+    )
+    w2, b2, opt2, _ = _model(cap, device="cuda")
+    with torch.no_grad():
+        w2.copy_(w)
+        b2.copy_(b)
+    opt2.load_state_dict(saved)
+    assert all(
+        v.device.type == "cuda"
+        for s in opt2.state.values()
+        for k, v in s.items()
+        if isinstance(v, torch.Tensor) and (k != "step" or cap)
+    )
+    gen = torch.Generator().manual_seed(1)
+    _grads(gen, w, b)
+    w2.grad, b2.grad = w.grad.clone(), b.grad.clone()
+    opt.step()
+    opt2.step()
+    assert torch.equal(w, w2) and torch.equal(b, b2)
 
 
 def test_a_state_dict_of_a_live_optimizer_shares_nothing_with_it_once_loaded():

@@ -25,6 +25,7 @@ resume from it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -425,6 +426,35 @@ def run(options: common.RunOptions) -> dict[str, Any]:
     summary["plots"] = _plots(directory, config, records)
     document = common.results_document(NAME, options, config, records, summary, device)
     return runs.finish(directory, cells, document, markdown(config, records, summary))
+
+
+def assemble(options: common.RunOptions, parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The results of one preset whose runs were made in separate processes (one per seed and
+    arm, in parallel on one device: ``docs/gpu_grokking.sh``), written as ``run`` writes them:
+    the records of every (seed, arm) of ``options`` taken from the ``parts`` (results.json
+    documents of the same configuration), in seed-then-arm order, summarised and plotted."""
+    config = common.configure(PRESETS, options)
+    check_config(config)
+    keep = runs.run_config(config, ("seeds", "arms"))
+    records: dict[tuple[int, str], dict[str, Any]] = {}
+    for part in parts:
+        if part.get("experiment") != NAME or runs.run_config(part["config"], ("seeds", "arms")) != (
+            common.jsonable(keep)
+        ):
+            raise ValueError("a part to assemble is not a run of this preset and configuration")
+        records.update({(r["seed"], r["arm"]): r for r in part["runs"]})
+    wanted = [(seed, arm) for seed in config["seeds"] for arm in config["arms"]]
+    missing = [key for key in wanted if key not in records]
+    if missing:
+        raise ValueError(f"no finished run for (seed, arm) {missing} among the parts")
+    ordered = [records[key] for key in wanted]
+    directory = common.output_dir(options, NAME)
+    summary = summarise(config, ordered)
+    summary["plots"] = _plots(directory, config, ordered)
+    device = common.resolve_device(options.device)
+    document = common.results_document(NAME, options, config, ordered, summary, device)
+    common.write_results(directory, document, markdown(config, ordered, summary))
+    return document
 
 
 def format_summary(document: dict[str, Any]) -> str:

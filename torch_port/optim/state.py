@@ -56,6 +56,19 @@ def _same_step(entry: Any, step: Any) -> bool:
     return isinstance(a, int | float) and a == b
 
 
+def _to_device(entry: Any, device: torch.device) -> Any:
+    """A saved state entry with every plain tensor but the step count moved to ``device``
+    (torch's load moves them there too; it leaves a non-capturable step count where it is, and
+    a sharded entry is ``torch.distributed.checkpoint``'s to place)."""
+    if isinstance(entry, dict):
+        return {k: v if k == "step" else _to_device(v, device) for k, v in entry.items()}
+    if isinstance(entry, tuple | list):
+        return type(entry)(_to_device(v, device) for v in entry)
+    if isinstance(entry, torch.Tensor) and not (sharding.is_sharded(entry) or entry.is_meta):
+        return entry.to(device)  # a meta tensor is left for the checks to refuse by name
+    return entry
+
+
 class StateChecks:
     """The state checks of ``ChainOptimizer`` (a mixin of ``torch.optim.Optimizer``)."""
 
@@ -250,7 +263,12 @@ class StateChecks:
             raise ValueError(
                 f"the state dict has state for parameter ids {unknown} that no group lists"
             )
-        saved = state_dict["state"]
+        saved = {  # on the parameters' devices first, as torch's load puts them (the checks
+            # compare moments with points; a checkpoint loaded with map_location="cpu" resumes)
+            sid: _to_device(entry, self.param_groups[ids[sid][0]]["params"][ids[sid][1]].device)
+            for sid, entry in state_dict["state"].items()
+        }
+        state_dict = {**state_dict, "state": saved}
         unverified = self._check_saved_state(saved, ids, saved_groups)
         sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
         before = [dict(group) for group in self.param_groups]
