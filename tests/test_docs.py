@@ -61,11 +61,11 @@ def test_every_rattn_command_in_the_docs_parses() -> None:
     from proofs_checks.cli import _UsageError, build_parser
 
     commands = [c for p in FILES for c in rattn_commands(p)]
-    scripts = sorted((ROOT / "docs").glob("gpu_*.sh"))  # the prepared GPU scripts
-    assert [s.name for s in scripts] == ["gpu_check.sh", "gpu_grokking.sh"]
-    lines = [line for s in scripts for line in s.read_text(encoding="utf-8").splitlines()]
-    shell = [c.strip() for line in lines for c in re.split(r"&&|;|>", line)]
-    shell = [c.removeprefix('timeout "$limit" ') for c in shell]
+    scripts = sorted((ROOT / "docs").glob("*.sh"))  # the prepared scripts
+    assert [s.name for s in scripts] == ["gpu_check.sh", "grokking_paper.sh"]
+    text = "\n".join(s.read_text(encoding="utf-8") for s in scripts).replace("\\\n", " ")
+    shell = [c.strip() for line in text.splitlines() for c in re.split(r"&&|;|>", line)]
+    shell = [re.sub(r'^(\w+=\S+ )*(timeout "\$limit" )?', "", c) for c in shell]
     commands += [c for c in shell if c.startswith("rattn ")]
     assert len(commands) >= 15  # the scan finds them
     parser = build_parser()

@@ -611,7 +611,7 @@ def test_task_settings_are_checked_without_experiment_keys() -> None:
 
 
 def test_runs_made_in_separate_processes_assemble_into_the_whole_run(tmp_path: Path) -> None:
-    """``grokking.assemble`` (docs/gpu_grokking.sh runs each (seed, arm) in its own process)
+    """``grokking.assemble`` (docs/grokking_paper.sh runs each (seed, arm) in its own process)
     gives the records and summary of one process running them all; a part of another
     configuration and a missing run are refused."""
     whole = grokking.run(RunOptions(preset="smoke", out=tmp_path / "whole", progress=False))

@@ -18,7 +18,7 @@ evaluations, the fraction of evaluations at or above 95%, the first step reachin
 and on the unseen pairs), and the fraction of frame steps at the cap. One optimizer step is one
 epoch (full batch). Presets: smoke, quick (a smaller task, CPU minutes), long (the paper's
 setting for 3,000 epochs, 30 CPU minutes) and paper (20,000 epochs, 3 seeds: one GPU,
-``docs/gpu_grokking.sh``). Long runs save a checkpoint every ``checkpoint_every`` steps and
+``docs/grokking_paper.sh``). Long runs save a checkpoint every ``checkpoint_every`` steps and
 resume from it.
 """
 
@@ -430,7 +430,7 @@ def run(options: common.RunOptions) -> dict[str, Any]:
 
 def assemble(options: common.RunOptions, parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The results of one preset whose runs were made in separate processes (one per seed and
-    arm, in parallel on one device: ``docs/gpu_grokking.sh``), written as ``run`` writes them:
+    arm, in parallel on one device: ``docs/grokking_paper.sh``), written as ``run`` writes them:
     the records of every (seed, arm) of ``options`` taken from the ``parts`` (results.json
     documents of the same configuration), in seed-then-arm order, summarised and plotted."""
     config = common.configure(PRESETS, options)
