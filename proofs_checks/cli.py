@@ -329,9 +329,9 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    """``rattn audit TRACE``: 0 when every recorded step is within its bound, 1 when one is
-    not, 2 for a trace that cannot be read or replayed (or no torch, or no matplotlib for
-    ``--plot``)."""
+    """``rattn audit TRACE``: 0 when the run PASSED (every row passes: within its bound, and
+    the bound at most a tenth of the step), 1 when it FAILED or is NOT AUDITABLE, 2 for a trace
+    that cannot be read or replayed (or no torch, or no matplotlib for ``--plot``)."""
     try:
         from proofs_checks.port_compare import audit, audit_report
     except ImportError as exc:

@@ -185,7 +185,11 @@ CASES = sorted(
 @pytest.mark.parametrize(("geometry", "problem", "rule", "dtype"), CASES)
 def test_an_honest_run_passes(tmp_path, geometry, problem, rule, dtype) -> None:
     """Three steps of every case of ``rattn compare`` (every geometry, rule, option, dtype),
-    recorded and replayed: every step and every state within its bound."""
+    recorded and replayed: no step or state fails its bound, and the run passes (every bound
+    ≤ RESOLUTION of its step) in float64 and float32 for the rules whose direction is well
+    conditioned. In bfloat16, and for the elementwise moment (whose direction is scale-free
+    entry by entry, so that an entry of the gradient at rounding level decides its own sign),
+    the bound can exceed a tenth of the step: such rows are "not auditable", never "pass"."""
     prob = PROBLEMS[geometry][problem]
     inst = prob.build(0)
     dt = getattr(torch, dtype)
@@ -198,12 +202,14 @@ def test_an_honest_run_passes(tmp_path, geometry, problem, rule, dtype) -> None:
             inst.loss(params, data).backward()
             opt.step()
     result = pa.audit(tmp_path / "h.npz")
-    assert result["passed"], format_table(result)
+    assert result["counts"]["fail"] == 0, format_table(result)
+    if dtype != "bfloat16" and "elementwise" not in rule:
+        assert result["passed"], format_table(result)
+    for row in result["steps"]:  # a pass is sound by construction
+        assert row["verdict"] != "pass" or row["bound"] <= pa.RESOLUTION * row["step_length"]
     assert {r["step"] for r in result["steps"]} == {1, 2, 3}
-    if opt.rule(
-        opt.param_groups[0]
-    ).transported:  # the states before steps 2 and 3 were checked against the reference's
-        assert all(r["state_ratio"] is not None for r in result["steps"] if r["step"] < 3)
+    # the state after every step was checked against the reference's
+    assert all(r["state_ratio"] is not None for r in result["steps"])
 
 
 class _Model(torch.nn.Module):
@@ -264,7 +270,9 @@ def test_a_training_loop_with_schedule_clipping_accumulation_and_autocast_passes
 )
 def test_the_device_example_of_the_docs_passes(tmp_path, device) -> None:
     """docs/audit_example.py (float32 and bfloat16, every step of 20 recorded) on the CPU and,
-    where there is one, on a CUDA device: both traces pass ``rattn audit``."""
+    where there is one, on a CUDA device: the float32 trace passes ``rattn audit``; the
+    bfloat16 one fails nowhere and is not auditable step by step (its rounding bound exceeds a
+    tenth of the step)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -277,9 +285,10 @@ def test_the_device_example_of_the_docs_passes(tmp_path, device) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    for dtype in ("float32", "bfloat16"):
+    for dtype, verdict in (("float32", "passed"), ("bfloat16", "not auditable")):
         result = pa.audit(tmp_path / f"audit-{device}-{dtype}.npz")
-        assert result["passed"], format_table(result)
+        assert result["verdict"] == verdict, format_table(result)
+        assert result["counts"]["fail"] == 0
         assert max(r["step"] for r in result["steps"]) == 20
 
 
@@ -345,9 +354,11 @@ def _nudge(w, size: float, seed: int = 0) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_an_honest_stiefel_run_passes(tmp_path, dtype) -> None:
-    """The baseline of the departures below: the same run without one passes."""
+    """The baseline of the departures below: the same run without one passes (in bfloat16:
+    fails nowhere, and is not auditable step by step)."""
     result = _stiefel_run(tmp_path / "ok.npz", dtype=dtype)
-    assert result["passed"], format_table(result)
+    expected = "not auditable" if dtype == torch.bfloat16 else "passed"
+    assert result["verdict"] == expected and result["counts"]["fail"] == 0, format_table(result)
 
 
 def test_a_perturbation_of_1e_6_in_float64_is_flagged_at_its_step(tmp_path) -> None:

@@ -615,9 +615,11 @@ def test_the_plot_of_a_trace_of_skipped_steps(tmp_path, capsys) -> None:
     meta["steps"] = [dict(meta["steps"][1], record=0)]
     arrays = {k.replace("r1/", "r0/"): v for k, v in arrays.items() if k.startswith("r1/")}
     _write(path, meta, arrays)
-    assert _cli(capsys, path, "--json")[0] == 0  # the audit itself passes it
-    rc, _, err = _cli(capsys, path, "--plot", str(tmp_path / "a.png"))
-    assert rc == 0 and (tmp_path / "a.png").exists(), err
+    rc, out, _ = _cli(capsys, path, "--json")  # nothing was replayed: nothing was shown
+    assert rc == 1 and json.loads(out)["verdict"] == "not auditable"
+    rc, out, err = _cli(capsys, path, "--plot", str(tmp_path / "a.png"))
+    assert rc == 1 and (tmp_path / "a.png").exists(), err
+    assert "NOT AUDITABLE: no step was replayed" in out
 
 
 def test_a_plot_that_cannot_be_written_exits_2(base, tmp_path, capsys) -> None:

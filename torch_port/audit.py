@@ -44,7 +44,7 @@ from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.points import Point
 
 META = "meta.json"
-FORMAT = "rattn-audit 1"
+FORMAT = "rattn-audit 2"
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -154,7 +154,7 @@ class Recorder:
             point
             for gi, group in enumerate(opt.param_groups)
             if group.get("geometry") is not None
-            for point in opt._geometries.points(gi, group)
+            for point in opt._geometries.points(gi, group, all_=True)
         ]
 
     def _spec(self, point: Point) -> dict[str, Any]:
@@ -190,17 +190,19 @@ class Recorder:
             count = math.prod(x[0].shape[:batch])
             kept = _elements(count, self.frames)
             k = len(self.steps) + len(self._pending)
-            for i, (xi, gi) in enumerate(zip(x, point.grad(), strict=True)):
+            for i, xi in enumerate(x):  # the gradients after the step: a closure makes them
                 self._keep(f"r{k}/x/{i}", xi, batch, kept)
-                self._keep(f"r{k}/g/{i}", gi, batch, kept)
-            for key, value in state.items():
-                if key == "step":
-                    continue
-                parts = value if isinstance(value, tuple) else (value,)
-                for i, part in enumerate(parts):
-                    self._keep(f"r{k}/state/{key}/{i}", part, batch, kept)
-            keys = sorted(key for key in state if key != "step")
+            keys = self._keep_state(f"r{k}/state", state, batch, kept)
             self._pending.append((k, point, t, kept, batch, keys))
+
+    def _keep_state(self, prefix: str, state: dict, batch: int, kept: list[int]) -> list[str]:
+        """Buffer every entry of a point's state but its count under ``prefix``; their keys."""
+        keys = sorted(key for key in state if key != "step")
+        for key in keys:
+            value = state[key]
+            for i, part in enumerate(value if isinstance(value, tuple) else (value,)):
+                self._keep(f"{prefix}/{key}/{i}", part, batch, kept)
+        return keys
 
     def _nonfinite(self) -> bool:
         """Whether any gradient the optimizer holds has a non-finite entry (why a step with
@@ -213,15 +215,27 @@ class Recorder:
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         nonfinite: bool | None = None
-        for k, point, t, kept, batch, keys in self._pending:
+        buffered, self._buffer = self._buffer, {}
+        for old, point, t, kept, batch, keys in self._pending:
+            if all(p.grad is None for p in point.params):
+                continue  # no gradient, not stepped (a closure may have made one since the start)
+            k = len(self.steps)  # records are numbered as written
+            prefix = f"r{old}/"
+            self._buffer.update(
+                {f"r{k}/{n[len(prefix) :]}": a for n, a in buffered.items() if n.startswith(prefix)}
+            )
             state = self.optimizer.state.get(point.key) or {}
             done = int(state.get("step", 0)) == t  # False when the step was skipped
             x = point.value()
+            for i, gi in enumerate(point.grad()):  # as the step saw them (closures included)
+                self._keep(f"r{k}/g/{i}", gi, batch, kept)
             if not done and nonfinite is None:
                 nonfinite = self._nonfinite()
+            after_keys = []
             if done:
                 for i, y in enumerate(x):
                     self._keep(f"r{k}/y/{i}", y, batch, kept)
+                after_keys = self._keep_state(f"r{k}/after", state, batch, kept)
             group = self.optimizer.param_groups[point.gi]
             hyper = {}
             for name, v in group.items():
@@ -248,6 +262,7 @@ class Recorder:
                     "dtypes": [str(p.dtype) for p in point.params],
                     "device": str(point.params[0].device),
                     "state_keys": keys,
+                    "after_keys": after_keys,
                     "nonfinite_gradient": bool(nonfinite) if not done else False,
                 }
             )
@@ -389,6 +404,11 @@ def load(path: str | os.PathLike) -> Trace:
         UnicodeDecodeError,
     ) as err:
         raise ValueError(f"{path}: not an audit trace ({type(err).__name__}: {err})") from None
+    if isinstance(meta, dict) and meta.get("format") == "rattn-audit 1":
+        raise ValueError(
+            f"{path}: an audit trace of format 'rattn-audit 1', which keeps no state after a "
+            f"step and so cannot show the state's update; record the run again ({FORMAT!r})"
+        )
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not an audit trace of format {FORMAT!r}")
     trace = Trace(meta, arrays)
@@ -415,6 +435,7 @@ STEP_FIELDS: dict[str, Any] = {
     "dtypes": list,
     "device": str,
     "state_keys": list,
+    "after_keys": list,
     "nonfinite_gradient": bool,
 }
 
@@ -485,15 +506,20 @@ def check_trace(trace: Trace) -> None:
             or (len(set(elements)) != count)
         ):
             raise ValueError(f"{where}: elements {elements!r} (distinct integers ≥ 0 expected)")
+        if not step["params"] or not all(_is_int(i) and i >= 0 for i in step["params"]):
+            raise ValueError(f"{where}: params {step['params']!r} (parameter indices expected)")
         if step["names"] is not None and not all(isinstance(n, str) for n in step["names"]):
             raise ValueError(f"{where}: names {step['names']!r}")
         if not step["dtypes"] or not all(isinstance(d, str) for d in step["dtypes"]):
             raise ValueError(f"{where}: dtypes {step['dtypes']!r}")
         parts = {what: trace.parts(k, what) for what in ("x", "g", "y")}
-        for key in step["state_keys"]:
-            if not isinstance(key, str) or not trace.parts(k, f"state/{key}"):
-                raise ValueError(f"{where}: the state entry {key!r} has no arrays")
-            parts[f"state/{key}"] = trace.parts(k, f"state/{key}")
+        for kind, keys in (("state", step["state_keys"]), ("after", step["after_keys"])):
+            for key in keys:
+                if not isinstance(key, str) or not trace.parts(k, f"{kind}/{key}"):
+                    raise ValueError(f"{where}: the {kind} entry {key!r} has no arrays")
+                parts[f"{kind}/{key}"] = trace.parts(k, f"{kind}/{key}")
+        if step["taken"] and not step["after_keys"] and step["state_keys"]:
+            raise ValueError(f"{where}: a step taken from a state keeps no state after it")
         if not parts["x"] or len(parts["g"]) != len(parts["x"]):
             raise ValueError(f"{where}: {len(parts['x'])} point arrays, {len(parts['g'])} gradient")
         if step["taken"] != bool(parts["y"]):

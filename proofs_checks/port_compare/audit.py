@@ -49,15 +49,18 @@ point (``step_bound``, ``Elements.conditioning``):
   ``elementwise_amplification`` (its direction is scale-free entry by entry, so a small entry of
   the gradient carries a large relative rounding error into its step), and a·δ is added.
 
-The state is checked too: when the step before was recorded, the state the port recorded
-before this step (its moments after the last step, transported) is compared with the
-reference's state after that step, entry by entry (``state_bound``; for the geometries
-compared by W, each moment as the tangent matrix it represents: ``in_matrix_form``); the
-failure is reported at the step that made the state. So a step whose point is right but
-whose state is not (a skipped transport, a wrong moment) is flagged where it happened.
+The state is checked too: each recorded step keeps the state after it, and that state is
+compared with the reference's after the step, entry by entry (``state_bound``; for the
+geometries compared by W, each moment as the tangent matrix it represents:
+``in_matrix_form``), so a step whose point is right but whose state is not (a skipped
+transport, a wrong moment) is flagged at its step, whatever ``every`` sampled.
 
-A step that the port skipped (``skip_nonfinite``) passes when its gradient has a non-finite
-entry, which is why it was skipped, and fails otherwise.
+The verdict of a row is sound by construction (``verdict``): "pass" only when the bound is at
+most ``RESOLUTION`` of the step's own length (or, at lr 0, when the point is unchanged bit for
+bit), "fail" when a bound is exceeded, "not auditable" otherwise. A step that the port skipped
+(``skip_nonfinite``) passes only when a gradient recorded at that step has a non-finite entry
+(``_skipped_verdict``). A run passes when no row fails, none is not auditable and at least one
+step was replayed (``overall``).
 """
 
 from __future__ import annotations
@@ -154,8 +157,11 @@ def reference_optimizer(optimizer: str, step: dict[str, Any]) -> ro.Optimizer:
     frames = step["geometry"]["name"] in FRAME_GEOMETRIES
     decay = 0.0 if frames else float(h.get("weight_decay", 0.0))
     try:
+        # the optimizer's own lr only scales decoupled decay, which is not used here: at lr 0
+        # the chain's step is 0 and its state moves on (a schedule's first or last step)
+        own_lr = 1.0 if h["lr"] == 0 else h["lr"]
         return ro.Optimizer(
-            REFERENCE_RULES[optimizer](h), h["lr"], decay, "coupled", step["gradient"]
+            REFERENCE_RULES[optimizer](h), own_lr, decay, "coupled", step["gradient"]
         )
     except (KeyError, TypeError, ValueError, OverflowError) as err:
         message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
@@ -437,31 +443,13 @@ def state_deviation(
     return worst
 
 
-@dataclass
-class _After:
-    """The reference's state after a replayed step of one element, to check the state the port
-    recorded before the next step against."""
-
-    step: int
-    state: Any
-    point: Any
-    deviation: float
-    projection: float
-    conditioning: float
-    row: dict[str, Any]
-
-
-def replay_record(
-    trace: recorder.Trace, k: int, after: dict[tuple, _After] | None = None
-) -> list[dict[str, Any]]:
-    """Every kept element of record k: deviation, bound, pass/fail (module docstring). With
-    ``after`` (the reference's states after the steps replayed so far, by point and element),
-    the state the port recorded before this step is checked against the reference's after the
-    previous step when that step was recorded too, and the previous step's row says so."""
+def replay_record(trace: recorder.Trace, k: int) -> list[dict[str, Any]]:
+    """Every kept element of record k: deviation, bound, the state after the step against the
+    reference's, and the row's verdict (module docstring)."""
     step = trace.meta["steps"][k]
     where = f"step {step['step']}, group {step['group']}"
     try:
-        return _replay_record(trace, k, where, after)
+        return _replay_record(trace, k, where)
     except TraceError:
         raise
     except (
@@ -475,9 +463,7 @@ def replay_record(
         raise TraceError(f"{where}: cannot be replayed ({type(err).__name__}: {err})") from None
 
 
-def _replay_record(
-    trace: recorder.Trace, k: int, where: str, after: dict[tuple, _After] | None
-) -> list[dict[str, Any]]:
+def _replay_record(trace: recorder.Trace, k: int, where: str) -> list[dict[str, Any]]:
     meta = trace.meta
     step = meta["steps"][k]
     spec = step["geometry"]
@@ -486,6 +472,7 @@ def _replay_record(
         x_parts, g_parts = _float64(trace.parts(k, "x")), _float64(trace.parts(k, "g"))
         y_parts = _float64(trace.parts(k, "y")) if step["taken"] else None
         state = {key: _float64(trace.parts(k, f"state/{key}")) for key in step["state_keys"]}
+        after = {key: _float64(trace.parts(k, f"after/{key}")) for key in step["after_keys"]}
     except (KeyError, TypeError) as err:
         message = f"{where}: the record is incomplete ({type(err).__name__}: {err})"
         raise TraceError(message) from None
@@ -499,6 +486,7 @@ def _replay_record(
     opt = reference_optimizer(meta["optimizer"], step)
     dtype = step["dtypes"][0]  # one of ``recorder.STORED``: ``check_trace`` refused others
     n, r = _dims(spec)
+    h = step["hyperparameters"]
     rows = []
     for j, e in enumerate(step["elements"]):
         x = el.point(x_parts, j)
@@ -520,6 +508,9 @@ def _replay_record(
         residual = el.residual(x)
         accepted = residual <= _accepted(dtype)
         row.update(residual=residual, accepted=accepted)
+        if y_parts is None:  # skipped by the port: right only for a non-finite gradient
+            rows.append({**row, **_skipped_verdict(trace, step, el, g)})
+            continue
         xp = el.project(x)
         delta = float(np.linalg.norm(el.compared(x) - el.compared(xp)))
         template = opt.init(el.geometry, xp)
@@ -528,34 +519,6 @@ def _replay_record(
             st = reference_state(template, entries, step["step"] - 1)
         except (TypeError, ValueError) as err:
             raise TraceError(f"{where}, element {e}: {err}") from None
-        key = (step["group"], tuple(step["params"]), e)
-        before = None if after is None else after.get(key)
-        if before is not None and before.step == step["step"] - 1:
-            recorded, expected = st, before.state
-            if el.adapter.compares_matrix:
-                recorded = in_matrix_form(st, el.geometry, xp)
-                expected = in_matrix_form(before.state, el.geometry, before.point)
-            ratio, dev, name = state_deviation(
-                recorded,
-                expected,
-                dtype,
-                before.projection,
-                before.deviation,
-                n,
-                r,
-                max(before.conditioning, el.conditioning(xp)),
-            )
-            before.row.update(
-                state_deviation=dev,
-                state_ratio=ratio,
-                state_entry=name,
-                passed=before.row["passed"] and ratio <= 1.0,
-            )
-        if y_parts is None:  # skipped by the port: right only for a non-finite gradient
-            own = not all(bool(np.isfinite(a[j]).all()) for a in g_parts)
-            row["passed"] = own or step["nonfinite_gradient"]
-            rows.append(row)
-            continue
         try:
             y_ref, new_state = opt.step(el.geometry, xp, g, st)
         except (TypeError, ValueError) as err:
@@ -566,7 +529,6 @@ def _replay_record(
         deviation = float(np.linalg.norm(el.compared(y) - c_ref))
         length = float(np.linalg.norm(c_ref - c_x))
         kappa = max(el.conditioning(xp), el.conditioning(y_ref))
-        h = step["hyperparameters"]
         amplification = 0.0
         if h.get("moment") == "elementwise":
             amplification = elementwise_amplification(
@@ -580,6 +542,23 @@ def _replay_record(
         kappa_step = max(kappa, amplification)
         bound = step_bound(dtype, delta, length, size, n, r, kappa_step, factoring)
         bound += amplification * delta
+        state_ratio, state_dev, state_entry = None, None, None
+        if deviation <= bound:  # else the row fails by its point (y may not even be one)
+            yp = el.project(y)
+            entries = {key: _element_entries(el, v, j) for key, v in after.items()}
+            try:
+                recorded = reference_state(new_state, entries, step["step"])
+            except (TypeError, ValueError) as err:
+                message = f"{where}, element {e}, the state after the step: {err}"
+                raise TraceError(message) from None
+            expected = new_state
+            if el.adapter.compares_matrix:
+                recorded = in_matrix_form(recorded, el.geometry, yp)
+                expected = in_matrix_form(new_state, el.geometry, y_ref)
+            kappa_state = max(kappa, el.conditioning(yp))
+            state_ratio, state_dev, state_entry = state_deviation(
+                recorded, expected, dtype, delta, deviation, n, r, kappa_state
+            )
         row.update(
             projection=delta,
             conditioning=kappa,
@@ -587,12 +566,74 @@ def _replay_record(
             deviation=deviation,
             bound=bound,
             bounded=length <= LARGEST_STEP,
-            passed=accepted and deviation <= bound,
+            state_deviation=state_dev,
+            state_ratio=state_ratio,
+            state_entry=state_entry,
         )
+        unchanged = all(np.array_equal(a[j], b[j]) for a, b in zip(x_parts, y_parts, strict=True))
+        row.update(verdict(row, lr_zero=h["lr"] == 0, unchanged=unchanged))
         rows.append(row)
-        if after is not None:
-            after[key] = _After(step["step"], new_state, y_ref, deviation, delta, kappa, row)
     return rows
+
+
+#: The resolution a passing row must have: its bound at most this fraction of its own step's
+#: length, so that a pass excludes every departure larger than a tenth of the step (a step
+#: not taken, a learning rate off by more than 10%, a step of the wrong direction).
+RESOLUTION = 0.1
+
+VERDICTS = ("pass", "fail", "not auditable")
+
+
+def verdict(row: dict[str, Any], *, lr_zero: bool, unchanged: bool) -> dict[str, Any]:
+    """The verdict of a replayed row, sound by construction: "fail" when the point was one the
+    port refuses, the deviation (or the state's) exceeds its bound or is not finite; "pass"
+    only when the check can tell a wrong step from a right one: at lr 0 the point is unchanged
+    bit for bit (the port's R_x(0) = x), otherwise the bound is at most ``RESOLUTION`` of the
+    step's length Δ and the step is one the bound covers (Δ ≤ ``LARGEST_STEP``); every other
+    row is "not auditable", with the reason."""
+    dev, bound, state = row["deviation"], row["bound"], row["state_ratio"]
+    if not row["accepted"]:
+        return _said("fail", f"the point is off its manifold by {row['residual']:.1e}")
+    if not (math.isfinite(dev) and math.isfinite(bound)) or dev > bound:
+        return _said("fail", "the point after the step departs from the rule's")
+    if not state <= 1.0:  # NaN included
+        return _said(
+            "fail", f"the state after the step departs from the rule's ({row['state_entry']})"
+        )
+    if lr_zero:
+        if unchanged:
+            return _said("pass", "lr 0: the point is unchanged")
+        return _said("fail", "lr 0, but the point changed")
+    if not row["bounded"]:
+        return _said("not auditable", f"a step longer than {LARGEST_STEP:g}")
+    if bound > RESOLUTION * row["step_length"]:
+        ratio = bound / row["step_length"] if row["step_length"] else math.inf
+        return _said(
+            "not auditable", f"the bound is {ratio:.2g} of the step (a pass needs ≤ {RESOLUTION:g})"
+        )
+    return _said("pass", None)
+
+
+def _said(what: str, reason: str | None) -> dict[str, Any]:
+    return {"verdict": what, "passed": what == "pass", "reason": reason}
+
+
+def _skipped_verdict(trace: recorder.Trace, step: dict[str, Any], el: Elements, g: Any) -> dict:
+    """A step the port skipped (``skip_nonfinite``) is right only for a non-finite gradient:
+    "pass" when one of the gradients recorded at this step has a non-finite entry, "fail" when
+    every gradient of the step is finite (the trace says none was not), "not auditable" when
+    the trace says a gradient it did not keep was not finite."""
+    if not all(np.isfinite(a).all() for a in parts(g)):
+        return _said("pass", "skipped: its gradient is not finite")
+    same = [k for k, s in enumerate(trace.meta["steps"]) if s["step"] == step["step"]]
+    if any(not np.isfinite(a).all() for k in same for a in trace.parts(k, "g")):
+        return _said("pass", "skipped: a gradient of this step is not finite")
+    if step["nonfinite_gradient"]:
+        return _said(
+            "not auditable",
+            "skipped for a non-finite gradient that the trace does not keep",
+        )
+    return _said("fail", "skipped, but every gradient of the step is finite")
 
 
 def _float64(arrays: Sequence[Array]) -> list[Array]:
@@ -612,24 +653,42 @@ def replay(trace: recorder.Trace, *, progress: bool = False) -> dict[str, Any]:
     """Every record of a trace: one JSON-ready document with ``passed``,
     ``first_failure_step`` and ``steps`` (one row per element of each record)."""
     rows: list[dict[str, Any]] = []
-    after: dict[tuple, _After] = {}
     records = range(len(trace.meta["steps"]))
     for k in tqdm(
         records, desc="rattn audit", unit="record", file=sys.stderr, disable=not progress
     ):
-        rows.extend(replay_record(trace, k, after))
-    for row in rows:  # JSON has no NaN or inf: a non-finite deviation is null (and failed)
+        rows.extend(replay_record(trace, k))
+    for row in rows:  # JSON has no NaN or inf: a non-finite value is null (the row failed)
         for name, v in row.items():
             if isinstance(v, float) and not math.isfinite(v):
                 row[name] = None
-                row["passed"] = False
-    failed = [r for r in rows if not r["passed"]]
     return {
-        "passed": not failed,
-        "first_failure_step": min(r["step"] for r in failed) if failed else None,
+        **overall(rows),
         "optimizer": trace.meta["optimizer"],
-        "versions": trace.meta.get("versions"),
         "steps": rows,
+        "versions": trace.meta.get("versions"),
+    }
+
+
+def overall(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The verdict of a run: "failed" when a row failed; else "not auditable" when a row is,
+    or when no step was replayed (only skipped steps, or none: nothing was shown); else
+    "passed". ``passed`` is true for "passed" only."""
+    failed = [r["step"] for r in rows if r["verdict"] == "fail"]
+    unauditable = [r["step"] for r in rows if r["verdict"] == "not auditable"]
+    replayed = [r for r in rows if not r["skipped"]]
+    if failed:
+        result = "failed"
+    elif unauditable or not replayed:
+        result = "not auditable"
+    else:
+        result = "passed"
+    return {
+        "verdict": result,
+        "passed": result == "passed",
+        "first_failure_step": min(failed) if failed else None,
+        "first_unauditable_step": min(unauditable) if unauditable else None,
+        "counts": {v: sum(r["verdict"] == v for r in rows) for v in VERDICTS},
     }
 
 
@@ -655,4 +714,4 @@ def row_ratio(row: dict[str, Any]) -> float:
     if row["deviation"] is None or not row["bound"]:
         return 0.0 if row["skipped"] else math.inf
     point = row["deviation"] / row["bound"]
-    return max(point, row["state_ratio"] or 0.0)
+    return max(point, row["state_ratio"] if row["state_ratio"] is not None else math.inf)

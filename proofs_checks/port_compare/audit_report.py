@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from proofs_checks.port_compare.audit import LARGEST_STEP, TraceError, row_ratio
+from proofs_checks.port_compare.audit import RESOLUTION, TraceError, row_ratio
 
 
 def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -15,10 +15,14 @@ def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     for row in result["steps"]:
         key = (row["step"], row["group"])
         old = best.get(key)
-        rank = (not row["passed"], row_ratio(row))
-        if old is None or rank > (not old["passed"], row_ratio(old)):
+        if old is None or _rank(row) > _rank(old):
             best[key] = row
     return [best[k] for k in sorted(best)]
+
+
+def _rank(row: dict[str, Any]) -> tuple[int, float]:
+    """A failing row first, then a row that is not auditable, then the largest ratio."""
+    return ({"fail": 2, "not auditable": 1}.get(row["verdict"], 0), row_ratio(row))
 
 
 def _num(v: float | None) -> str:
@@ -37,30 +41,43 @@ def format_table(result: dict[str, Any]) -> str:
         "float64 reference:",
         "",
         "| step | group | geometry | dtype | parameter | element | ‖x − x̄‖ (projected) "
-        "| ‖y − ȳ‖ | bound | state/bound | result |",
-        "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        "| step Δ | ‖y − ȳ‖ | bound | state/bound | result |",
+        "| ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in worst_rows(result):
-        verdict = "pass" if r["passed"] else "FAIL"
-        if r["skipped"]:
-            verdict += " (skipped by the port)"
-        elif not r["bounded"]:
-            verdict += f" (step longer than {LARGEST_STEP:g}: bound not guaranteed)"
+        verdict = {"pass": "pass", "fail": "FAIL"}.get(r["verdict"], r["verdict"])
+        if r["reason"]:
+            verdict += f" ({r['reason']})"
         state = "—" if r["state_ratio"] is None else f"{r['state_ratio']:.2f}"
         lines.append(
             f"| {r['step']} | {r['group']} | {r['geometry']} | {r['dtype'].removeprefix('torch.')} "
             f"| {_parameter(r)} | {r['element']} | {_num(r.get('projection'))} "
+            f"| {_num(r.get('step_length'))} "
             f"| {_num(r['deviation'])} | {_num(r['bound'])} | {state} | {verdict} |"
         )
-    n_failed = sum(not r["passed"] for r in result["steps"])
-    lines += [""]
+    counts, total = result["counts"], len(result["steps"])
+    lines += ["", summary_line(result)]
     lines.append(
-        "PASSED"
-        if result["passed"]
-        else f"FAILED: {n_failed} of {len(result['steps'])} elements, first at step "
-        f"{result['first_failure_step']}"
+        f"rows: {counts['pass']} pass, {counts['fail']} fail, {counts['not auditable']} not "
+        f"auditable, of {total} (a pass needs a bound ≤ {RESOLUTION:g} of its step's length)"
     )
     return "\n".join(lines)
+
+
+def summary_line(result: dict[str, Any]) -> str:
+    """PASSED, FAILED (with the first failing step) or NOT AUDITABLE (with the first step that
+    is not, or the reason that no step was replayed)."""
+    if result["verdict"] == "passed":
+        return "PASSED"
+    if result["verdict"] == "failed":
+        n = result["counts"]["fail"]
+        first = result["first_failure_step"]
+        return f"FAILED: {n} of {len(result['steps'])} elements, first at step {first}"
+    step = result["first_unauditable_step"]
+    if step is None:
+        return "NOT AUDITABLE: no step was replayed (every recorded step was skipped)"
+    n = result["counts"]["not auditable"]
+    return f"NOT AUDITABLE: {n} of {len(result['steps'])} elements, first at step {step}"
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
@@ -88,7 +105,7 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("deviation / bound")
-    verdict = "passed" if result["passed"] else f"failed at step {result['first_failure_step']}"
+    verdict = summary_line(result).split(":")[0].lower()
     ax.set_title(f"rattn audit: {Path(result['trace']).name}, {verdict}")
     ax.legend(fontsize=8)
     fig.tight_layout()
