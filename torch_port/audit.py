@@ -19,8 +19,11 @@ The file is safe to open from strangers: one NumPy ``.npz`` read with ``allow_pi
 (``load``), its metadata (library and torch versions, devices, dtypes, the groups) a JSON
 document stored as bytes. Low-precision tensors (bfloat16, float16) are stored as float32,
 which holds them exactly; the metadata keeps their dtype. Each recorded step is written as it
-completes, into a temporary file beside ``path`` that the recorder's ``close()`` (or the end of
-its ``with`` block) completes and renames to ``path``.
+completes, as one complete file of the folder ``path.parts`` (``parts_dir``), so that a run
+killed, out of disk or never closed keeps every step written (``load`` reads the folder and
+marks the trace partial); the recorder's ``close()`` (or the end of its ``with`` block) joins
+them into ``path``. A recorder that cannot write warns and stops; it never raises out of a
+step that was applied. The rule recorded is the optimizer's preset (``preset_of``).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
+import shutil
 import tokenize
+import warnings
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +46,7 @@ import torch
 
 from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.points import Point
+from torch_port.optim.presets import RSGD, NormalizedRSGD, RiemannianAdam, RiemannianMomentum
 
 META = "meta.json"
 FORMAT = "rattn-audit 2"
@@ -68,6 +73,41 @@ def _elements(count: int, frames: int | None) -> list[int]:
     if frames is None or frames >= count:
         return list(range(count))
     return sorted({round(i * (count - 1) / max(frames - 1, 1)) for i in range(frames)})
+
+
+#: The optimizers whose rules have a reference (``proofs_checks.port_compare.audit``).
+PRESETS = (RiemannianAdam, RiemannianMomentum, RSGD, NormalizedRSGD)
+
+
+def preset_of(optimizer: Any) -> str:
+    """The name of the preset whose rule ``optimizer`` runs: its class's nearest preset
+    ancestor (a subclass is audited as the preset it extends); ValueError for an optimizer
+    that is none of them, whose rule has no reference."""
+    for cls in type(optimizer).__mro__:
+        if cls in PRESETS:
+            return cls.__name__
+    raise ValueError(
+        f"record() audits the rules of torch_port.optim's presets "
+        f"({', '.join(c.__name__ for c in PRESETS)}); {type(optimizer).__name__} is none of "
+        "them nor a subclass of one, so its rule has no reference to replay it through"
+    )
+
+
+def parts_dir(path: Path) -> Path:
+    """The folder that holds the steps of a recording until ``close()``: ``run.npz.parts``."""
+    return path.with_name(path.name + ".parts")
+
+
+def _write_npz(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """An ``.npz`` of ``arrays`` and the JSON ``meta`` (stored, not compressed)."""
+    with zipfile.ZipFile(path, "w", allowZip64=True) as z:
+        for name, array in [*arrays.items(), (META, _json_bytes(meta))]:
+            with z.open(name + ".npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, array, allow_pickle=False)
+
+
+def _json_bytes(meta: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(json.dumps(meta).encode(), np.uint8)
 
 
 def _rank() -> int | None:
@@ -114,20 +154,30 @@ class Recorder:
             raise ValueError(
                 f"ranks must be a sequence of ranks (integers ≥ 0), got {self.ranks!r}"
             )
+        self.preset = preset_of(self.optimizer)
         if Path(self.path).is_dir():
             raise ValueError(f"{self.path}: a directory; record() needs a file path (e.g. run.npz)")
         self.rank = _rank()
         self.path = rank_path(self.path, self.rank)
+        self.parts = parts_dir(self.path)
         self.active = self.ranks is None or (self.rank or 0) in self.ranks
         self._pending: list[tuple[int, Point, int, list[int], int, list[str]]] = []
         self._buffer: dict[str, np.ndarray] = {}
         self._handles = []
-        self._zip: zipfile.ZipFile | None = None
+        self._open = False
         if self.active:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, self._tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".audit-", suffix=".npz")
-            os.close(fd)
-            self._zip = zipfile.ZipFile(self._tmp, "w", allowZip64=True)
+            if os.path.lexists(self.path) and not self.path.is_file():
+                raise ValueError(
+                    f"{self.path}: exists and is not a regular file; record() writes a new "
+                    "trace there, and nothing is written over a device, a FIFO or a link"
+                )
+            if os.path.lexists(self.parts):
+                raise ValueError(
+                    f"{self.parts}: an unfinished recording is there (audit it with rattn "
+                    f"audit {self.path}, or remove it)"
+                )
+            self.parts.mkdir(parents=True)
+            self._open = True
             # under torch.compile(optimizer.step) the hooks run eagerly, as the step does
             self._handles = [
                 self.optimizer.register_step_pre_hook(torch.compiler.disable(self._before)),
@@ -171,10 +221,26 @@ class Recorder:
         t = t.reshape(-1, *t.shape[batch:])[kept] if batch else t[None]
         self._buffer[name] = _array(t)
 
-    def _write(self, name: str, array: np.ndarray) -> None:
-        assert self._zip is not None
-        with self._zip.open(name + ".npy", "w", force_zip64=True) as f:
-            np.lib.format.write_array(f, array, allow_pickle=False)
+    def _meta(self, steps: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "optimizer": self.preset,
+            "class": f"{type(self.optimizer).__module__}.{type(self.optimizer).__qualname__}",
+            "every": self.every,
+            "frames": self.frames,
+            "rank": self.rank,
+            "versions": {"rattn": _version("rattn"), "torch": torch.__version__},
+            "steps": steps,
+        }
+
+    def _write_part(self, first: int, arrays: dict[str, np.ndarray]) -> None:
+        """This step's records as one complete file of the parts folder, written beside and
+        renamed into place, so that every step written survives a kill, a full disk or a
+        missing ``close()`` (``load`` reads the folder of an unclosed recording)."""
+        name = self.parts / f"{first:09d}.npz"
+        tmp = self.parts / f".{first:09d}.tmp"
+        _write_npz(tmp, arrays, self._meta(self.steps[first:]))
+        os.replace(tmp, name)
 
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._pending, self._buffer = [], {}  # a step that raised leaves nothing
@@ -215,6 +281,7 @@ class Recorder:
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         nonfinite: bool | None = None
+        first = len(self.steps)
         buffered, self._buffer = self._buffer, {}
         for old, point, t, kept, batch, keys in self._pending:
             if all(p.grad is None for p in point.params):
@@ -266,31 +333,44 @@ class Recorder:
                     "nonfinite_gradient": bool(nonfinite) if not done else False,
                 }
             )
-        for name, array in self._buffer.items():
-            self._write(name, array)
-        self._pending, self._buffer = [], {}
+        arrays, self._pending, self._buffer = self._buffer, [], {}
+        if len(self.steps) > first:
+            try:
+                self._write_part(first, arrays)
+            except OSError as err:  # the step was applied: never raise out of it
+                self.steps = self.steps[:first]
+                self._stop(
+                    f"could not write the step's record ({err}); recording stopped, the steps "
+                    f"written so far are kept in {self.parts}"
+                )
 
-    def close(self) -> Path | None:
-        """Remove the hooks, add the metadata and move the file to ``path``; returns its path
-        (None on a rank that does not record, or when already closed)."""
+    def _stop(self, why: str) -> None:
+        """Stop recording without raising (the optimizer's step went through): warn, remove
+        the hooks; what was written stays auditable."""
+        warnings.warn(f"torch_port.audit: {why}", RuntimeWarning, stacklevel=3)
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._zip is None:
+
+    def close(self) -> Path | None:
+        """Remove the hooks and write the trace: the parts folder's steps as one file at
+        ``path`` (written beside it and renamed into place), then remove the folder; returns
+        its path (None on a rank that does not record, or when already closed)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if not self._open:
             return None
-        meta = {
-            "format": FORMAT,
-            "optimizer": type(self.optimizer).__name__,
-            "every": self.every,
-            "frames": self.frames,
-            "rank": self.rank,
-            "versions": {"rattn": _version("rattn"), "torch": torch.__version__},
-            "steps": self.steps,
-        }
-        self._write(META, np.frombuffer(json.dumps(meta).encode(), np.uint8))
-        self._zip.close()
-        self._zip = None
-        os.replace(self._tmp, self.path)
+        self._open = False
+        trace = _read_parts(self.parts)
+        if os.path.lexists(self.path) and not self.path.is_file():
+            raise ValueError(
+                f"{self.path} is no longer a regular file; the trace stays in {self.parts}"
+            )
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        _write_npz(tmp, trace.arrays, self._meta(self.steps))
+        os.replace(tmp, self.path)
+        shutil.rmtree(self.parts)
         return self.path
 
     def __enter__(self) -> Recorder:
@@ -383,14 +463,44 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _read_one(path: Path) -> Trace:
+    """One ``.npz`` of the recorder: its arrays and its metadata (not yet checked)."""
+    arrays = _read_npz(path)
+    return Trace(json.loads(bytes(arrays.pop(META)).decode()), arrays)
+
+
+def _read_parts(folder: Path) -> Trace:
+    """The steps written to the parts folder of a recording, in order, as one trace."""
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".npz" and p.is_file())
+    if not files:
+        raise ValueError(f"{folder}: a recording's folder that holds no recorded step")
+    pieces = [_read_one(p) for p in files]
+    meta = {**pieces[0].meta, "steps": [s for piece in pieces for s in piece.meta["steps"]]}
+    if any(
+        {k: v for k, v in p.meta.items() if k != "steps"}
+        != {k: v for k, v in pieces[0].meta.items() if k != "steps"}
+        for p in pieces
+    ):
+        raise ValueError(f"{folder}: its files are not parts of one recording")
+    return Trace(meta, {k: v for piece in pieces for k, v in piece.arrays.items()})
+
+
 def load(path: str | os.PathLike) -> Trace:
     """A recorded run, read without running any code from the file (``_read_npz``: no pickle,
     every header checked before its data) and checked (``check_trace``); ValueError naming the
-    file for anything that is not one."""
+    file for anything that is not one. A recording that was never closed (killed, out of disk,
+    no ``close()``) is read from its parts folder (``run.npz.parts``, or that folder named
+    itself) with every step written before it stopped; its metadata says ``partial``."""
     path = Path(path)
+    folder = path if path.name.endswith(".parts") else parts_dir(path)
+    partial = not os.path.lexists(path) or path == folder
     try:
-        arrays = _read_npz(path)
-        meta = json.loads(bytes(arrays.pop(META)).decode())
+        if partial and folder.is_dir():
+            trace = _read_parts(folder)
+            trace.meta["partial"] = True
+        else:
+            trace = _read_one(path)
+        meta = trace.meta
     except (
         OSError,
         ValueError,
@@ -402,6 +512,8 @@ def load(path: str | os.PathLike) -> Trace:
         tokenize.TokenError,
         zipfile.BadZipFile,
         UnicodeDecodeError,
+        TypeError,
+        AttributeError,
     ) as err:
         raise ValueError(f"{path}: not an audit trace ({type(err).__name__}: {err})") from None
     if isinstance(meta, dict) and meta.get("format") == "rattn-audit 1":
@@ -411,7 +523,6 @@ def load(path: str | os.PathLike) -> Trace:
         )
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not an audit trace of format {FORMAT!r}")
-    trace = Trace(meta, arrays)
     try:
         check_trace(trace)
     except ValueError as err:

@@ -665,6 +665,7 @@ def replay(trace: recorder.Trace, *, progress: bool = False) -> dict[str, Any]:
     return {
         **overall(rows),
         "optimizer": trace.meta["optimizer"],
+        "partial": bool(trace.meta.get("partial", False)),
         "steps": rows,
         "versions": trace.meta.get("versions"),
     }

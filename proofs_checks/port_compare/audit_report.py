@@ -57,11 +57,20 @@ def format_table(result: dict[str, Any]) -> str:
         )
     counts, total = result["counts"], len(result["steps"])
     lines += ["", summary_line(result)]
+    if result["partial"]:
+        lines.append(
+            "PARTIAL: the recording was not closed (killed, out of disk, or no close()); the "
+            f"steps written before it stopped were replayed, up to step {max_step(result)}"
+        )
     lines.append(
         f"rows: {counts['pass']} pass, {counts['fail']} fail, {counts['not auditable']} not "
         f"auditable, of {total} (a pass needs a bound ≤ {RESOLUTION:g} of its step's length)"
     )
     return "\n".join(lines)
+
+
+def max_step(result: dict[str, Any]) -> int | None:
+    return max((r["step"] for r in result["steps"]), default=None)
 
 
 def summary_line(result: dict[str, Any]) -> str:
