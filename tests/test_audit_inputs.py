@@ -636,3 +636,61 @@ def test_recording_to_a_folder_leaves_no_temporary_file(tmp_path) -> None:
         audit.record(opt, tmp_path / "out")
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     assert os.listdir(tmp_path / "out") == []
+
+
+def _rezip(base, path, *, compression=zipfile.ZIP_STORED, flag_bits=0, declare=None):
+    """``base`` re-zipped with every member compressed by ``compression``, with ``flag_bits``
+    set (1: "encrypted"), and, with ``declare``, a first member whose central directory claims
+    ``declare`` uncompressed bytes."""
+    with zipfile.ZipFile(base) as src, zipfile.ZipFile(path, "w") as dst:
+        for k, info in enumerate(src.infolist()):
+            out = zipfile.ZipInfo(info.filename)
+            out.compress_type = compression
+            dst.writestr(out, src.read(info))
+            dst.filelist[-1].flag_bits |= flag_bits  # in the central directory, which is read
+            if k == 0 and declare is not None:
+                dst.filelist[-1].file_size = declare
+    return path
+
+
+def _special(kind, tmp_path):
+    if kind == "FIFO":
+        os.mkfifo(tmp_path / "f.npz")
+        return tmp_path / "f.npz"
+    if kind == "a link to /dev/zero":
+        os.symlink("/dev/zero", tmp_path / "z.npz")
+        return tmp_path / "z.npz"
+    return "/dev/zero"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda b, p: _rezip(b, p, compression=zipfile.ZIP_BZIP2), "compressed with method 12"),
+        (lambda b, p: _rezip(b, p, compression=zipfile.ZIP_LZMA), "compressed with method 14"),
+        (lambda b, p: _rezip(b, p, flag_bits=0x1), "is encrypted"),
+        (
+            lambda b, p: _rezip(b, p, compression=zipfile.ZIP_DEFLATED, declare=2**30),
+            "declares 1073741824 bytes, more than",
+        ),
+        (lambda b, p: _special("/dev/zero", p.parent), "not a regular file"),
+        (lambda b, p: _special("a link to /dev/zero", p.parent), "not a regular file"),
+        (lambda b, p: _special("FIFO", p.parent), "not a regular file"),
+    ],
+    ids=["bzip2", "lzma", "encrypted", "deflate declared 1 GiB", "/dev/zero", "link", "FIFO"],
+)
+def test_files_a_stranger_could_hand_over_are_refused_in_one_line(
+    base, tmp_path, capsys, make, message
+) -> None:
+    """Nothing is decompressed without a bound, read without end, or blocked on: each exits 2
+    with one line naming the file and the problem."""
+    path = make(base, tmp_path / "bad.npz")
+    rc, _, err = _cli(capsys, path)
+    assert rc == 2 and message in err and str(path) in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_deflated_trace_is_read(base, tmp_path) -> None:
+    """Control: deflate is a trace's other member method, and reads as the stored original."""
+    path = _rezip(base, tmp_path / "deflated.npz", compression=zipfile.ZIP_DEFLATED)
+    assert pa.audit(path)["verdict"] == pa.audit(base)["verdict"] == "passed"

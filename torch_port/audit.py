@@ -32,6 +32,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tokenize
 import warnings
 import zipfile
@@ -423,20 +424,60 @@ class Trace:
         return out
 
 
+#: The most a deflated member can expand: deflate's largest ratio is 1032:1.
+DEFLATE_RATIO = 1032
+
+
+def _open_regular(path: Path) -> Any:
+    """``path`` opened for reading if it is a regular file (a device such as /dev/zero, a FIFO,
+    a directory or a link to one is refused before a byte is read: opened without blocking,
+    then the descriptor itself ``fstat``-ed); ValueError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError("not a regular file (a device, a FIFO or a directory)")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _check_member(info: zipfile.ZipInfo, length: int) -> None:
+    """A member the reader may decompress: not a .npy, encrypted, compressed otherwise than
+    stored or deflated (bzip2 and lzma have no bound on their expansion), or declaring more
+    bytes than its compressed data can hold or than the file has, is refused by name."""
+    name = info.filename
+    if not name.endswith(".npy"):
+        raise ValueError(f"member {name!r} is not a .npy array")
+    if info.flag_bits & 0x1:
+        raise ValueError(f"member {name!r} is encrypted")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise ValueError(
+            f"member {name!r} is compressed with method {info.compress_type}; a trace's "
+            "members are stored or deflated"
+        )
+    if info.header_offset + info.compress_size > length:
+        raise ValueError(f"member {name!r} declares {info.compress_size} bytes past the file's end")
+    most = info.compress_size * (1 if info.compress_type == zipfile.ZIP_STORED else DEFLATE_RATIO)
+    if info.file_size > most:
+        raise ValueError(
+            f"member {name!r} declares {info.file_size} bytes, more than its "
+            f"{info.compress_size} compressed bytes can hold"
+        )
+
+
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     """Every member of the ``.npz`` at ``path`` as an array, each header checked before its data
     is read: a ``.npy`` member with a well-formed header, no object dtype (nothing is
     unpickled), and a declared size that the member's bytes hold (so no header can make the
     loader allocate more than the file has); member names unique. ValueError otherwise."""
     arrays: dict[str, np.ndarray] = {}
-    with zipfile.ZipFile(path) as zf:
+    with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
         infos = zf.infolist()
         names = [i.filename for i in infos]
         if len(set(names)) != len(names):
             raise ValueError("a member name appears twice")
+        length = os.fstat(raw.fileno()).st_size
         for info in infos:
-            if not info.filename.endswith(".npy"):
-                raise ValueError(f"member {info.filename!r} is not a .npy array")
+            _check_member(info, length)
             with zf.open(info) as f:
                 version = np.lib.format.read_magic(f)
                 headers = {
