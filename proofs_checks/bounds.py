@@ -112,6 +112,22 @@ def relative_tolerance(d: int, r: int, spread: float = 1.0, u: float = FLOAT64_U
     return 2 * (spread * (2 * gamma(d, u) + 2 * gamma(r, u)) * np.sqrt(r) + 6 * u)
 
 
+def eps_identity_tolerance(d: int, r: int, u: float = FLOAT64_U) -> float:
+    """Bound on |‖ξ_ε − ξ_0‖ − (predicted)|/M for two steps of one frame rule from the same
+    state that differ only in ε (RA-2), each optionally capped at Δ, M = min(‖ξ_0‖, Δ) (Δ = ∞
+    without the cap); n = d·r entries.
+
+    In exact arithmetic both steps are positive multiples of the same m̂. Each computed step
+    carries ≤ 6u relative error from its scalar factors (cf. ``relative_tolerance``); the cap
+    ξ·min(1, Δ/‖ξ‖) adds the norm (entries divided by max|ξ| (u), a sum of n squares (γ_n), a
+    square root and a product (2u)), the division Δ/‖ξ‖ and the product (2u): ≤ γ_n + 12u in
+    all. The measured ‖ξ_ε − ξ_0‖ is off by ≤ (γ_n + 12u)·2M from the steps plus (γ_n + 2u)·M
+    from its own norm; the prediction min(‖ξ_0‖, Δ) − min(‖ξ_0‖·q, Δ), q = √v̂/(√v̂ + ε), by
+    ≤ 2(γ_n + 6u)·M (‖ξ_0‖ as above, q three roundings). Collected: 5γ_n + 38u.
+    """
+    return 5 * gamma(d * r, u) + 38 * u
+
+
 def adam_ratio_bound(steps: int, b2: float) -> float:
     """ρ_T = sqrt(T/β2^{T−1}) ≥ |m̂_t/(√v̂_t + ε)| for every entry and t ≤ T.
 

@@ -26,6 +26,13 @@ from reference.environment import environment
 
 #: The files ``Certificate.write`` produces, in this order.
 CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex", "certificate.bib")
+#: The most ids a BibTeX title lists; past that it gives their number (``Certificate.bib_title``).
+BIB_TITLE_IDS = 3
+
+
+def _bib_id(pid: str) -> str:
+    """A proposition id for BibTeX: LaTeX text in braces (its case kept by every style)."""
+    return "{" + latex.text(pid) + "}"
 
 
 def _number(x: float | None) -> float | None:
@@ -197,13 +204,15 @@ class Certificate:
         return "\n".join(out)
 
     def to_bib(self) -> str:
-        """A BibTeX entry for the certificate: key ``rattn-<first 8 of the source hash>-s<seed>``,
-        with the package version, seed, result, commit and hashes in ``note``."""
+        """A BibTeX entry for the certificate: key ``rattn-<first 8 of the source hash>-s<seed>``;
+        a short title (``bib_title``); the ids, package version, seed, result, commit and hashes
+        in ``note``. Every id is in braces, so that a style that changes the case of titles and
+        notes leaves it as it is."""
         env = self.environment
         version = env["versions"].get("rattn") or "unknown"
         source = env.get("source_hash") or "unknown"
-        ids = ", ".join(r.proposition.id for r in self.results)
-        note = (
+        ids = ", ".join(_bib_id(r.proposition.id) for r in self.results)
+        details = (
             f"rattn {version}, seed {self.seed}{', quick run' if self.quick else ''}: "
             f"{'passed' if self.passed else 'FAILED'}; source hash {source}; "
             f"commit {env.get('git_commit') or 'unknown'}"
@@ -213,15 +222,25 @@ class Certificate:
             [
                 f"@misc{{rattn-{source[:8]}-s{self.seed},",
                 "  author = {{rattn}},",
-                f"  title = {{Certificate of {len(self.results)} propositions: "
-                f"{latex.text(ids)}}},",
+                f"  title = {{{self.bib_title()}}},",
                 f"  year = {{{env['created'][:4]}}},",
                 "  howpublished = {\\texttt{rattn certify}},",
-                f"  note = {{{latex.text(note)}}},",
+                f"  note = {{Propositions {ids}; {latex.text(details)}}},",
                 "}",
                 "",
             ]
         )
+
+    def bib_title(self) -> str:
+        """The BibTeX title: the ids, each in braces, when there are at most BIB_TITLE_IDS of
+        them (``Certificate of {RA-4} and {EB-3}``), else their number (``Certificate of 35
+        propositions``); the full list is in the entry's ``note``."""
+        ids = [_bib_id(r.proposition.id) for r in self.results]
+        if not ids or len(ids) > BIB_TITLE_IDS:
+            n = len(ids)
+            return f"Certificate of {n} proposition{'' if n == 1 else 's'}"
+        listed = ids[0] if len(ids) == 1 else ", ".join(ids[:-1]) + f" and {ids[-1]}"
+        return f"Certificate of {listed}"
 
     def write(self, out_dir: str | Path) -> list[Path]:
         """Write CERTIFICATE_FILES (JSON, Markdown, LaTeX, BibTeX) into ``out_dir`` (created

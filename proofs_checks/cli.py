@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("--json", action="store_true", help="print one JSON document")
 
     ver = sub.add_parser(
-        "verify", help="re-run a certificate on the installed code: results and hashes match?"
+        "verify", help="re-run a certificate on the installed code: does every field match?"
     )
     ver.add_argument("certificate", help="a certificate.json written by rattn certify")
     ver.add_argument("--json", action="store_true", help="print one JSON document")
@@ -319,8 +319,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """``rattn verify CERT.json``: 0 when every proposition matches, 1 otherwise, 2 for a file
-    that is not a certificate."""
+    """``rattn verify CERT.json``: 0 when every field matches, 1 otherwise (each difference
+    named), 2 for a file that is not a certificate or cannot be read safely."""
     from proofs_checks.verify import format_verify, verify
 
     result = verify(args.certificate, progress=not args.json)

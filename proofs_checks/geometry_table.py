@@ -23,8 +23,9 @@ COST = "O((m+n)r² + r³)"
 def describe(m: int = 8, n: int = 6, r: int = 2, seed: int = 0) -> list[dict[str, Any]]:
     """One row per geometry: representation, metric, dimension, claimed and measured order.
 
-    The order is measured as in GEO-*: the slope of the tangential part of R_x(tξ) − x − tξ
-    (3 for second order, 2 for first) on the Taylor grid; None when every error is at the
+    The order is measured as in GEO-*: the slope of the order-defining error (for St(d, r) the
+    distance of R_x(tξ) to the metric's geodesic, else the tangential part of R_x(tξ) − x − tξ;
+    3 for second order, 2 for first) on the Taylor grid; None when every error is at the
     rounding floor (an exact model, e.g. the additive retraction in factor space).
     """
     rows = []

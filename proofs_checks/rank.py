@@ -22,6 +22,7 @@ import codecs
 import importlib.util
 import json
 import math
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -31,6 +32,7 @@ import numpy as np
 
 from proofs_checks.memory import require_memory
 from reference import capacity
+from reference.safe_files import check_member, open_regular
 
 ATTENTION = ("linear", "softmax", "static")
 #: Spectrum values shown in the text table (all of them go to the JSON document and the plot).
@@ -76,15 +78,20 @@ def load_sequences(
     if head.startswith(np.lib.format.MAGIC_PREFIX):
         raise ValueError(f"{name} holds a single array, not a .npz archive with X and Y")
     try:
-        archive = zipfile.ZipFile(path)
+        raw = open_regular(path)  # the file checked above cannot be swapped for a device
     except OSError as exc:
         raise ValueError(f"cannot read {name}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"cannot read {name}: {exc}") from None
+    try:
+        archive = zipfile.ZipFile(raw)
     except zipfile.BadZipFile:
+        raw.close()
         raise ValueError(
             f"cannot read {name} as a .npz archive: it is not a .npz archive "
             f"({_describe_start(head)})"
         ) from None
-    with archive:
+    with raw, archive:
         members = archive.namelist()
         arrays = {}
         for role, key, option in (("X", x_key, "--x"), ("Y", y_key, "--y")):
@@ -126,6 +133,10 @@ def _read_member(
     ``memory.memory_limit`` (``memory.require_memory``). A member whose CRC or compressed stream
     is damaged is reported as corrupted."""
     where, label = f"member {member} of {name}", f"{role} ({key!r})"
+    try:
+        check_member(archive.getinfo(member), os.fstat(archive.fp.fileno()).st_size)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
     try:
         with archive.open(member) as fp:
             try:

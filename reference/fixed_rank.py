@@ -25,13 +25,18 @@ def _check_sizes(owner: str, m: int, n: int, r: int) -> None:
         raise ValueError(f"rank r must satisfy r ≤ min(m, n), got r={r} > min({m}, {n})")
 
 
+#: The rank test of ``_rank_check`` refuses σ_r/σ_1 ≤ r·RANK_EPS (ε of float64); read at call
+#: time, so a check can move the threshold (a near-miss control).
+RANK_EPS = float(np.finfo(np.float64).eps)
+
+
 def _rank_check(name: str, a: Array) -> None:
     """Raise ValueError unless the m×r factor is finite and has full column rank, σ_r/σ_1 > r·ε;
     the message gives the measured σ_r and σ_1 (a zero factor is said to be zero, a non-finite
     one to have non-finite entries: never σ_r/σ_1 = nan)."""
     check_finite(f"factor {name}", a)
     s = np.linalg.svd(a, compute_uv=False)
-    r, tol = a.shape[1], a.shape[1] * np.finfo(np.float64).eps
+    r, tol = a.shape[1], a.shape[1] * RANK_EPS
     if s[0] == 0.0:
         raise ValueError(f"rank-deficient factor {name}: it is zero, σ_1 = σ_r = 0 (rank 0 < {r})")
     if s[-1] <= tol * s[0]:

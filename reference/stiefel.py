@@ -16,6 +16,26 @@ METRICS = ("embedded", "canonical")
 DEFAULT_ATOL = float(np.sqrt(np.finfo(np.float64).eps))
 
 
+def retraction_order(d: int, r: int, retraction: str, metric: str) -> int:
+    """The order of a retraction against the geodesics of the chosen metric: 2 where
+    ‖R_W(tξ) − γ(t)‖ = O(t³) for the metric's geodesic γ with γ(0) = W, γ'(0) = ξ, else 1.
+
+    Embedded metric: polar, polar_svd and exp are second order, QR first order for r ≥ 2.
+    Canonical metric: the embedded and canonical geodesics have the accelerations −W ξᵀξ and
+    −ξξᵀW − W((Wᵀξ)² + ξᵀξ) at t = 0 (Edelman, Arias & Smith 1998, eqs. 2.7 and 2.41); for
+    ξ = WA + W⊥B (A skew) they differ by W⊥BA, a tangent vector, so every map that is second
+    order for the embedded metric (polar, polar_svd, exp) is only first order for the canonical
+    one, unless BA = 0 for every ξ: r = 1 (A = 0; the two metrics coincide on St(d, 1)) or
+    r = d (B = 0; on O(d) the two metrics have the same geodesics). QR is first order for r ≥ 2
+    in both metrics and equals the polar map for r = 1.
+    """
+    if r == 1:
+        return 2
+    if retraction == "qr":
+        return 1
+    return 2 if metric == "embedded" or r == d else 1
+
+
 class Stiefel:
     """St(d, r) with 1 ≤ r ≤ d.
 
@@ -23,12 +43,19 @@ class Stiefel:
     array ξ of the same shape with Wᵀξ + ξᵀW = 0. The metric is the embedded (Euclidean) one,
     ⟨ξ, η⟩ = tr(ξᵀη), or optionally the canonical one, ⟨ξ, η⟩ = tr(ξᵀ(I − ½WWᵀ)η).
 
+    ``exp`` is always the exponential map of the embedded metric (the map the "exp" retraction
+    uses), ``canonical_exp`` that of the canonical metric, and ``geodesic`` that of the metric
+    chosen here; ``retraction_order`` is measured against the chosen metric's geodesics (see
+    ``retraction_order``): with the canonical metric every retraction is first order for
+    2 ≤ r < d.
+
     Args:
         d: ambient dimension (rows).
         r: number of orthonormal columns, 1 ≤ r ≤ d.
         retraction: "polar" (default; (W + ξ)(Gram)^{-1/2} with the Gram actually formed, second
-            order), "polar_svd" (the same map through the SVD), "qr" (sign-fixed QR, first order
-            for r ≥ 2) or "exp" (the exponential map of the embedded metric).
+            order in the embedded metric), "polar_svd" (the same map through the SVD), "qr"
+            (sign-fixed QR, first order for r ≥ 2) or "exp" (the exponential map of the
+            embedded metric).
         metric: "embedded" (default) or "canonical".
     """
 
@@ -49,8 +76,9 @@ class Stiefel:
             raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
         self.d, self.r = int(d), int(r)
         self.retraction, self.metric = retraction, metric
-        #: 2 for polar and exp; QR is first order (for r = 1 it coincides with polar).
-        self.retraction_order = 1 if retraction == "qr" and r > 1 else 2
+        #: Against the chosen metric's geodesics (``retraction_order``): 2 for polar and exp in
+        #: the embedded metric, 1 for QR (r ≥ 2) and, in the canonical metric, for 2 ≤ r < d.
+        self.retraction_order = retraction_order(self.d, self.r, retraction, metric)
         self.dim = self.d * self.r - self.r * (self.r + 1) // 2
         self.shape = (self.d, self.r)
 
@@ -122,6 +150,29 @@ class Stiefel:
         eye = np.eye(self.r)
         block = np.block([[a, -s], [eye, a]])
         return np.hstack([x, u]) @ linalg.expm(block)[:, : self.r] @ linalg.expm(-a)
+
+    def canonical_exp(self, x: Array, u: Array) -> Array:
+        """Geodesic of the canonical metric at t = 1 (Edelman, Arias & Smith 1998, eq. 2.42):
+
+        Exp_W(ξ) = [W, Q] expm([[A, −Rᵀ], [R, 0]]) [I_r; 0],  A = Wᵀξ,  QR = (I − WWᵀ)ξ,
+
+        with Q (d×q, q = min(r, d − r)) orthonormal and orthogonal to W. Q is taken from the QR
+        of [W, (I − WWᵀ)ξ] (its last q columns) and R = Qᵀ(I − WWᵀ)ξ, so that Q stays
+        orthogonal to W when (I − WWᵀ)ξ is rank deficient (always when d < 2r), where the QR of
+        (I − WWᵀ)ξ alone would return columns that are not. Cost O(dr² + r³).
+        """
+        a = transpose(x) @ u
+        k = u - x @ a
+        q = min(self.r, self.d - self.r)
+        basis = np.linalg.qr(np.hstack([x, k]))[0][:, self.r : self.r + q]
+        rr = transpose(basis) @ k
+        block = np.block([[a, -transpose(rr)], [rr, np.zeros((q, q))]])
+        return np.hstack([x, basis]) @ linalg.expm(block)[:, : self.r]
+
+    def geodesic(self, x: Array, u: Array) -> Array:
+        """The geodesic of the chosen metric at t = 1: ``exp`` (embedded) or ``canonical_exp``
+        (canonical); the curve t ↦ geodesic(W, tξ) is the one ``retraction_order`` refers to."""
+        return self.exp(x, u) if self.metric == "embedded" else self.canonical_exp(x, u)
 
     def transport(self, x: Array, y: Array, u: Array) -> Array:
         """Vector transport by projection: P_Y(ξ)."""

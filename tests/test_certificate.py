@@ -97,6 +97,31 @@ def test_write_produces_the_four_files(cert, tmp_path) -> None:
     assert bib.isascii() and bib.count("{") == bib.count("}")
 
 
+@pytest.mark.parametrize(
+    ("ids", "title"),
+    [
+        (["RA-5"], "Certificate of {RA-5}"),
+        (["RA-7", "RA-5"], "Certificate of {RA-7} and {RA-5}"),
+        (
+            ["RA-1", "GEO-stiefel_pair", "EB-3"],
+            r"Certificate of {RA-1}, {GEO-stiefel\_\allowbreak{}pair} and {EB-3}",
+        ),
+        (["RA-1", "RA-2", "RA-3", "RA-4"], "Certificate of 4 propositions"),
+        (list(REGISTRY), f"Certificate of {len(REGISTRY)} propositions"),
+    ],
+)
+def test_the_bib_title_is_short_with_its_ids_in_braces(ids, title) -> None:
+    """BibTeX styles change a title's case except inside braces: every id is braced, in the
+    title (at most three) and in the note (all of them, in order)."""
+    cert = Certificate([PropositionResult(REGISTRY[i]) for i in ids], seed=3, quick=True)
+    lines = cert.to_bib().splitlines()
+    assert f"  title = {{{title}}}," in lines
+    note = next(line for line in lines if line.startswith("  note = {"))
+    braced = ", ".join("{" + latex.text(i) + "}" for i in ids)
+    assert note.startswith(f"  note = {{Propositions {braced}; rattn ")
+    assert note.count("{") == note.count("}")
+
+
 def test_certify_rejects_unknown_ids() -> None:
     with pytest.raises(ValueError, match="RA-99"):
         certify(ids=["RA-99"])

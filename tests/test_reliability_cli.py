@@ -351,8 +351,37 @@ def _not_npy_member(tmp_path):
     return path
 
 
+def _bzip2_bomb(tmp_path):
+    """12 kB of bzip2 that would expand to 1 GiB of zeros (X), and a normal Y."""
+    path = tmp_path / "bomb.npz"
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f8", "fortran_order": False, "shape": (2**10, 2**10, 2**7)}
+    )
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_BZIP2) as zf:
+        with zf.open("X.npy", "w", force_zip64=True) as f:
+            f.write(header.getvalue())
+            for _ in range(2**10):
+                f.write(bytes(2**20))
+        zf.writestr("Y.npy", b"")
+    return path
+
+
+def _fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo.npz")
+    return tmp_path / "fifo.npz"
+
+
+def _link_to_zero(tmp_path):
+    os.symlink("/dev/zero", tmp_path / "zero.npz")
+    return tmp_path / "zero.npz"
+
+
 FILES = {
     "empty": (_empty, r"'[^']*empty\.npz': it is empty \(0 bytes\)"),
+    "bzip2 bomb": (_bzip2_bomb, r"member 'X\.npy' is compressed with method 12"),
+    "FIFO": (_fifo, r"'[^']*fifo\.npz': it is not a regular file"),
+    "link to /dev/zero": (_link_to_zero, r"'[^']*zero\.npz': it is not a regular file"),
     "directory": (_directory, r"'[^']*dir\.npz': it is a directory"),
     "text": (_text, r"is not a \.npz archive \(it is a text file starting 'S,n,d'\)"),
     "binary": (_binary, r"is not a \.npz archive \(it starts with b'\\x80\\x04\\x95"),

@@ -424,11 +424,13 @@ class Trace:
         return out
 
 
+# torch_port does not import reference (DESIGN §2): the reader's two guards, as in
+# reference.safe_files.
 #: The most a deflated member can expand: deflate's largest ratio is 1032:1.
 DEFLATE_RATIO = 1032
 
 
-def _open_regular(path: Path) -> Any:
+def open_regular(path: Path) -> Any:
     """``path`` opened for reading if it is a regular file (a device such as /dev/zero, a FIFO,
     a directory or a link to one is refused before a byte is read: opened without blocking,
     then the descriptor itself ``fstat``-ed); ValueError otherwise."""
@@ -440,13 +442,13 @@ def _open_regular(path: Path) -> Any:
     return os.fdopen(fd, "rb")
 
 
-def _check_member(info: zipfile.ZipInfo, length: int) -> None:
+def check_member(info: zipfile.ZipInfo, length: int, suffix: str = ".npy") -> None:
     """A member the reader may decompress: not a .npy, encrypted, compressed otherwise than
     stored or deflated (bzip2 and lzma have no bound on their expansion), or declaring more
     bytes than its compressed data can hold or than the file has, is refused by name."""
     name = info.filename
-    if not name.endswith(".npy"):
-        raise ValueError(f"member {name!r} is not a .npy array")
+    if not name.endswith(suffix):
+        raise ValueError(f"member {name!r} is not a {suffix} array")
     if info.flag_bits & 0x1:
         raise ValueError(f"member {name!r} is encrypted")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -470,14 +472,14 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     unpickled), and a declared size that the member's bytes hold (so no header can make the
     loader allocate more than the file has); member names unique. ValueError otherwise."""
     arrays: dict[str, np.ndarray] = {}
-    with _open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
+    with open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
         infos = zf.infolist()
         names = [i.filename for i in infos]
         if len(set(names)) != len(names):
             raise ValueError("a member name appears twice")
         length = os.fstat(raw.fileno()).st_size
         for info in infos:
-            _check_member(info, length)
+            check_member(info, length, ".npy")
             with zf.open(info) as f:
                 version = np.lib.format.read_magic(f)
                 headers = {

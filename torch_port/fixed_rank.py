@@ -22,6 +22,9 @@ from torch_port.linalg import Tensor, transpose
 CONDITION_LIMIT = 1e-8
 
 WIDE = torch.float64
+#: R1 refuses a core S with σ_r/σ_1 ≤ r·RANK_EPS (ε of float64), as the reference; read at
+#: call time, so a check can move the threshold (a near-miss control).
+RANK_EPS = torch.finfo(WIDE).eps
 
 
 def _wide(a: Tensor) -> Tensor:
@@ -160,7 +163,7 @@ class FixedRankEmbedded(FactoredGeometry):
         return linalg.polar(u_new), s_new, linalg.polar(v_new)
 
     def _check_rank(self, ratio: Tensor) -> None:
-        bad = ~(ratio > self.r * torch.finfo(WIDE).eps)
+        bad = ~(ratio > self.r * RANK_EPS)
         _raise_if(
             bad,
             lambda: (
@@ -211,7 +214,7 @@ class FixedRankEmbedded(FactoredGeometry):
         self.check_orthonormal(x, {"U": x[0], "V": x[2]}, atol)
         ratio = singular_value_ratio(x[1])
         _raise_if(
-            ~(ratio > self.r * torch.finfo(WIDE).eps),
+            ~(ratio > self.r * RANK_EPS),
             lambda: f"rank-deficient factor S: σ_min/σ_max = {float(ratio.min()):.3e}",
         )
 

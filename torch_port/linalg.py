@@ -327,12 +327,18 @@ def working_gram(a: Tensor) -> Tensor:
     return gram64(a)
 
 
+def polar_rank_floor(dtype: torch.dtype, rows: int) -> float:
+    """ε·d: the polar factor refuses A (d rows) when λ_min(AᵀA) ≤ ε·d·λ_max, as the reference
+    (ε of A's dtype; ε·d is exact, so ε·d·λ_max rounds once, as ε·λ_max·d did)."""
+    return torch.finfo(dtype).eps * rows
+
+
 def _polar_eigh(a: Tensor, gram: Tensor, sharded: bool = False) -> Tensor:
     """The polar factor from the eigendecomposition of the Gram (reference's route); the
     ill-conditioned matrices of the batch take the SVD route, which a row-sharded A cannot."""
     lam, q = torch.linalg.eigh(sym(gram))
     lo, hi = lam[..., 0], lam[..., -1]  # ascending
-    deficient = ~(lo > torch.finfo(a.dtype).eps * hi * a.shape[-2])  # NaN counts as deficient
+    deficient = ~(lo > polar_rank_floor(a.dtype, a.shape[-2]) * hi)  # NaN counts as deficient
     ill = hi > POLAR_GRAM_MAX_COND**2 * lo
     flags = torch.stack([deficient.any(), ill.any()]).tolist()
     if flags[0]:

@@ -24,6 +24,19 @@ RETRACTIONS = ("polar", "polar_svd", "qr", "exp")
 METRICS = ("embedded", "canonical")
 
 
+def retraction_order(d: int, r: int, retraction: str, metric: str) -> int:
+    """The order of a retraction against the chosen metric's geodesics, as the reference's
+    ``reference.stiefel.retraction_order``: 2 for r = 1 (QR is the polar map there and the two
+    metrics coincide); else 1 for QR; else 2 in the embedded metric, and in the canonical one
+    only for r = d (for 2 ≤ r < d its geodesics leave the polar map and the embedded exponential
+    at second order)."""
+    if r == 1:
+        return 2
+    if retraction == "qr":
+        return 1
+    return 2 if metric == "embedded" or r == d else 1
+
+
 class Stiefel:
     """St(d, r) with 1 ≤ r ≤ d, for batches of frames.
 
@@ -36,9 +49,10 @@ class Stiefel:
         d: ambient dimension (rows).
         r: number of orthonormal columns, 1 ≤ r ≤ d.
         retraction: "polar" (default; (W + ξ)(Gram)^{-1/2} with the Gram actually formed, in
-            float64 for low-precision frames; second order), "polar_svd" (the same map through
-            the SVD), "qr" (sign-fixed QR, first order for r ≥ 2) or "exp" (the exponential map
-            of the embedded metric).
+            float64 for low-precision frames; second order in the embedded metric, first in the
+            canonical one for 2 ≤ r < d: ``retraction_order``), "polar_svd" (the same map
+            through the SVD), "qr" (sign-fixed QR, first order for r ≥ 2) or "exp" (the
+            exponential map of the embedded metric).
         metric: "embedded" (default) or "canonical".
     """
 
@@ -62,7 +76,7 @@ class Stiefel:
             raise ValueError(f"unknown metric {metric!r}; choose one of {METRICS}")
         self.d, self.r = int(d), int(r)
         self.retraction, self.metric = retraction, metric
-        self.retraction_order = 1 if retraction == "qr" and r > 1 else 2
+        self.retraction_order = retraction_order(self.d, self.r, retraction, metric)
         self.dim = self.d * self.r - self.r * (self.r + 1) // 2
         self.shape = (self.d, self.r)
 

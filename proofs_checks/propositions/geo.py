@@ -212,32 +212,53 @@ def check_gradient(case: Case) -> Callable[[Context, bool], Outcome]:
 def check_retraction(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """R_x(0) = x (within ``law_tolerance``); D(t) = R_x(tξ) − x − tξ has slope ≥ 1.9 (first
-        order) and, where second order is claimed, its tangential part slope ≥ 2.9 (or the
-        errors sit at the rounding floor: an exact model), along each of three random ξ
-        (``law.retraction_slopes``: the smallest slopes). Residual: the worst shortfall,
-        tolerance 0. Control: a first-order retraction where second order is claimed, else a
-        map that is not a retraction."""
+        order) and, where second order is claimed, the order-defining error has slope ≥ 2.9
+        (``law.SLOPE_TOL``), or sits at the rounding floor (an exact model), along each of three
+        random ξ (``law.retraction_slopes``: the smallest slopes). The order-defining error is
+        the distance to the metric's own geodesic for St(d, r) (``law.metric_geodesic``, by
+        formulas independent of the reference's), else the tangential part of D(t). For
+        St(d, r) the reference's own geodesic (``Stiefel.geodesic``) is also measured, as a
+        retraction claiming order 2 (a positive control: it must sit at the floor). Residual:
+        the worst shortfall, tolerance 0. Control: a first-order retraction where second order
+        is claimed; for a first-order St(d, r) (canonical metric) the same retraction claiming
+        order 2; else a map that is not a retraction."""
         geo, x = _point(case, ctx)
         order = geo.retraction_order
+        claims = [(geo, order, "")]
+        if law.metric_geodesic(geo) is not None:
+            own = law.patched(geo, retract=lambda self, x, u: self.geodesic(x, u))
+            claims.append((own, 2, "its geodesic: "))
         if wrong:
-            geo = (
-                case.make(retraction="qr")
-                if order == 2
-                else _broken(case, "retract", "not_a_retraction")
-            )
-        shortfall, detail = _retraction_shortfall(geo, x, order, ctx.seed)
-        return Outcome.bound(shortfall, 0.0, f"claimed order {order}; {detail}")
+            held = 2 if law.metric_geodesic(geo) is not None else order
+            claims = [(_wrong_retraction(case, geo), held, "control: ")]
+        worst, details = 0.0, []
+        for g, claimed, label in claims:
+            shortfall, detail = _retraction_shortfall(g, x, claimed, ctx.seed)
+            worst = max(worst, shortfall)
+            details.append(f"{label}claimed order {claimed}; {detail}")
+        return Outcome.bound(worst, 0.0, " | ".join(details))
 
     return run
+
+
+def _wrong_retraction(case: Case, geo: Any) -> Any:
+    """The control of ``check_retraction``: QR where second order is claimed; the geometry
+    itself (then held to order 2) for a first-order St(d, r); else a map that is not a
+    retraction."""
+    if geo.retraction_order == 2:
+        return case.make(retraction="qr")
+    if law.metric_geodesic(geo) is not None:
+        return geo
+    return _broken(case, "retract", "not_a_retraction")
 
 
 def _retraction_shortfall(geo: Any, x: Any, order: int, seed: int) -> tuple[float, str]:
     """How far the measured slopes fall short of a retraction of ``order`` (0: none short; inf
     when R_x(0) ≠ x beyond ``law_tolerance``)."""
     s1, s2, zero, detail = law.retraction_slopes(geo, x, seed)
-    shortfall = max(0.0, 1.9 - s1) if s1 is not None else 0.0
-    if order == 2 and s2 is not None:
-        shortfall = max(shortfall, 2.9 - s2)
+    shortfall = max(0.0, 2.0 - law.SLOPE_TOL - s1) if s1 is not None else 0.0
+    if order == 2:
+        shortfall = max(shortfall, law.order_shortfall(s2, order))
     if zero > law.law_tolerance(geo, x):
         shortfall = np.inf
     return shortfall, detail
@@ -251,47 +272,66 @@ def _exp_with_plus_s(self, x: np.ndarray, u: np.ndarray) -> np.ndarray:
     return np.hstack([x, u]) @ ref.linalg.expm(block)[:, : self.r] @ ref.linalg.expm(-a)
 
 
-#: The order of each Stiefel retraction (DESIGN §4.0: polar and exp second order; QR first
-#: order for r ≥ 2, and the polar map itself for r = 1), by (retraction, r = 1).
+#: The order of each Stiefel retraction against its metric's geodesics, by (retraction, r = 1)
+#: at St(7, 3) and St(7, 1) (``reference.stiefel.retraction_order``): embedded metric: polar
+#: and exp second order, QR first order for r ≥ 2 and the polar map itself for r = 1;
+#: canonical metric: every retraction first order for 2 ≤ r < d (the polar map leaves the
+#: canonical geodesic at O(t²)), all second order for r = 1, where the metrics coincide.
 STIEFEL_ORDERS = {
-    ("polar", False): 2,
-    ("polar_svd", False): 2,
-    ("qr", False): 1,
-    ("exp", False): 2,
-    ("qr", True): 2,
+    "embedded": {
+        ("polar", False): 2,
+        ("polar_svd", False): 2,
+        ("qr", False): 1,
+        ("exp", False): 2,
+        ("qr", True): 2,
+    },
+    "canonical": {
+        ("polar", False): 1,
+        ("polar_svd", False): 1,
+        ("qr", False): 1,
+        ("exp", False): 1,
+        ("polar", True): 2,
+        ("qr", True): 2,
+    },
 }
 
 
-def every_stiefel_retraction(ctx: Context, wrong: bool) -> Outcome:
-    """Each retraction of ``reference.stiefel.RETRACTIONS`` (polar, its SVD route, sign-fixed
-    QR, the exponential map) at St(7, 3), and QR at St(7, 1), where it is the polar map: the
-    geometry claims the order of ``STIEFEL_ORDERS`` (``retraction_order``), and R_x(0) = x and
-    the slopes of that order hold, as in the retraction check; R_{−x}(0) = −x; and R_x(ξ) is
-    on St(d, r) for a unit ξ (‖RᵀR − I‖ ≤ ``law_tolerance``: each map ends in an orthonormal
-    factor or, for exp, a product of an orthonormal [W, ξ]-basis map and orthogonal
-    exponentials). Residual: the worst shortfall, or inf for a wrong claim or a point off the
-    manifold, tolerance 0. Control: the exponential map with +S in its block matrix (first
-    order, tangentially second order, but off the manifold at second order)."""
-    worst, details = 0.0, []
-    for (name, single), order in STIEFEL_ORDERS.items():
-        shape = (STIEFEL[0], 1) if single else STIEFEL
-        geo = ref.Stiefel(*shape, retraction=name)
-        if wrong and name == "exp":
-            geo = law.patched(geo, exp=_exp_with_plus_s)
-        rng = np.random.default_rng(ctx.seed)
-        x = geo.random_point(rng)
-        shortfall, _ = _retraction_shortfall(geo, x, order, ctx.seed)
-        off = geo.residual(geo.retract(x, geo.random_tangent(x, rng)))
-        # R(0) = x at −x too: the Householder QR of x or of −x has a negative diagonal entry
-        # (their signs are opposite), which only the sign fix undoes.
-        zero = frobenius(geo.retract(-x, np.zeros_like(x)) + x)
-        if max(off, zero) > law.law_tolerance(geo, x) or geo.retraction_order != order:
-            shortfall = np.inf
-        worst = max(worst, shortfall)
-        details.append(
-            f"{name} {shape} (order {geo.retraction_order}): {shortfall:.2f}, off {off:.1e}"
-        )
-    return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
+def every_stiefel_retraction(metric: str) -> Callable[[Context, bool], Outcome]:
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """Each retraction of ``reference.stiefel.RETRACTIONS`` (polar, its SVD route,
+        sign-fixed QR, the exponential map of the embedded metric) at St(7, 3), and QR (and,
+        canonical, polar) at St(7, 1), in this metric: the geometry claims the order of
+        ``STIEFEL_ORDERS`` (``retraction_order``), and R_x(0) = x and the slopes of that order
+        against the metric's own geodesic hold, as in the retraction check; R_{−x}(0) = −x;
+        and R_x(ξ) is on St(d, r) for a unit ξ (‖RᵀR − I‖ ≤ ``law_tolerance``: each map ends
+        in an orthonormal factor or, for exp, a product of an orthonormal [W, ξ]-basis map and
+        orthogonal exponentials). Residual: the worst shortfall, or inf for a wrong claim or a
+        point off the manifold, tolerance 0. Control (embedded): the exponential map with +S
+        in its block matrix (first order, but off the manifold at second order); (canonical):
+        every retraction claims second order, the order it has in the embedded metric."""
+        worst, details = 0.0, []
+        for (name, single), order in STIEFEL_ORDERS[metric].items():
+            shape = (STIEFEL[0], 1) if single else STIEFEL
+            geo = ref.Stiefel(*shape, retraction=name, metric=metric)
+            claimed = geo.retraction_order
+            if wrong and metric == "embedded" and name == "exp":
+                geo = law.patched(geo, exp=_exp_with_plus_s)
+            if wrong and metric == "canonical":
+                order = claimed = 2
+            rng = np.random.default_rng(ctx.seed)
+            x = geo.random_point(rng)
+            shortfall, _ = _retraction_shortfall(geo, x, claimed, ctx.seed)
+            off = geo.residual(geo.retract(x, geo.random_tangent(x, rng)))
+            # R(0) = x at −x too: the Householder QR of x or of −x has a negative diagonal
+            # entry (their signs are opposite), which only the sign fix undoes.
+            zero = frobenius(geo.retract(-x, np.zeros_like(x)) + x)
+            if max(off, zero) > law.law_tolerance(geo, x) or claimed != order:
+                shortfall = np.inf
+            worst = max(worst, shortfall)
+            details.append(f"{name} {shape} (order {claimed}): {shortfall:.2f}, off {off:.1e}")
+        return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
+
+    return run
 
 
 #: The scalings of the nearest-point check: exact powers of two, far from 1 both ways.
@@ -448,35 +488,83 @@ def check_options(name: str) -> Callable[[Context, bool], Outcome]:
     return run
 
 
+#: How far the validation control moves a threshold: ±0.5%, far outside the cases' 1e-6
+#: margins (``geometry_cases.MARGIN``).
+NEAR_MISS = 0.005
+
+
+def _near_misses(name: str) -> list[tuple[str, Callable[[], contextlib.AbstractContextManager]]]:
+    """(label, context) of each near miss of the reference's thresholds that ``name``'s cases
+    test, each moved by +0.5% and by −0.5%: atol (``DEFAULT_ATOL``, substituted into
+    ``reference.stiefel``, ``reference.fixed_rank`` and ``reference.partial_isometry``, each of
+    which reads its own name), R1's rank test (``reference.fixed_rank.RANK_EPS``) and R2's
+    limit (``reference.fixed_rank.CONDITION_LIMIT``)."""
+
+    def atol(factor: float) -> contextlib.AbstractContextManager:
+        stack = contextlib.ExitStack()
+        for module in (ref.stiefel, ref.fixed_rank, ref.partial_isometry):
+            stack.enter_context(substituted(module, "DEFAULT_ATOL", factor * cases.ATOL))
+        return stack
+
+    out = []
+    for f in (1 + NEAR_MISS, 1 - NEAR_MISS):
+        if name == "stiefel" or cases.ORTHONORMAL[name]:
+            out.append((f"atol × {f}", lambda f=f: atol(f)))
+        if name == "fixed_rank_embedded":
+            out.append(
+                (
+                    f"R1 rank × {f}",
+                    lambda f=f: substituted(ref.fixed_rank, "RANK_EPS", f * cases.EPS),
+                )
+            )
+        if name == "fixed_rank_quotient":
+            limit = f * cases.CONDITION_LIMIT
+            out.append(
+                (
+                    f"R2 limit × {f}",
+                    lambda v=limit: substituted(ref.fixed_rank, "CONDITION_LIMIT", v),
+                )
+            )
+    return out
+
+
 def check_validation(name: str) -> Callable[[Context, bool], Outcome]:
-    def run(ctx: Context, wrong: bool) -> Outcome:
-        """``check_point`` refuses exactly beyond the stated thresholds and the constructor
-        exactly outside 1 ≤ r ≤ min(m, n): every case of ``geometry_cases.validity_cases``
-        (a factor at 0.99 and 1.01 × atol, R1's core at 0.99 and 1.01 × its rank tolerance,
-        R2's conditioning at 0.99 and 1.01 × 1e-8; St(d, r), P1, P2, P3: ``check_tangent`` at
-        0.99 and 1.01 × atol·max(1, ‖ξ‖), ``tangent_cases``) and of ``size_cases``. Residual:
-        the number of wrong decisions, tolerance 0. Control: atol and R2's limit doubled,
-        substituted into ``reference.stiefel``, ``reference.fixed_rank`` and
-        ``reference.partial_isometry``."""
-        make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
+    make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
+
+    def threshold_decisions(ctx: Context) -> list[str]:
         geo = make(*(cases.STIEFEL if name == "stiefel" else cases.SIZES))
         rng = np.random.default_rng([ctx.seed, 7])
         x = geo.random_point(rng)
-        atol = ref.stiefel.DEFAULT_ATOL
         validity = cases.validity_cases(name, x, rng)
         if name in cases.TANGENT_CHECKED:
             validity += cases.tangent_cases(name, geo, x, rng)
-        with contextlib.ExitStack() as stack:
-            if wrong:
-                for module in (ref.stiefel, ref.fixed_rank, ref.partial_isometry):
-                    stack.enter_context(substituted(module, "DEFAULT_ATOL", 2 * atol))
-                limit = 2 * ref.fixed_rank.CONDITION_LIMIT
-                stack.enter_context(substituted(ref.fixed_rank, "CONDITION_LIMIT", limit))
-            wrong_calls = [c.label for c in validity if c.refused_by(geo) != c.refused] + [
-                f"sizes {sizes}"
-                for sizes, refused in cases.size_cases(name)
-                if cases.refuses(make, *sizes) != refused
-            ]
+        return [c.label for c in validity if c.refused_by(geo) != c.refused]
+
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """``check_point`` refuses exactly beyond the stated thresholds, decided at the
+        thresholds themselves, and the constructor exactly outside 1 ≤ r ≤ min(m, n): every
+        case of ``geometry_cases.validity_cases`` (a factor at 1 ∓ 1e-6 × atol, R1's core at
+        1 ∓ 1e-6 × its rank tolerance r·ε, R2's conditioning at 1 ∓ 1e-6 × 1e-8; St(d, r),
+        P1, P2, P3: ``check_tangent`` at 1 ∓ 1e-6 × atol·max(1, ‖ξ‖), ``tangent_cases``; each
+        case's quantity exact to 2e-7 and the validators' rounding ≤ 1.6e-7 of a threshold)
+        and of ``size_cases``. Residual: the number of wrong decisions, tolerance 0. Control,
+        near misses (``_near_misses``): each threshold these cases test moved by +0.5% and by
+        −0.5% in turn, substituted into the reference's modules; the control's residual is the
+        fewest wrong decisions any near miss caused (rejected only if every one is caught)."""
+        if wrong:
+            caught = {}
+            for label, moved in _near_misses(name):
+                with moved():
+                    caught[label] = len(threshold_decisions(ctx))
+            least = min(caught.values())
+            return Outcome(
+                least == 0, float(least), 0.0, f"wrong decisions per near miss: {caught}"
+            )
+        wrong_calls = threshold_decisions(ctx) + [
+            f"sizes {sizes}"
+            for sizes, refused in cases.size_cases(name)
+            if cases.refuses(make, *sizes) != refused
+        ]
         return Outcome(
             not wrong_calls,
             float(len(wrong_calls)),
@@ -492,7 +580,7 @@ STIEFEL_ONLY = [
     Check(
         "float64",
         "every retraction: R(0) = x and its claimed order",
-        every_stiefel_retraction,
+        every_stiefel_retraction("embedded"),
         "the exponential map with +S (first order only)",
     ),
     Check(
@@ -502,6 +590,14 @@ STIEFEL_ONLY = [
         "the polar factor without its prescaling",
     ),
 ]
+
+
+def _retraction_control_text(geo: Any) -> str:
+    if geo.retraction_order == 2:
+        return "QR retraction (first order)"
+    if law.metric_geodesic(geo) is not None:
+        return "the same retraction claiming order 2"
+    return "(A + ξ_A, B): not a retraction"
 
 
 def _register(name: str) -> None:
@@ -528,9 +624,7 @@ def _register(name: str) -> None:
             "float64",
             f"retraction: R(0) = x, order {geo.retraction_order}",
             check_retraction(case),
-            "QR retraction (first order)"
-            if geo.retraction_order == 2
-            else "(A + ξ_A, B): not a retraction",
+            _retraction_control_text(geo),
         ),
         Check(
             "float64", "transport lands in the tangent space", check_transport(case), "no transport"
@@ -538,13 +632,22 @@ def _register(name: str) -> None:
     ]
     if name == "stiefel":
         checks += STIEFEL_ONLY
+    if name == "stiefel-canonical":
+        checks.append(
+            Check(
+                "float64",
+                "every retraction: R(0) = x and its claimed order",
+                every_stiefel_retraction("canonical"),
+                "every retraction claims second order",
+            )
+        )
     if name in cases.ORTHONORMAL or name == "stiefel":
         checks.append(
             Check(
                 "float64",
                 "validation: refused exactly beyond the stated thresholds",
                 check_validation(name),
-                "atol and R2's conditioning limit doubled",
+                "each threshold the cases test moved by ±0.5%",
             )
         )
     if name in cases.OPTIONS and name != "stiefel" and "retraction" in cases.OPTIONS[name][0]:
@@ -583,8 +686,14 @@ def _register(name: str) -> None:
                 rf"For \texttt{{{tex_name}}} (\texttt{{{tex_repr}}}): the projection is the "
                 r"metric-orthogonal projector onto the (horizontal) tangent space, "
                 r"$\operatorname{grad} f$ is the Riemannian gradient, $R_x(0)=x$ and $R$ is a "
-                rf"retraction of order {geo.retraction_order}, transport lands in the tangent "
-                r"space"
+                rf"retraction of order {geo.retraction_order}"
+                + (
+                    r" (against the geodesics $\gamma$ of its metric: "
+                    rf"$\|R_x(t\xi)-\gamma(t)\|=O(t^{{{geo.retraction_order + 1}}})$)"
+                    if law.metric_geodesic(geo) is not None
+                    else ""
+                )
+                + r", transport lands in the tangent space"
                 + (
                     ", the loss and the metric are invariant along the fibre"
                     if geo.quotient

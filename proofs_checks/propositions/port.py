@@ -100,7 +100,7 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
             rows = replay.audit(path)["steps"]
             for row in rows:
                 ratio = replay.row_ratio(row)
-                if not row["passed"]:  # e.g. a point the port would not accept
+                if row["verdict"] == "fail":  # e.g. a point the port would not accept
                     ratio = max(ratio, math.nextafter(1.0, 2.0))
                 if ratio > worst:
                     worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {row['step']}"

@@ -7,7 +7,7 @@ import numpy as np
 import sympy as sp
 from hypothesis import strategies as st
 
-from proofs_checks.bounds import relative_tolerance, trajectory_tolerance
+from proofs_checks.bounds import eps_identity_tolerance, trajectory_tolerance
 from proofs_checks.harness import (
     frame_problem,
     ladder,
@@ -18,7 +18,18 @@ from proofs_checks.harness import (
     shapes,
     trajectory,
 )
-from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, MP_STEPS, STEPS, D, R, adam
+from proofs_checks.propositions.common import (
+    BETAS,
+    LR,
+    MP_D,
+    MP_R,
+    MP_STEPS,
+    RADIUS,
+    STEPS,
+    D,
+    R,
+    adam,
+)
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference.linalg import frobenius
@@ -76,30 +87,80 @@ def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
-def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
-    """With ε > 0, from the same state and without the cap: ‖ξ_ε − ξ_0‖ = ‖ξ_0‖·ε/(√v̂ + ε).
-    Checked along a trajectory for gradient RMS 10^-12…1 (ε/(√v̂ + ε) from ~1 to ~1e-8), relative
-    to ‖ξ_0‖; both steps scale the same m̂, so the bound is ``relative_tolerance`` with
-    spread 0.
-    Control: ε inside the square root, ξ = −lr·m̂/sqrt(v̂ + ε)."""
-    res = 0.0
-    zero, with_eps = adam(eps=0.0, radius=None), adam(eps=EPS, radius=None)
-    for k, rms in enumerate((1e-12, 1e-10, 1e-8, 1e-4, 1.0)):
+#: Gradient RMS of the ε checks: ε/(√v̂ + ε) from ~1 (RMS 1e-12) to ~1e-8 (RMS 1).
+EPS_RMS = (1e-12, 1e-10, 1e-8, 1e-4, 1.0)
+#: Trust radii of the capped ε check: the uncapped steps here have ‖ξ_0‖ = 0.064…0.16, so
+#: Δ = 0.05 caps every ξ_0 and, at RMS ≳ ε, ξ_ε as well; 0.1 caps some; 0.5 none (the uncapped
+#: identity). Seed 0: both steps capped at 18 steps, one at 22, neither at 50.
+EPS_RADII = (RADIUS, 0.1, 0.5)
+
+
+def _eps_steps(ctx: Context):
+    """(geometry, point, gradient, prior state, √v̂, uncapped ξ_0) of every step of the ε = 0
+    uncapped trajectories at St(64, 16), for each gradient RMS of ``EPS_RMS``."""
+    zero = adam(eps=0.0, radius=None)
+    for k, rms in enumerate(EPS_RMS):
         prob = frame_problem(D, R, STEPS, ctx.seed + k, grad_rms=rms)
-        for s, g in zip(
-            trajectory(zero, prob.geometry, prob.w0, prob.grads)[0], prob.grads, strict=True
-        ):
-            xi0, adam_state = s.xi, s.state[0]
-            sqrt_v_hat = adam_state.sqrt_v[0] / np.sqrt(1 - BETAS[1] ** adam_state.count)
-            if wrong:
-                m_hat = adam_state.m / (1 - BETAS[0] ** adam_state.count)
-                xie = -LR * m_hat / np.sqrt(sqrt_v_hat**2 + EPS)
-            else:
-                xie = with_eps.update(prob.geometry, s.w, g, s.prior)[0]
-            n0 = frobenius(xi0)
-            res = max(res, abs(frobenius(xie - xi0) - n0 * EPS / (sqrt_v_hat + EPS)) / n0)
+        steps = trajectory(zero, prob.geometry, prob.w0, prob.grads)[0]
+        for s, g in zip(steps, prob.grads, strict=True):
+            sqrt_v_hat = s.state[0].sqrt_v[0] / np.sqrt(1 - BETAS[1] ** s.state[0].count)
+            yield prob.geometry, s, g, sqrt_v_hat
+
+
+def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
+    """Without the trust region, ε > 0, from the same state: ‖ξ_ε − ξ_0‖ = ‖ξ_0‖·ε/(√v̂ + ε),
+    along the trajectories of ``_eps_steps`` (ε/(√v̂ + ε) from ~1 to ~1e-8), relative to
+    ‖ξ_0‖; bound ``eps_identity_tolerance(64, 16)`` (Δ = ∞). Control: ε inside the square
+    root, ξ = −lr·m̂/sqrt(v̂ + ε)."""
+    res = 0.0
+    with_eps = adam(eps=EPS, radius=None)
+    for geometry, s, g, sqrt_v_hat in _eps_steps(ctx):
+        xi0, state = s.xi, s.state[0]
+        if wrong:
+            m_hat = state.m / (1 - BETAS[0] ** state.count)
+            xie = -LR * m_hat / np.sqrt(sqrt_v_hat**2 + EPS)
+        else:
+            xie = with_eps.update(geometry, s.w, g, s.prior)[0]
+        n0 = frobenius(xi0)
+        res = max(res, abs(frobenius(xie - xi0) - n0 * EPS / (sqrt_v_hat + EPS)) / n0)
     return Outcome.bound(
-        res, relative_tolerance(D, R, spread=0.0), "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖"
+        res, eps_identity_tolerance(D, R), "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖, no cap"
+    )
+
+
+def capped_gap(n0: float, q: float, radius: float) -> float:
+    """‖ξ_ε^Δ − ξ_0^Δ‖ predicted from the uncapped ‖ξ_0‖ = n0 and q = √v̂/(√v̂ + ε): both
+    capped steps are positive multiples of m̂ (the cap only shortens), of norms min(n0, Δ) and
+    min(q·n0, Δ), so their distance is min(n0, Δ) − min(q·n0, Δ)."""
+    return min(n0, radius) - min(q * n0, radius)
+
+
+def float64_eps_capped(ctx: Context, wrong: bool) -> Outcome:
+    """With the trust region Δ ∈ {0.05, 0.1, 0.5}, ε > 0, from the same state:
+    ‖ξ_ε^Δ − ξ_0^Δ‖ = min(‖ξ_0‖, Δ) − min(‖ξ_0‖·√v̂/(√v̂ + ε), Δ) (``capped_gap``; ξ_0 the
+    uncapped ε = 0 step), both capped steps taken by the library (riemannian_adam with
+    ``trust_radius`` = Δ), along the trajectories of ``_eps_steps``, relative to
+    min(‖ξ_0‖, Δ); bound ``eps_identity_tolerance(64, 16)``. The detail counts the steps where
+    both, one or neither step is capped. Control: the uncapped identity ‖ξ_0‖·ε/(√v̂ + ε) held
+    for the capped steps (false where the cap acts: at Δ = 0.05 and RMS 1e-8 both steps are
+    capped and the gap is 0)."""
+    res, regimes = 0.0, {"both": 0, "one": 0, "neither": 0}
+    for radius in EPS_RADII:
+        capped0, capped_eps = adam(eps=0.0, radius=radius), adam(eps=EPS, radius=radius)
+        for geometry, s, g, sqrt_v_hat in _eps_steps(ctx):
+            n0, q = frobenius(s.xi), sqrt_v_hat / (sqrt_v_hat + EPS)
+            prior = (*s.prior, ())  # the same state; the trust region keeps none
+            xi0 = capped0.update(geometry, s.w, g, prior)[0]
+            xie = capped_eps.update(geometry, s.w, g, prior)[0]
+            want = n0 * EPS / (sqrt_v_hat + EPS) if wrong else capped_gap(n0, q, radius)
+            res = max(res, abs(frobenius(xie - xi0) - want) / min(n0, radius))
+            caps = int(n0 > radius) + int(q * n0 > radius)
+            regimes[("neither", "one", "both")[caps]] += 1
+    return Outcome.bound(
+        res,
+        eps_identity_tolerance(D, R),
+        "|‖ξ_ε^Δ − ξ_0^Δ‖ − (min(‖ξ_0‖, Δ) − min(‖ξ_0‖√v̂/(√v̂ + ε), Δ))|/min(‖ξ_0‖, Δ); "
+        f"steps capped: {regimes}",
     )
 
 
@@ -152,13 +213,19 @@ register(
             r"Let $W_t(\{G_s\})$ be the trajectory of the scalar-moment Riemannian Adam "
             r"from $W_0$. "
             r"With $\varepsilon=0$, $W_t(\{cG_s\})=W_t(\{G_s\})$ for every $c>0$ and every $t$. "
-            r"With $\varepsilon>0$, from the same state, "
-            r"$\|\xi_\varepsilon-\xi_0\|=\|\xi_0\|\,\varepsilon/(\sqrt{\hat v}+\varepsilon)$."
+            r"With $\varepsilon>0$, from the same state and without the trust region, "
+            r"$\|\xi_\varepsilon-\xi_0\|=\|\xi_0\|\,\varepsilon/(\sqrt{\hat v}+\varepsilon)$; "
+            r"with the trust region $\Delta$ the capped steps satisfy "
+            r"$\|\xi^\Delta_\varepsilon-\xi^\Delta_0\|=\min(\|\xi_0\|,\Delta)"
+            r"-\min(\|\xi_0\|\sqrt{\hat v}/(\sqrt{\hat v}+\varepsilon),\Delta)$ "
+            r"($\xi_0$ the uncapped step with $\varepsilon=0$), which is the uncapped identity "
+            r"only where neither step is capped."
         ),
         hypotheses=(
             "one scalar second moment per frame, stored as √v and updated by hypot",
             "trust region and polar retraction depend on the step only",
             "checked for c from 1e-150 to 1e150 and base gradient RMS from 1e-8 to 1e8",
+            "ε identities: St(64, 16), 6 steps, gradient RMS 1e-12…1, Δ ∈ {0.05, 0.1, 0.5}",
         ),
         checks=(
             Check(
@@ -172,9 +239,15 @@ register(
             ),
             Check(
                 "float64",
-                "the ε deviation identity",
+                "the ε deviation identity without the trust region",
                 float64_eps_identity,
                 "ε inside the square root",
+            ),
+            Check(
+                "float64",
+                "the ε deviation of the capped steps",
+                float64_eps_capped,
+                "the uncapped identity held for the capped steps",
             ),
             Check("mpmath", "trajectory residual falls with precision", mpmath_trajectory, CONTROL),
             Check(
