@@ -363,13 +363,13 @@ class Recorder:
         if not self._open:
             return None
         self._open = False
-        trace = _read_parts(self.parts)
+        arrays = _read_parts(self.parts).arrays if self.steps else {}  # no step recorded
         if os.path.lexists(self.path) and not self.path.is_file():
             raise ValueError(
                 f"{self.path} is no longer a regular file; the trace stays in {self.parts}"
             )
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        _write_npz(tmp, trace.arrays, self._meta(self.steps))
+        _write_npz(tmp, arrays, self._meta(self.steps))
         os.replace(tmp, self.path)
         shutil.rmtree(self.parts)
         return self.path
