@@ -352,7 +352,7 @@ def _not_npy_member(tmp_path):
 
 
 def _bzip2_bomb(tmp_path):
-    """12 kB of bzip2 that would expand to 1 GiB of zeros (X), and a normal Y."""
+    """bzip2, whose expansion has no bound: refused by its method, whatever its size."""
     path = tmp_path / "bomb.npz"
     header = io.BytesIO()
     np.lib.format.write_array_header_1_0(
@@ -361,8 +361,7 @@ def _bzip2_bomb(tmp_path):
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_BZIP2) as zf:
         with zf.open("X.npy", "w", force_zip64=True) as f:
             f.write(header.getvalue())
-            for _ in range(2**10):
-                f.write(bytes(2**20))
+            f.write(bytes(2**20))
         zf.writestr("Y.npy", b"")
     return path
 
@@ -407,11 +406,12 @@ def test_load_sequences_names_the_problem(case, tmp_path):
 def test_rank_command_refuses_with_one_line(case, tmp_path, capsys):
     make, match = FILES[case]
     path = make(tmp_path)
-    before = snapshot(tmp_path)
+    special = not path.is_file() and not path.is_dir()  # a FIFO or a device: not read here
+    before = None if special else snapshot(tmp_path)
     assert main(["rank", str(path)]) == 2
     assert re.search(match, one_error_line(capsys))
     assert capsys.readouterr().out == ""
-    assert snapshot(tmp_path) == before
+    assert special or snapshot(tmp_path) == before
 
 
 def test_text_file_is_not_called_pickled(tmp_path):
