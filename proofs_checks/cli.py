@@ -90,6 +90,29 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("--json", action="store_true", help="print one JSON document")
     aud.add_argument("--plot", metavar="FILE", default=None, help="draw deviation/bound (PNG)")
 
+    conf = sub.add_parser(
+        "conform", help="run the property suite on a Riemannian optimizer (MODULE:FACTORY)"
+    )
+    conf.add_argument("target", help="MODULE:FACTORY, called as factory(params)")
+    conf.add_argument("--geometry", default="stiefel", help="the frames' geometry (stiefel)")
+    conf.add_argument("--rule", default=None, help="the reference rule it claims to follow")
+    conf.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a hyperparameter of the rule (VALUE as JSON); lr also sets the optimizer's",
+    )
+    conf.add_argument(
+        "--claims",
+        default=None,
+        help="comma-separated claims, e.g. manifold,tangent,order=2,degree=0 (default: the rule's)",
+    )
+    conf.add_argument("--dtype", default="float64", help="float64 (default) or float32")
+    conf.add_argument("--seed", type=int, default=0, help="seed of the problem (default 0)")
+    conf.add_argument("--json", action="store_true", help="print one JSON document")
+    conf.add_argument("--out", default=None, help="write conformance.json/.md/.tex here")
+
     exp = sub.add_parser("experiment", help="run an experiment (needs torch and matplotlib)")
     add_experiment_arguments(exp)
 
@@ -356,6 +379,36 @@ def run_audit(args: argparse.Namespace) -> int:
     return 0 if result["passed"] else 1
 
 
+def run_conform(args: argparse.Namespace) -> int:
+    """``rattn conform MODULE:FACTORY``: 0 when every claimed property holds, 1 when one does
+    not, 2 for bad usage or a factory that cannot be imported or called."""
+    _require_torch("rattn conform")
+    from proofs_checks.conformance import conform, parse_claims, report
+
+    settings = parse_overrides(args.set)
+    claims = parse_claims(args.claims)
+    if args.out is not None:
+        check_destination(args.out)
+    result = conform(
+        args.target,
+        geometry=args.geometry,
+        rule=args.rule,
+        settings=settings,
+        claims=claims,
+        dtype=args.dtype,
+        seed=args.seed,
+        progress=not args.json,
+    )
+    if args.out is not None:
+        report.write(result, args.out)
+    print(
+        json.dumps(result, indent=2, ensure_ascii=False)
+        if args.json
+        else report.to_markdown(result)
+    )
+    return 0 if result["passed"] else 1
+
+
 def _require_torch(command: str) -> None:
     """ValueError (exit 2) naming the command when torch is not installed."""
     try:
@@ -478,6 +531,7 @@ def _main(argv: Sequence[str] | None) -> int:
             "bench": run_bench,
             "rank": run_rank_command,
             "experiment": run_experiment,
+            "conform": run_conform,
         }
         return commands[args.command](args)
     except _UsageError as exc:

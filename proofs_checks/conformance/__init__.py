@@ -1,0 +1,165 @@
+"""``rattn conform``: the property suite run on anyone's Riemannian optimizer (docs/conformance.md).
+
+    from proofs_checks.conformance import conform
+    report = conform("my_package.optim:make", rule="riemannian_adam", settings={"lr": 1e-2})
+    report["passed"], report["properties"]
+
+The target is a factory ``module:function`` called as ``factory(params)`` with a list of
+``torch.nn.Parameter``, each a Stiefel frame (d, r) or a batch (..., d, r); it returns a
+``torch.optim.Optimizer`` whose ``step()`` reads ``.grad``. The properties (``PROPERTIES``,
+ids ``CONF-…``) are checked where claimed and measured elsewhere; the claims are the rule's
+(``reference_rules.implied_claims``) unless given. Needs torch (imported here, lazily by the CLI).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from proofs_checks import reference_rules
+from proofs_checks.conformance.problem import DTYPES, SHAPES, Problem, TargetError
+from proofs_checks.conformance.properties import CLAIM_KEYS, PROPERTIES, Context, evaluate
+
+__all__ = ["PROPERTIES", "TargetError", "conform", "load_factory", "parse_claims"]
+
+
+def load_factory(target: str | Callable[..., Any]) -> Callable[..., Any]:
+    """The factory named ``module:function`` (or a callable, returned as is); TargetError when
+    it cannot be imported or is not callable."""
+    if callable(target):
+        return target
+    module_name, sep, attr = str(target).partition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"TARGET must be MODULE:FACTORY, got {target!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # an import may fail in any way
+        raise TargetError(f"cannot import {module_name!r}: {type(err).__name__}: {err}") from None
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+    if not callable(factory):
+        raise TargetError(f"{module_name!r} has no callable {attr!r}")
+    return factory
+
+
+def parse_claims(text: str | None) -> dict[str, Any] | None:
+    """``--claims manifold,order=2,degree=0,decay=none,metric=canonical`` as a dict (a bare
+    name means True); None when not given."""
+    if text is None:
+        return None
+    claims: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, value = item.partition("=")
+        if key not in CLAIM_KEYS:
+            raise ValueError(f"unknown claim {key!r}; claims are {', '.join(CLAIM_KEYS)}")
+        claims[key] = (int(value) if value.isdigit() else value) if sep else True
+    for key, allowed in (("order", (1, 2)), ("degree", (0, 1)), ("decay", ("none", "fused"))):
+        if key in claims and claims[key] not in allowed:
+            raise ValueError(f"claim {key}={claims[key]!r}: choose one of {allowed}")
+    if claims.get("metric", "embedded") not in ("embedded", "canonical"):
+        raise ValueError(f"claim metric={claims['metric']!r}: embedded or canonical")
+    return claims
+
+
+def describe(target: str | Callable[..., Any], factory: Callable[..., Any]) -> dict[str, Any]:
+    """The target's name, its package's version and the SHA-256 of its module's source file."""
+    module = inspect.getmodule(factory)
+    name = target if isinstance(target, str) else f"{factory.__module__}:{factory.__qualname__}"
+    top = (module.__name__ if module else "").split(".")[0]
+    package = (importlib.metadata.packages_distributions().get(top) or [top])[0]
+    try:
+        version = importlib.metadata.version(package)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        version = None
+    source = inspect.getsourcefile(module) if module else None
+    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest() if source else None
+    return {"target": name, "package": package, "version": version, "source_hash": digest}
+
+
+def conform(
+    target: str | Callable[..., Any],
+    *,
+    geometry: str = "stiefel",
+    rule: str | None = None,
+    settings: dict[str, Any] | None = None,
+    claims: dict[str, Any] | None = None,
+    dtype: str = "float64",
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Run every property on the target and return the report (``passed``, ``properties``,
+    ``first_departure_step`` when a rule is claimed, ...). ValueError/TargetError for bad usage
+    (exit 2 in the CLI)."""
+    if geometry != "stiefel":
+        raise ValueError(f"--geometry {geometry!r}: conformance is defined on 'stiefel' frames")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    settings = dict(settings or {})
+    factory = load_factory(target)
+    if rule is not None:
+        reference_rules.rule_spec(rule)  # refuses an unknown name before the target is built
+    d, r = SHAPES[0][-2:]
+    implied = (
+        reference_rules.implied_claims(rule, settings, d, r)
+        if rule is not None
+        else {"manifold": True, "tangent": True, "state": True}
+    )
+    chosen = implied if claims is None else claims
+    probe = Context(factory, Problem.make(seed), DTYPES[dtype], None, chosen, rule, settings)
+    lr = float(settings["lr"]) if "lr" in settings else _own_lr(probe)
+    ctx = Context(factory, Problem.make(seed), DTYPES[dtype], lr, chosen, rule, settings)
+    if rule is not None:
+        ctx.bound_rules()  # refuses a bad setting before any property runs
+    rows = []
+    for prop in tqdm(list(PROPERTIES.values()), desc="conform", disable=not progress):
+        outcome = evaluate(prop, ctx)
+        claimed = prop.claim in chosen
+        rows.append(
+            {
+                "id": prop.id,
+                "title": prop.title,
+                "claimed": claimed,
+                "claim": chosen.get(prop.claim),
+                "passed": outcome.passed,
+                "detail": outcome.detail,
+                "value": outcome.value,
+                "bound": outcome.bound,
+                **outcome.extra,
+            }
+        )
+    failed = [row["id"] for row in rows if row["claimed"] and row["passed"] is not True]
+    report = {
+        **describe(target, factory),
+        "geometry": geometry,
+        "dtype": dtype,
+        "seed": seed,
+        "lr": lr,
+        "rule": rule,
+        "settings": settings,
+        "claims": chosen,
+        "passed": not failed,
+        "failed": failed,
+        "properties": rows,
+        "torch": torch.__version__,
+    }
+    if rule is not None:
+        rule_row = next(row for row in rows if row["id"] == "CONF-RULE")
+        report["first_departure_step"] = rule_row.get("first_departure_step")
+    return report
+
+
+def _own_lr(ctx: Context) -> float:
+    """The optimizer's own lr (its first parameter group's)."""
+    run = ctx.run()
+    if not run.has("lr"):
+        raise TargetError("the optimizer has no 'lr' in its param_groups; give --set lr=...")
+    return float(run.get("lr"))

@@ -1,0 +1,703 @@
+"""The properties ``rattn conform`` checks on an optimizer it knows only by its steps.
+
+Each property is a registered, citable proposition (``PROPERTIES``, ids ``CONF-…``) about the
+step map W ↦ W⁺ of the optimizer under test, driven by the seeded problem of ``problem``. Its
+check returns an ``Outcome``: passed (or ``None`` when it cannot be measured, e.g. the
+optimizer has no ``weight_decay``), the measured value against its bound, and a detail line.
+A claimed property passes only on evidence; an unclaimed one is measured and reported.
+
+Finite differences. The first-order properties read the step map S(h) = W⁺(lr = h) − W at
+three step lengths h, 2h, 3h, with h chosen so that ‖S(h)‖ = η = 10⁻³, and fit
+S(kh) = k·hD + k²·h²C + k³·h³E (a Vandermonde solve). They run in float64 whatever the dtype
+of the run, because a difference quotient needs the precision. For a retraction whose fourth
+Taylor coefficient is at most ‖D‖⁴ (polar: ⅜‖W(ξᵀξ)²‖ ≤ ⅜‖ξ‖⁴; QR, Cayley and exp alike) the
+fit's truncation error is at most v·81·η⁴ for D and C (v the absolute row sum of the inverse
+Vandermonde matrix, 4.83 and 5), and each S(kh) carries a rounding error of at most
+R = 10·(d + r)·u·‖W‖ (u = 2⁻⁵³); so, relative to ‖hD‖ and ‖hD‖²:
+
+    τ_D = 4.83·(81·η³ + R/η),    τ_C = 5·(81·η² + R/η²).
+
+Trajectories. Where two runs must agree (scale, equivariance, decay), each step may differ by
+the audit's per-step rounding bound B_t (``port_compare.audit.step_bound``) and carries the
+difference before it with a Lipschitz factor L = 2, so e_T ≤ Σ_t L^{T−t}·B_t. These are
+properties of the rule, not of its rounding, and L^T makes the bound useless in float32
+(~10 at 20 steps), so they too run in float64; a bound above ``RESOLUTION`` of the path's
+length resolves nothing and the property is then not measured, never passed. The iterates'
+drift (CONF-MANIFOLD), the state (CONF-STATE) and the agreement with a rule (CONF-RULE, step by
+step, so nothing accumulates) are checked in the dtype of the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import reference as ref
+from proofs_checks import reference_rules
+from proofs_checks.conformance.problem import Problem, Run, TargetError, drive, frames
+from proofs_checks.port_compare.audit import (
+    FACTORING_RETRACTIONS,
+    LIPSCHITZ,
+    RESOLUTION,
+    SAFETY,
+    step_bound,
+)
+from proofs_checks.port_compare.geometries import polar_drift_bound, unit_roundoff
+
+Array = np.ndarray
+
+#: Finite-difference step length ‖S(h)‖ (module docstring) and the multiples of h fitted.
+ETA = 1e-3
+MULTIPLES = np.array([1.0, 2.0, 3.0])
+#: Steps of the long runs: manifold drift, agreement with a rule, the trajectory comparisons.
+DRIFT_STEPS = 200
+RULE_STEPS = 50
+TRAJECTORY_STEPS = 10
+EQUIVARIANCE_STEPS = 20
+#: Gradient scales of the degree-0 check (powers of two: the scaled gradients are exact).
+SCALES = (2.0**-24, 2.0**24)
+DECAY = 0.1
+
+
+@dataclass
+class Outcome:
+    passed: bool | None
+    detail: str
+    value: float | None = None
+    bound: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """What every check needs: the target, the problem, the dtype of the run, the run's lr,
+    the claims and the claimed rule (name and settings) if any."""
+
+    factory: Callable[..., Any]
+    problem: Problem
+    dtype: torch.dtype
+    lr: float | None  # None: the optimizer's own
+    claims: dict[str, Any]
+    rule: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, problem: Problem | None = None, dtype: torch.dtype | None = None) -> Run:
+        problem = problem or self.problem
+        dtype = dtype or self.dtype
+        start = [torch.tensor(p, dtype=dtype).double().numpy() for p in problem.start()]
+        run = Run(self.factory, start, dtype)
+        if self.lr is not None:
+            run.set("lr", self.lr)
+        if "weight_decay" in self.settings:  # the rule's decay is the optimizer's too
+            run.set("weight_decay", self.settings["weight_decay"])
+        return run
+
+    @property
+    def u(self) -> float:
+        return unit_roundoff(self.dtype)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype)
+
+    def sizes(self) -> list[tuple[int, int]]:
+        return [tuple(s[-2:]) for s in self.problem.shapes]
+
+    def bound_rules(self) -> list[reference_rules.BoundRule]:
+        """The claimed rule for each parameter's frame shape."""
+        settings = {**self.settings, "lr": self.lr}
+        return [reference_rules.bind(self.rule, settings, d, r) for d, r in self.sizes()]
+
+    def decays(self) -> list[float]:
+        """The rule's forgetting factors β (its moments remember ~1/(1 − β) steps)."""
+        s = self.settings
+        out = list(s.get("betas", (0.9, 0.999) if "adam" in (self.rule or "") else ()))
+        out += [s[k] for k in ("beta", "momentum") if k in s]
+        if self.rule == "riemannian_momentum" and "beta" not in s:
+            out.append(0.9)
+        return [float(b) for b in out]
+
+    def factoring(self) -> bool:
+        """Whether the claimed rule's retraction factors W + ξ in the working dtype."""
+        if self.rule is None:
+            return True
+        if reference_rules.rule_spec(self.rule).field:
+            return True
+        return self.settings.get("retraction", "polar") in FACTORING_RETRACTIONS
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def _norm(arrays: Sequence[Array]) -> float:
+    return float(np.sqrt(sum(float(np.sum(a * a)) for a in arrays)))
+
+
+def _diff(a: Sequence[Array], b: Sequence[Array]) -> list[Array]:
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def _sym(a: Array) -> Array:
+    return (a + np.swapaxes(a, -1, -2)) / 2.0
+
+
+def _t(a: Array) -> Array:
+    return np.swapaxes(a, -1, -2)
+
+
+def _residual(points: Sequence[Array]) -> float:
+    """max over frames of ‖WᵀW − I‖_F."""
+    worst = 0.0
+    for p in points:
+        f = frames(p)
+        gram = _t(f) @ f - np.eye(f.shape[-1])
+        worst = max(worst, float(np.max(np.linalg.norm(gram, axis=(-2, -1)))))
+    return worst
+
+
+def _one_step(ctx: Context, lr: float, *, scale: float = 1.0) -> list:
+    """The points after one step from the problem's start with G_0 (float64 run), without
+    weight decay (the first-order properties are those of the rule and its retraction; decay
+    has its own property)."""
+    run = ctx.run(dtype=torch.float64)
+    run.set("lr", lr)
+    if run.has("weight_decay"):
+        run.set("weight_decay", 0.0)
+    start = run.points()
+    run.step(problem_gradients(ctx, start, 0, scale))
+    return run.points()
+
+
+def problem_gradients(ctx: Context, points: Sequence[Array], t: int, scale: float = 1.0):
+    return ctx.problem.gradients(points, t, scale)
+
+
+def _vandermonde() -> Array:
+    return np.stack([MULTIPLES, MULTIPLES**2, MULTIPLES**3], axis=1)
+
+
+def _fit(steps: Sequence[Sequence[Array]]) -> tuple[list[Array], list[Array]]:
+    """hD and h²C from S(h), S(2h), S(3h) (one list of arrays per multiple)."""
+    inv = np.linalg.inv(_vandermonde())
+    hd = [sum(inv[0, k] * steps[k][i] for k in range(3)) for i in range(len(steps[0]))]
+    h2c = [sum(inv[1, k] * steps[k][i] for k in range(3)) for i in range(len(steps[0]))]
+    return hd, h2c
+
+
+def _tolerances(ctx: Context, w_norm: float) -> tuple[float, float]:
+    """τ_D and τ_C of the module docstring (float64)."""
+    inv = np.abs(np.linalg.inv(_vandermonde())).sum(axis=1)
+    d, r = max(s[0] for s in ctx.sizes()), max(s[1] for s in ctx.sizes())
+    rounding = 10.0 * (d + r) * unit_roundoff(torch.float64) * w_norm
+    tau_d = inv[0] * (81.0 * ETA**3 + rounding / ETA)
+    tau_c = inv[1] * (81.0 * ETA**2 + rounding / ETA**2)
+    return float(tau_d), float(tau_c)
+
+
+def first_order(ctx: Context) -> dict[str, Any]:
+    """The fit of the step map at the problem's start (cached): W, G, hD, h²C, h, τ_D, τ_C."""
+    if "first" in ctx._cache:
+        return ctx._cache["first"]
+    run = ctx.run(dtype=torch.float64)
+    w = run.points()
+    g = problem_gradients(ctx, w, 0)
+    probe = _norm(_diff(_one_step(ctx, ctx.lr), w))
+    if probe == 0.0:
+        raise _Unmeasurable(f"one step at lr {ctx.lr:g} does not move the point")
+    h = ctx.lr * ETA / probe
+    steps = [_diff(_one_step(ctx, k * h), w) for k in MULTIPLES]
+    hd, h2c = _fit(steps)
+    tau_d, tau_c = _tolerances(ctx, _norm(w))
+    ctx._cache["first"] = {"w": w, "g": g, "hd": hd, "h2c": h2c, "h": h}
+    ctx._cache["first"].update(tau_d=tau_d, tau_c=tau_c)
+    return ctx._cache["first"]
+
+
+class _Unmeasurable(Exception):
+    """The property cannot be measured on this target (said in its detail)."""
+
+
+def _rgrad(w: Array, g: Array, metric: str) -> Array:
+    """P_W(G) = G − W sym(WᵀG) (embedded) or G − W Gᵀ W (canonical), frame by frame."""
+    if metric == "canonical":
+        return g - w @ _t(g) @ w
+    return g - w @ _sym(_t(w) @ g)
+
+
+def _geodesic_acceleration(w: Array, d: Array, metric: str) -> Array:
+    """γ''(0) of the metric's geodesic with γ(0) = W, γ'(0) = D (Edelman, Arias & Smith 1998,
+    eqs. 2.7 and 2.41): −W DᵀD (embedded), −D DᵀW − W((WᵀD)² + DᵀD) (canonical)."""
+    dtd = _t(d) @ d
+    if metric == "canonical":
+        wtd = _t(w) @ d
+        return -d @ _t(d) @ w - w @ (wtd @ wtd + dtd)
+    return -w @ dtd
+
+
+# -- the properties ----------------------------------------------------------------------------
+def check_manifold(ctx: Context, claim: Any) -> Outcome:
+    run = ctx.run()
+    path = drive(run, ctx.problem, DRIFT_STEPS)
+    worst = max(_residual(p) for p in path)
+    start = _residual(path[0])
+    bound = start + max(polar_drift_bound(d, r, ctx.dtype, gram=ctx.dtype) for d, r in ctx.sizes())
+    return Outcome(
+        worst <= bound,
+        f"max ‖WᵀW − I‖ over {DRIFT_STEPS} steps {worst:.2e} "
+        f"(after the last {_residual(path[-1]):.2e}), bound {bound:.2e} "
+        "(one orthonormalisation's rounding: drift must not accumulate)",
+        worst,
+        bound,
+    )
+
+
+def check_tangent(ctx: Context, claim: Any) -> Outcome:
+    f = first_order(ctx)
+    hd, w, g = f["hd"], f["w"], f["g"]
+    size = _norm(hd)
+    normal = _norm([_sym(_t(frames(wi)) @ frames(di)) for wi, di in zip(w, hd, strict=True)])
+    slopes = [
+        float(np.sum(frames(gi) * frames(di), axis=(-2, -1)).max())
+        for gi, di in zip(g, hd, strict=True)
+    ]
+    ratio = normal / size
+    descent = max(slopes) < 0.0
+    return Outcome(
+        ratio <= f["tau_d"] and descent,
+        f"normal part of the first-order step {ratio:.2e} of it (bound τ_D {f['tau_d']:.1e}); "
+        f"largest ⟨G, D⟩ over the frames {max(slopes) / f['h']:.3e} "
+        f"({'a descent direction' if descent else 'NOT a descent direction'} in every frame)",
+        ratio,
+        f["tau_d"],
+    )
+
+
+def _reference_first_order(ctx: Context, f: dict[str, Any]) -> list[Array]:
+    """hD of the claimed rule at the same point, gradient and h (float64 fit)."""
+    steps = []
+    for k in MULTIPLES:
+        settings = {**ctx.settings, "lr": k * f["h"]}
+        out = []
+        for (d, r), w, g in zip(ctx.sizes(), f["w"], f["g"], strict=True):
+            rule = reference_rules.bind(ctx.rule, settings, d, r)
+            ys = [
+                rule.step(x, gi, rule.init(x))[0]
+                for x, gi in zip(frames(w), frames(g), strict=True)
+            ]
+            out.append(np.stack(ys).reshape(w.shape) - w)
+        steps.append(out)
+    return _fit(steps)[0]
+
+
+def check_direction(ctx: Context, claim: Any) -> Outcome:
+    f = first_order(ctx)
+    hd, w, g = f["hd"], f["w"], f["g"]
+    if ctx.rule is not None:
+        expected = _reference_first_order(ctx, f)
+        err = _norm(_diff(hd, expected)) / _norm(expected)
+        bound = 2.0 * f["tau_d"]
+        ratio = _norm(hd) / _norm(expected)
+        return Outcome(
+            err <= bound,
+            f"first-order step vs {ctx.rule}'s: relative difference {err:.2e} (bound {bound:.1e}); "
+            f"length ratio {ratio:.6f}",
+            err,
+            bound,
+        )
+    metric = ctx.claims.get("metric", "embedded")
+    worst = 0.0
+    for wi, gi, di in zip(w, g, hd, strict=True):
+        for wf, gf, df in zip(frames(wi), frames(gi), frames(di), strict=True):
+            rg = _rgrad(wf, gf, metric)
+            gap = np.linalg.norm(df / np.linalg.norm(df) + rg / np.linalg.norm(rg))
+            worst = max(worst, float(gap) * np.linalg.norm(df) / _norm(hd))
+    return Outcome(
+        worst <= f["tau_d"],
+        f"first-order step vs −grad in the {metric} metric, frame by frame: direction gap "
+        f"{worst:.2e} (bound τ_D {f['tau_d']:.1e})",
+        worst,
+        f["tau_d"],
+    )
+
+
+def check_order(ctx: Context, claim: Any) -> Outcome:
+    f = first_order(ctx)
+    metric = ctx.claims.get("metric", "embedded")
+    hd, h2c, w = f["hd"], f["h2c"], f["w"]
+    expected = [
+        0.5 * _geodesic_acceleration(frames(wi), frames(di), metric).reshape(wi.shape)
+        for wi, di in zip(w, hd, strict=True)
+    ]
+    rho = _norm(_diff(h2c, expected)) / _norm(hd) ** 2
+    measured = 2 if rho <= f["tau_c"] else 1
+    return Outcome(
+        None if claim is None else measured == int(claim),
+        f"second-order term vs the {metric} geodesic's: ρ = {rho:.2e} of ‖D‖² "
+        f"(order 2 when ρ ≤ τ_C = {f['tau_c']:.1e}): order {measured}",
+        rho,
+        f["tau_c"],
+        {"order": measured},
+    )
+
+
+def _accumulated(ctx: Context, path: Sequence[list[Array]]) -> float:
+    """Σ_t L^{T−t}·B_t over the steps of a float64 path (module docstring)."""
+    total = 0.0
+    d, r = max(s[0] for s in ctx.sizes()), max(s[1] for s in ctx.sizes())
+    for before, after in itertools.pairwise(path):
+        step = _norm(_diff(after, before))
+        b = step_bound(str(torch.float64), 0.0, step, _norm(after), d, r, factoring=True)
+        total = LIPSCHITZ * total + b
+    return total
+
+
+def _compare_paths(
+    ctx: Context, a: Sequence[list[Array]], b: Sequence[list[Array]], what: str, extra=0.0
+) -> Outcome:
+    """Two float64 trajectories that must agree: pass when they differ by at most the
+    accumulated bound, and only when that bound resolves a difference (≤ RESOLUTION of the
+    path's length; else not measurable, never passed)."""
+    dev = max(_norm(_diff(x, y)) for x, y in zip(a, b, strict=True))
+    bound = _accumulated(ctx, a) + extra
+    length = sum(_norm(_diff(y, x)) for x, y in itertools.pairwise(a))
+    detail = f"{what}: differ by {dev:.2e} (bound {bound:.1e})"
+    if bound > RESOLUTION * length:
+        return Outcome(None, f"{detail}: the bound does not resolve the path", dev, bound)
+    return Outcome(dev <= bound, detail, dev, bound)
+
+
+def _path(ctx: Context, problem: Problem | None = None, steps: int = TRAJECTORY_STEPS, **set_):
+    """A float64 trajectory of the problem with the given hyperparameters (scale: of G)."""
+    scale = set_.pop("scale", 1.0)
+    run = ctx.run(problem, torch.float64)
+    for key, value in set_.items():
+        run.set(key, value)
+    return drive(run, problem or ctx.problem, steps, scale=scale)
+
+
+def check_degree(ctx: Context, claim: Any) -> Outcome:
+    f = first_order(ctx)
+    doubled = _norm(_diff(_one_step(ctx, f["h"], scale=2.0), f["w"]))
+    single = _norm(_diff(_one_step(ctx, f["h"]), f["w"]))
+    measured = math.log2(doubled / single)
+    detail = f"measured degree {measured:.3f} (step length under G → 2G at the first step)"
+    if claim is None:
+        return Outcome(None, detail, measured)
+    if int(claim) == 0:
+        base = _path(ctx)
+        outcomes = [
+            _compare_paths(ctx, base, _path(ctx, scale=c), f"{TRAJECTORY_STEPS} steps, G → {c:g}·G")
+            for c in SCALES
+        ]
+    else:
+        outcomes = [
+            _compare_paths(
+                ctx,
+                _path(ctx, steps=1, lr=c * ctx.lr),
+                _path(ctx, steps=1, scale=c),
+                f"one step with {c:g}·G vs one with {c:g}·lr",
+            )
+            for c in (0.5, 2.0)
+        ]
+    return _worst(outcomes, detail)
+
+
+def _worst(outcomes: Sequence[Outcome], extra: str = "") -> Outcome:
+    """The outcomes joined: failed if one failed, unmeasured if one is, else passed."""
+    verdicts = [o.passed for o in outcomes]
+    passed = False if False in verdicts else (None if None in verdicts else True)
+    worst = max(outcomes, key=lambda o: (o.value or 0.0) / (o.bound or 1.0))
+    detail = "; ".join([o.detail for o in outcomes] + ([extra] if extra else []))
+    return Outcome(passed, detail, worst.value, worst.bound)
+
+
+def check_equivariance(ctx: Context, claim: Any) -> Outcome:
+    rotated = ctx.problem.rotated()
+    base = _path(ctx, steps=EQUIVARIANCE_STEPS)
+    turned = _path(ctx, rotated, steps=EQUIVARIANCE_STEPS)
+    back = [
+        [(q @ frames(p)).reshape(p.shape) for q, p in zip(rotated.rotation, pts, strict=True)]
+        for pts in base
+    ]
+    start = _norm(_diff(back[0], turned[0]))
+    return _compare_paths(
+        ctx,
+        back,
+        turned,
+        f"{EQUIVARIANCE_STEPS} steps from (QW, QG) vs Q times those from (W, G)",
+        extra=LIPSCHITZ**EQUIVARIANCE_STEPS * start,
+    )
+
+
+def check_decay(ctx: Context, claim: Any) -> Outcome:
+    if not ctx.run().has("weight_decay"):
+        raise _Unmeasurable("the optimizer has no 'weight_decay' hyperparameter")
+    decayed = _path(ctx, lr=ctx.lr, weight_decay=DECAY)
+    if (claim or "none") == "fused":
+        expected = _path(ctx, lr=ctx.lr / (1.0 - ctx.lr * DECAY), weight_decay=0.0)
+        what = "equals lr/(1 − lr·λ) without decay (fused: polar(W + ξ/(1 − lr·λ)))"
+    else:
+        expected = _path(ctx, lr=ctx.lr, weight_decay=0.0)
+        what = "equals the run without decay (frames are not decayed, RA-5)"
+    return _compare_paths(
+        ctx, expected, decayed, f"{TRAJECTORY_STEPS} steps with weight_decay {DECAY:g} {what}"
+    )
+
+
+def _same(a: Sequence[Array], b: Sequence[Array]) -> bool:
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _state_arrays(run: Run, p: torch.nn.Parameter) -> dict[str, Any]:
+    return {
+        k: (v.detach().clone() if torch.is_tensor(v) else v)
+        for k, v in run.optimizer.state.get(p, {}).items()
+    }
+
+
+def _same_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if torch.is_tensor(x) != torch.is_tensor(y):
+            return False
+        if torch.is_tensor(x) and not torch.equal(x, y):
+            return False
+        if not torch.is_tensor(x) and x != y:
+            return False
+    return True
+
+
+def check_state(ctx: Context, claim: Any) -> Outcome:
+    failures = []
+    # (a) state_dict round trip resumes bitwise
+    run = ctx.run()
+    drive(run, ctx.problem, 5)
+    resumed = run.clone(ctx.factory)
+    a = drive(run, ctx.problem, 5, start=5)
+    b = drive(resumed, ctx.problem, 5, start=5)
+    if not _same(a[-1], b[-1]):
+        failures.append(
+            f"a run resumed from state_dict departs by {_norm(_diff(a[-1], b[-1])):.2e}"
+        )
+    # (b) zero_grad leaves no gradient (torch's default set_to_none=True)
+    run.optimizer.zero_grad()
+    if any(p.grad is not None for p in run.params):
+        failures.append("zero_grad() left gradients that are not None")
+    # (c) a None gradient: that parameter and its state are untouched
+    before_p = run.points()
+    kept = _state_arrays(run, run.params[0])
+    grads = run.rounded(ctx.problem.gradients(before_p, 10))
+    run.step([None, *grads[1:]])
+    after = run.points()
+    if not np.array_equal(after[0], before_p[0]):
+        failures.append("a parameter whose grad is None moved")
+    if not _same_state(kept, _state_arrays(run, run.params[0])):
+        failures.append("the state of a parameter whose grad is None changed")
+    if np.array_equal(after[1], before_p[1]):
+        failures.append("with one grad None, the other parameter did not move")
+    # (d) lr 0 leaves every point bit for bit
+    run.set("lr", 0.0)
+    before = run.points()
+    run.step(run.rounded(ctx.problem.gradients(before, 11)))
+    if not _same(before, run.points()):
+        failures.append(
+            f"a step at lr 0 moved the points by {_norm(_diff(run.points(), before)):.2e}"
+        )
+    return Outcome(
+        not failures,
+        "; ".join(failures)
+        or "state_dict round trip resumes bitwise; zero_grad sets None; a None grad leaves its "
+        "parameter and state as they were; lr 0 leaves the points bit for bit",
+    )
+
+
+def _shadow_step(
+    ctx: Context, rule: reference_rules.BoundRule, x: Array, g: Array, y: Array, state: Any
+) -> tuple[float, bool, Any]:
+    """One step of the reference from the optimizer's own point x (projected to the manifold
+    in float64, x̄) with the same gradient: the deviation of the optimizer's y from ȳ over the
+    audit's bound B (plus SAFETY·u·Σ1/(1 − β)·Δ: the reference's moments are rebuilt from the
+    optimizer's points, so they carry its rounding, forgotten at rate β), whether B resolves
+    the step (B ≤ RESOLUTION·Δ), and the reference's state moved to y. A step the reference
+    refuses is a departure (ratio inf), and the state restarts at y."""
+    xbar = ref.linalg.polar(x)
+    try:
+        ybar, new_state = rule.step(xbar, g, state)
+    except ValueError:
+        return math.inf, True, rule.init(ref.linalg.polar(y))
+    d, r = x.shape
+    length = float(np.linalg.norm(ybar - xbar))
+    memory = sum(1.0 / (1.0 - b) for b in ctx.decays())
+    bound = (
+        step_bound(
+            ctx.dtype_name,
+            float(np.linalg.norm(x - xbar)),
+            length,
+            float(np.linalg.norm(ybar)),
+            d,
+            r,
+            factoring=ctx.factoring(),
+        )
+        + SAFETY * ctx.u * memory * length
+    )
+    dev = float(np.linalg.norm(y - ybar))
+    ratio = dev / bound if bound > 0 else math.inf
+    return ratio, bound <= RESOLUTION * length, rule.transport(ybar, ref.linalg.polar(y), new_state)
+
+
+def check_rule(ctx: Context, claim: Any) -> Outcome:
+    if ctx.rule is None:
+        raise _Unmeasurable("no rule claimed (--rule NAME)")
+    if ctx.settings.get("moment") == "elementwise":
+        raise _Unmeasurable(
+            "the elementwise moment's per-step bound is not available here (use rattn audit)"
+        )
+    rules = ctx.bound_rules()
+    run = ctx.run()
+    states = [
+        [rule.init(ref.linalg.polar(x)) for x in frames(p)]
+        for rule, p in zip(rules, run.points(), strict=True)
+    ]
+    worst_ratio, first_departure, unauditable = 0.0, None, None
+    for t in range(RULE_STEPS):
+        before = run.points()
+        grads = run.rounded(ctx.problem.gradients(before, t))
+        run.step(grads)
+        after = run.points()
+        for i, rule in enumerate(rules):
+            for j, (x, g, y) in enumerate(
+                zip(frames(before[i]), frames(grads[i]), frames(after[i]), strict=True)
+            ):
+                ratio, resolved, states[i][j] = _shadow_step(ctx, rule, x, g, y, states[i][j])
+                worst_ratio = max(worst_ratio, ratio)
+                if not ratio <= 1.0 and first_departure is None:
+                    first_departure = t + 1
+                if not resolved and unauditable is None:
+                    unauditable = t + 1
+    passed = first_departure is None and unauditable is None
+    if first_departure is not None:
+        detail = (
+            f"departs from {ctx.rule} at step {first_departure} "
+            f"(worst deviation/bound {worst_ratio:.3g})"
+        )
+    elif unauditable is not None:
+        detail = (
+            f"the bound exceeds {RESOLUTION:g} of the step at step {unauditable}: not auditable"
+        )
+    else:
+        detail = (
+            f"{RULE_STEPS} steps within the audit's per-step bounds of {ctx.rule} "
+            f"(worst deviation/bound {worst_ratio:.3g})"
+        )
+    return Outcome(passed, detail, worst_ratio, 1.0, {"first_departure_step": first_departure})
+
+
+# -- the registry ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Property:
+    id: str
+    claim: str  # the --claims key
+    title: str
+    statement: str
+    check: Callable[[Context, Any], Outcome]
+
+
+PROPERTIES: dict[str, Property] = {
+    p.id: p
+    for p in (
+        Property(
+            "CONF-MANIFOLD",
+            "manifold",
+            "iterates stay on the manifold",
+            f"Over {DRIFT_STEPS} steps of the problem, max ‖WᵀW − I‖ stays within the rounding of "
+            "one orthonormalisation in the run's dtype (polar_drift_bound): no drift accumulates.",
+            check_manifold,
+        ),
+        Property(
+            "CONF-TANGENT",
+            "tangent",
+            "the first-order step is tangent and descends",
+            "D = dW⁺/d lr at lr = 0 satisfies ‖sym(WᵀD)‖ ≤ τ_D‖D‖ and ⟨G, D⟩ < 0 in every frame.",
+            check_tangent,
+        ),
+        Property(
+            "CONF-DIRECTION",
+            "direction",
+            "the first-order step is the claimed rule's",
+            "D equals the claimed rule's first-order step within 2τ_D (length included); without "
+            "a rule, D is a positive multiple of −grad f in the claimed metric, frame by frame.",
+            check_direction,
+        ),
+        Property(
+            "CONF-ORDER",
+            "order",
+            "retraction order as claimed",
+            "The second-order term of the step map equals half the claimed metric's geodesic "
+            "acceleration along D within τ_C‖D‖² (order 2), or does not (order 1).",
+            check_order,
+        ),
+        Property(
+            "CONF-DEGREE",
+            "degree",
+            "behaviour under gradient scaling as claimed",
+            "Degree 0: the trajectory under G → cG (c = 2^±24) is unchanged within the "
+            "accumulated rounding bound; degree 1: a step with cG equals a step with c·lr.",
+            check_degree,
+        ),
+        Property(
+            "CONF-EQUIVARIANCE",
+            "equivariant",
+            "O(d)-equivariance",
+            f"The {EQUIVARIANCE_STEPS}-step trajectory from (QW, QG_t) equals Q times the one "
+            "from (W, G_t) within the accumulated rounding bound.",
+            check_equivariance,
+        ),
+        Property(
+            "CONF-DECAY",
+            "decay",
+            "weight decay on frames as claimed",
+            "none: a run with weight_decay λ = 0.1 equals the run without; fused: it equals the "
+            "run at lr/(1 − lr·λ) without decay (polar(W + ξ/(1 − lr·λ)), DESIGN §5).",
+            check_decay,
+        ),
+        Property(
+            "CONF-STATE",
+            "state",
+            "state as torch's optimizers keep it",
+            "A run resumed from state_dict continues bit for bit; zero_grad() sets gradients to "
+            "None; a parameter whose grad is None keeps its point and state; lr 0 moves nothing.",
+            check_state,
+        ),
+        Property(
+            "CONF-RULE",
+            "rule",
+            "agreement with the claimed reference rule",
+            f"For {RULE_STEPS} steps the reference rule, shadowing the optimizer's own points, "
+            "reaches each next point within the audit's per-step bound, and the bound resolves "
+            f"the step (≤ {RESOLUTION:g} of its length); the first step that departs is named.",
+            check_rule,
+        ),
+    )
+}
+
+CLAIM_KEYS = (*(p.claim for p in PROPERTIES.values()), "metric")
+
+
+def evaluate(prop: Property, ctx: Context) -> Outcome:
+    """Run one property; an unmeasurable one is an ``Outcome`` with passed None."""
+    claim = ctx.claims.get(prop.claim)
+    try:
+        return prop.check(ctx, claim)
+    except _Unmeasurable as why:
+        return Outcome(None, f"not measured: {why}")
+    except TargetError:
+        raise
+    except Exception as err:  # a foreign optimizer may raise anything
+        return Outcome(False, f"the optimizer raised {type(err).__name__}: {err}")
