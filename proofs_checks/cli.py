@@ -89,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument("trace", help="the .npz file written by torch_port.audit.record")
     aud.add_argument("--json", action="store_true", help="print one JSON document")
     aud.add_argument("--plot", metavar="FILE", default=None, help="draw deviation/bound (PNG)")
+    aud.add_argument(
+        "--rule", default=None, help="replay against this rule (rattn conform's names)"
+    )
+    aud.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a hyperparameter of --rule (VALUE as JSON); the rest are the rule's defaults",
+    )
 
     conf = sub.add_parser(
         "conform", help="run the property suite on a Riemannian optimizer (MODULE:FACTORY)"
@@ -366,8 +376,11 @@ def run_audit(args: argparse.Namespace) -> int:
         folder = Path(args.plot).resolve().parent
         if not folder.is_dir():
             raise ValueError(f"--plot {args.plot}: the folder {folder} does not exist")
+    if args.set and args.rule is None:
+        raise ValueError("--set needs --rule NAME")
     try:
-        result = audit.audit(args.trace, progress=not args.json)
+        claim = None if args.rule is None else audit.Claim(args.rule, parse_overrides(args.set))
+        result = audit.audit(args.trace, progress=not args.json, claim=claim)
         if args.plot is not None:
             audit_report.plot(result, args.plot)
     except audit.TraceError as exc:

@@ -76,6 +76,7 @@ import numpy as np
 from tqdm import tqdm
 
 import reference as ref
+from proofs_checks import reference_rules
 from proofs_checks.port_compare.geometries import FrameAdapter, PointAdapter, unit_roundoff
 from reference import optim as ro
 from reference.geometry import like, parts
@@ -142,6 +143,54 @@ REFERENCE_RULES: dict[str, Callable[[dict[str, Any]], ro.Transform]] = {
 
 class TraceError(ValueError):
     """A trace that cannot be replayed (named, with what is wrong)."""
+
+
+#: ``rattn audit --rule NAME``: the class of the library's optimizer that records each rule of
+#: ``proofs_checks.reference_rules`` (only these keep a state the replay can read).
+RECORDED_AS = {
+    "riemannian_adam": "RiemannianAdam",
+    "riemannian_momentum": "RiemannianMomentum",
+    "rsgd": "RSGD",
+    "normalized_rsgd": "NormalizedRSGD",
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``--rule NAME --set KEY=VALUE``: the rule the run is said to follow. Its hyperparameters
+    are the settings and, for the rest, the rule's defaults, never the trace's (so a trace
+    whose metadata says otherwise is replayed against what was claimed); lr is the recorded
+    lr of each step (a schedule's) unless set."""
+
+    rule: str
+    settings: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        spec = reference_rules.rule_spec(self.rule)
+        if self.rule not in RECORDED_AS:
+            raise TraceError(
+                f"--rule {self.rule}: a trace records the library's optimizers "
+                f"({', '.join(RECORDED_AS)}), whose state the replay reads; {spec.description} "
+                "is checked with rattn conform"
+            )
+        allowed = set(spec.parameters()) - set(reference_rules.GEOMETRY_KEYS)
+        unknown = sorted(set(self.settings) - allowed)
+        if unknown:
+            raise TraceError(
+                f"--rule {self.rule} has no setting {', '.join(unknown)} here; it takes "
+                f"{', '.join(sorted(allowed))} (the geometry is the trace's)"
+            )
+
+    def applied(self, step: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The optimizer name and the step with the claimed hyperparameters in force."""
+        spec = reference_rules.rule_spec(self.rule)
+        h = {
+            k: spec.default(k) for k in spec.parameters() if k not in reference_rules.GEOMETRY_KEYS
+        }
+        h.update(self.settings, lr=self.settings.get("lr", step["hyperparameters"]["lr"]))
+        if "betas" in h:
+            h["betas"] = list(h["betas"])
+        return RECORDED_AS[self.rule], {**step, "hyperparameters": h}
 
 
 def reference_optimizer(optimizer: str, step: dict[str, Any]) -> ro.Optimizer:
@@ -443,13 +492,15 @@ def state_deviation(
     return worst
 
 
-def replay_record(trace: recorder.Trace, k: int) -> list[dict[str, Any]]:
+def replay_record(
+    trace: recorder.Trace, k: int, claim: Claim | None = None
+) -> list[dict[str, Any]]:
     """Every kept element of record k: deviation, bound, the state after the step against the
-    reference's, and the row's verdict (module docstring)."""
+    reference's, and the row's verdict (module docstring); against ``claim`` when given."""
     step = trace.meta["steps"][k]
     where = f"step {step['step']}, group {step['group']}"
     try:
-        return _replay_record(trace, k, where)
+        return _replay_record(trace, k, where, claim)
     except TraceError:
         raise
     except (
@@ -463,9 +514,13 @@ def replay_record(trace: recorder.Trace, k: int) -> list[dict[str, Any]]:
         raise TraceError(f"{where}: cannot be replayed ({type(err).__name__}: {err})") from None
 
 
-def _replay_record(trace: recorder.Trace, k: int, where: str) -> list[dict[str, Any]]:
+def _replay_record(
+    trace: recorder.Trace, k: int, where: str, claim: Claim | None
+) -> list[dict[str, Any]]:
     meta = trace.meta
-    step = meta["steps"][k]
+    optimizer, step = meta["optimizer"], meta["steps"][k]
+    if claim is not None:
+        optimizer, step = claim.applied(step)
     spec = step["geometry"]
     try:
         el = elements(spec)
@@ -483,7 +538,7 @@ def _replay_record(trace: recorder.Trace, k: int, where: str) -> list[dict[str, 
                 f"{where}: {what} has parts of shapes {list(got)}; a {spec['name']} point of "
                 f"these sizes has {list(el.shapes)}"
             )
-    opt = reference_optimizer(meta["optimizer"], step)
+    opt = reference_optimizer(optimizer, step)
     dtype = step["dtypes"][0]  # one of ``recorder.STORED``: ``check_trace`` refused others
     n, r = _dims(spec)
     h = step["hyperparameters"]
@@ -518,7 +573,10 @@ def _replay_record(trace: recorder.Trace, k: int, where: str) -> list[dict[str, 
         try:
             st = reference_state(template, entries, step["step"] - 1)
         except (TypeError, ValueError) as err:
-            raise TraceError(f"{where}, element {e}: {err}") from None
+            if claim is None:
+                raise TraceError(f"{where}, element {e}: {err}") from None
+            rows.append({**row, **_said("fail", f"the state is not the claimed rule's: {err}")})
+            continue
         try:
             y_ref, new_state = opt.step(el.geometry, xp, g, st)
         except (TypeError, ValueError) as err:
@@ -649,15 +707,18 @@ def _element_entries(el: Elements, arrays: Sequence[Array], j: int) -> list[Any]
     return [a[j] for a in arrays]
 
 
-def replay(trace: recorder.Trace, *, progress: bool = False) -> dict[str, Any]:
+def replay(
+    trace: recorder.Trace, *, progress: bool = False, claim: Claim | None = None
+) -> dict[str, Any]:
     """Every record of a trace: one JSON-ready document with ``passed``,
-    ``first_failure_step`` and ``steps`` (one row per element of each record)."""
+    ``first_failure_step`` and ``steps`` (one row per element of each record); against the
+    claimed rule when given (``Claim``), else the recorded one."""
     rows: list[dict[str, Any]] = []
     records = range(len(trace.meta["steps"]))
     for k in tqdm(
         records, desc="rattn audit", unit="record", file=sys.stderr, disable=not progress
     ):
-        rows.extend(replay_record(trace, k))
+        rows.extend(replay_record(trace, k, claim))
     for row in rows:  # JSON has no NaN or inf: a non-finite value is null (the row failed)
         for name, v in row.items():
             if isinstance(v, float) and not math.isfinite(v):
@@ -665,6 +726,7 @@ def replay(trace: recorder.Trace, *, progress: bool = False) -> dict[str, Any]:
     return {
         **overall(rows),
         "optimizer": trace.meta["optimizer"],
+        "rule": None if claim is None else {"name": claim.rule, "settings": claim.settings},
         "partial": bool(trace.meta.get("partial", False)),
         "steps": rows,
         "versions": trace.meta.get("versions"),
@@ -693,9 +755,12 @@ def overall(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def audit(path: str | Path, *, progress: bool = False) -> dict[str, Any]:
-    """Load a trace (``torch_port.audit.load``, which checks its layout) and replay it;
-    TraceError naming the file for one that cannot be read or replayed."""
+def audit(
+    path: str | Path, *, progress: bool = False, claim: Claim | None = None
+) -> dict[str, Any]:
+    """Load a trace (``torch_port.audit.load``, which checks its layout) and replay it (against
+    ``claim`` when given); TraceError naming the file for one that cannot be read or
+    replayed."""
     try:
         trace = recorder.load(path)
     except ValueError as err:
@@ -703,7 +768,7 @@ def audit(path: str | Path, *, progress: bool = False) -> dict[str, Any]:
     if not trace.meta["steps"]:
         raise TraceError(f"{path}: the trace records no step")
     try:
-        result = replay(trace, progress=progress)
+        result = replay(trace, progress=progress, claim=claim)
     except TraceError as err:
         raise TraceError(f"{path}: {err}") from None
     return {"trace": str(path), **result}

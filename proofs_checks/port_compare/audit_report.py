@@ -34,11 +34,19 @@ def _parameter(row: dict[str, Any]) -> str:
     return ", ".join(row["names"]) if row["names"] else ", ".join(map(str, row["params"]))
 
 
+def _claimed(result: dict[str, Any]) -> str:
+    rule = result.get("rule")
+    if not rule:
+        return ""
+    settings = ", ".join(f"{k}={v}" for k, v in sorted(rule["settings"].items()))
+    return f" against the claimed rule {rule['name']}" + (f" ({settings})" if settings else "")
+
+
 def format_table(result: dict[str, Any]) -> str:
     """Markdown table of an audit: per step and group the worst element, then the verdict."""
     lines = [
         f"Audit of {result['trace']} ({result['optimizer']}), every step replayed through the "
-        "float64 reference:",
+        f"float64 reference{_claimed(result)}:",
         "",
         "| step | group | geometry | dtype | parameter | element | ‖x − x̄‖ (projected) "
         "| step Δ | ‖y − ȳ‖ | bound | state/bound | result |",
