@@ -12,7 +12,7 @@ import os
 import secrets
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,7 +274,7 @@ class Certificate:
         return [out / name for name in CERTIFICATE_FILES]
 
 
-def check_destination(out_dir: str | Path) -> None:
+def check_destination(out_dir: str | Path, files: Sequence[str] = CERTIFICATE_FILES) -> None:
     """Refuse a destination the certificates could not be written to, so that ``rattn certify``
     says so before its checks run rather than after: ``out_dir`` must be a directory or be
     creatable as one (its nearest existing ancestor a directory), none of CERTIFICATE_FILES in
@@ -283,7 +283,7 @@ def check_destination(out_dir: str | Path) -> None:
     nothing."""
     out = Path(out_dir)
     prefix = f"cannot write certificates to {str(out)!r}"
-    for name in CERTIFICATE_FILES:
+    for name in files:
         if (out / name).is_dir():
             raise ValueError(f"{prefix}: {str(out / name)!r} is a directory")
     existing = out

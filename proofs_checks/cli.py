@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -401,17 +402,19 @@ def run_conform(args: argparse.Namespace) -> int:
     settings = parse_overrides(args.set)
     claims = parse_claims(args.claims)
     if args.out is not None:
-        check_destination(args.out)
-    result = conform(
-        args.target,
-        geometry=args.geometry,
-        rule=args.rule,
-        settings=settings,
-        claims=claims,
-        dtype=args.dtype,
-        seed=args.seed,
-        progress=not args.json,
-    )
+        check_destination(args.out, report.FILES)
+    # what the target prints goes to stderr: stdout is the report (one JSON document)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = conform(
+            args.target,
+            geometry=args.geometry,
+            rule=args.rule,
+            settings=settings,
+            claims=claims,
+            dtype=args.dtype,
+            seed=args.seed,
+            progress=not args.json,
+        )
     if args.out is not None:
         report.write(result, args.out)
     print(

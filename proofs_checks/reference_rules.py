@@ -81,10 +81,10 @@ class RuleSpec:
                 f"{', '.join(self.parameters())}"
             )
         own = {k: v for k, v in settings.items() if self.field or k not in GEOMETRY_KEYS}
-        if "betas" in own:
-            own["betas"] = tuple(own["betas"])
         options = {} if self.field else {k: settings[k] for k in GEOMETRY_KEYS if k in settings}
         try:
+            if "betas" in own:
+                own["betas"] = tuple(own["betas"])
             return BoundRule(
                 self.name, dict(settings), ref.Stiefel(d, r, **options), self.constructor()(**own)
             )

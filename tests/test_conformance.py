@@ -125,9 +125,13 @@ def test_a_wrong_order_claim_fails_and_the_true_one_passes() -> None:
     ("text", "message"),
     [
         ("manifold,bogus", "unknown claim 'bogus'"),
-        ("order=3", "claim order=3"),
-        ("decay=shrink", "claim decay='shrink'"),
-        ("metric=flat", "metric='flat'"),
+        ("order=3", "claim 'order=3'"),
+        ("order", "claim 'order'"),  # a bare valued claim is not order=1
+        ("decay=shrink", "claim 'decay=shrink'"),
+        ("metric=flat", "claim 'metric=flat'"),
+        ("state=false", "state takes no value"),
+        (",", "claims no property"),
+        ("metric=canonical", "claims no property"),
     ],
 )
 def test_bad_claims_are_refused(text, message) -> None:
@@ -146,6 +150,9 @@ def test_bad_claims_are_refused(text, message) -> None:
         ([f"{TARGETS}:rsgd", "--rule", "rsgd", "--set", "beta=1"], "has no setting beta"),
         ([f"{TARGETS}:rsgd", "--dtype", "float16"], "--dtype 'float16'"),
         ([f"{TARGETS}:rsgd", "--geometry", "fixed_rank_embedded"], "--geometry"),
+        ([f"{TARGETS}:rsgd", "--set", "lr=null"], "lr must be a finite number > 0"),
+        ([f"{TARGETS}:rsgd", "--rule", "riemannian_adam", "--set", "betas=0.9"], "not iterable"),
+        (["sys:exit"], "the factory raised SystemExit"),
     ],
 )
 def test_bad_usage_exits_2_naming_the_problem(argv, message, capsys) -> None:
@@ -208,3 +215,107 @@ def test_geoopt_findings() -> None:
     resumed = _conform(f"{TARGETS}:geoopt_adam", "geoopt_riemannian_adam")
     assert resumed["failed"] == ["CONF-STATE"]
     assert "resumed from state_dict departs" in resumed["properties"][7]["detail"]
+
+
+def _wrapped(make_step):
+    """A factory: the zoo's clean Adam with its step wrapped by ``make_step(opt, step)``."""
+    from proofs_checks.conformance import zoo
+
+    def factory(params):
+        opt = zoo.clean_adam(params)
+        opt.step = make_step(opt, opt.step)
+        return opt
+
+    return factory
+
+
+def _nan_after(k):
+    def make(opt, step):
+        def wrapped(closure=None):
+            step()
+            if opt.state[opt.param_groups[0]["params"][0]]["step"] > k:
+                for p in opt.param_groups[0]["params"]:
+                    p.data.fill_(float("nan"))
+
+        return wrapped
+
+    return make
+
+
+def _late_half_step(opt, step):
+    def wrapped(closure=None):
+        late = opt.state.get(opt.param_groups[0]["params"][0], {}).get("step", 0) >= 60
+        lrs = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] *= 0.5 if late else 1.0
+        step()
+        for g, lr in zip(opt.param_groups, lrs, strict=True):
+            g["lr"] = lr
+
+    return wrapped
+
+
+def _frozen_lr(opt, step):
+    first = {}
+
+    def wrapped(closure=None):
+        lrs = [g["lr"] for g in opt.param_groups]
+        for i, g in enumerate(opt.param_groups):
+            first.setdefault(i, g["lr"])
+            g["lr"] = g["lr"] and first[i]  # honours lr 0 only: ignores a scheduler
+        step()
+        for g, lr in zip(opt.param_groups, lrs, strict=True):
+            g["lr"] = lr
+
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("make_step", "flag", "departs"),
+    [
+        # NaN is not a small residual; the first parameter's count lags one step behind the
+        # run's (its grad is None at one step), so its 61st step is the run's 62nd
+        (_nan_after(60), "CONF-MANIFOLD", 62),
+        (_late_half_step, "CONF-RULE", 62),  # right for 60 steps of its own count only
+        (_frozen_lr, "CONF-RULE", 2),  # ignores a schedule
+    ],
+)
+def test_late_and_scheduled_faults_are_found(make_step, flag, departs) -> None:
+    report = _conform(_wrapped(make_step), "riemannian_adam")
+    assert flag in report["failed"] and report["first_departure_step"] == departs
+
+
+def test_a_state_dict_that_changes_the_run_is_found() -> None:
+    """Saving a checkpoint must not change training: here state_dict() halves the live moment."""
+
+    def make(params):
+        from proofs_checks.conformance import zoo
+
+        opt = zoo.clean_adam(params)
+        save = opt.state_dict
+
+        def state_dict():
+            for st in opt.state.values():
+                st["exp_avg"] = st["exp_avg"] * 0.5
+            return save()
+
+        opt.state_dict = state_dict
+        return opt
+
+    report = _conform(make, "riemannian_adam")
+    assert report["failed"] == ["CONF-STATE"]
+    assert "a run saved departs" in report["properties"][7]["detail"]
+
+
+def test_what_the_factory_prints_does_not_break_the_json(capsys) -> None:
+    assert (
+        main(["conform", "proofs_checks.conformance.targets:rsgd", "--rule", "rsgd", "--json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["passed"]
+
+
+def test_out_refuses_a_directory_in_place_of_a_file(tmp_path, capsys) -> None:
+    (tmp_path / "conformance.json").mkdir()
+    argv = ["conform", f"{TARGETS}:rsgd", "--rule", "rsgd", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "is a directory" in capsys.readouterr().err

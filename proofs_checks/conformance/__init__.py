@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,19 @@ def load_factory(target: str | Callable[..., Any]) -> Callable[..., Any]:
     return factory
 
 
+#: Claims that take a value (``order=2``); the others are bare names.
+VALUED = {
+    "order": (1, 2),
+    "degree": (0, 1),
+    "decay": ("none", "fused"),
+    "metric": ("embedded", "canonical"),
+}
+
+
 def parse_claims(text: str | None) -> dict[str, Any] | None:
     """``--claims manifold,order=2,degree=0,decay=none,metric=canonical`` as a dict (a bare
-    name means True); None when not given."""
+    name means True); None when not given. A list naming no property, an unknown name, a bare
+    valued claim (``order``) or a value on a bare one (``state=false``) is refused."""
     if text is None:
         return None
     claims: dict[str, Any] = {}
@@ -61,12 +72,17 @@ def parse_claims(text: str | None) -> dict[str, Any] | None:
         key, sep, value = item.partition("=")
         if key not in CLAIM_KEYS:
             raise ValueError(f"unknown claim {key!r}; claims are {', '.join(CLAIM_KEYS)}")
-        claims[key] = (int(value) if value.isdigit() else value) if sep else True
-    for key, allowed in (("order", (1, 2)), ("degree", (0, 1)), ("decay", ("none", "fused"))):
-        if key in claims and claims[key] not in allowed:
-            raise ValueError(f"claim {key}={claims[key]!r}: choose one of {allowed}")
-    if claims.get("metric", "embedded") not in ("embedded", "canonical"):
-        raise ValueError(f"claim metric={claims['metric']!r}: embedded or canonical")
+        if key in VALUED:
+            parsed = int(value) if value.isdigit() else value
+            if not sep or parsed not in VALUED[key]:
+                raise ValueError(f"claim {item!r}: {key}= one of {VALUED[key]}")
+            claims[key] = parsed
+        elif sep:
+            raise ValueError(f"claim {item!r}: {key} takes no value (leave it out to not claim it)")
+        else:
+            claims[key] = True
+    if not set(claims) - {"metric"}:
+        raise ValueError(f"--claims {text!r} claims no property: nothing would be checked")
     return claims
 
 
@@ -104,6 +120,13 @@ def conform(
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     settings = dict(settings or {})
+    if "lr" in settings and not (
+        isinstance(settings["lr"], int | float)
+        and not isinstance(settings["lr"], bool)
+        and math.isfinite(settings["lr"])
+        and settings["lr"] > 0
+    ):
+        raise ValueError(f"--set lr={settings['lr']!r}: lr must be a finite number > 0")
     factory = load_factory(target)
     if rule is not None:
         reference_rules.rule_spec(rule)  # refuses an unknown name before the target is built
@@ -119,6 +142,8 @@ def conform(
     ctx = Context(factory, Problem.make(seed), DTYPES[dtype], lr, chosen, rule, settings)
     if rule is not None:
         ctx.bound_rules()  # refuses a bad setting before any property runs
+        if claims is None and not ctx.run().has("weight_decay"):
+            chosen.pop("decay", None)  # implied only where the optimizer has a decay to set
     rows = []
     for prop in tqdm(list(PROPERTIES.values()), desc="conform", disable=not progress):
         outcome = evaluate(prop, ctx)

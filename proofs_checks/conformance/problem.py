@@ -117,12 +117,16 @@ class Run:
         self.params = [torch.nn.Parameter(torch.tensor(p, dtype=dtype)) for p in points]
         try:
             self.optimizer = factory(self.params)
-        except Exception as err:  # any failure of foreign code is reported
+        except KeyboardInterrupt:
+            raise
+        except BaseException as err:  # any failure of foreign code, SystemExit included
             raise TargetError(f"the factory raised {type(err).__name__}: {err}") from None
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TargetError(
                 f"the factory returned {type(self.optimizer).__name__}, not a torch.optim.Optimizer"
             )
+        if not self.optimizer.param_groups:
+            raise TargetError("the factory's optimizer has no param_groups")
 
     def points(self) -> list[Array]:
         return [p.detach().cpu().numpy().astype(np.float64) for p in self.params]
