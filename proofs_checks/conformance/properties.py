@@ -177,12 +177,8 @@ def _one_step(ctx: Context, lr: float, *, scale: float = 1.0) -> list:
     if run.has("weight_decay"):
         run.set("weight_decay", 0.0)
     start = run.points()
-    run.step(problem_gradients(ctx, start, 0, scale))
+    run.step(ctx.problem.gradients(start, 0, scale))
     return run.points()
-
-
-def problem_gradients(ctx: Context, points: Sequence[Array], t: int, scale: float = 1.0):
-    return ctx.problem.gradients(points, t, scale)
 
 
 def _vandermonde() -> Array:
@@ -213,7 +209,7 @@ def first_order(ctx: Context) -> dict[str, Any]:
         return ctx._cache["first"]
     run = ctx.run(dtype=torch.float64)
     w = run.points()
-    g = problem_gradients(ctx, w, 0)
+    g = ctx.problem.gradients(w, 0)
     probe = _norm(_diff(_one_step(ctx, ctx.lr), w))
     if probe == 0.0:
         raise _Unmeasurable(f"one step at lr {ctx.lr:g} does not move the point")
@@ -221,8 +217,8 @@ def first_order(ctx: Context) -> dict[str, Any]:
     steps = [_diff(_one_step(ctx, k * h), w) for k in MULTIPLES]
     hd, h2c = _fit(steps)
     tau_d, tau_c = _tolerances(ctx, _norm(w))
-    ctx._cache["first"] = {"w": w, "g": g, "hd": hd, "h2c": h2c, "h": h}
-    ctx._cache["first"].update(tau_d=tau_d, tau_c=tau_c)
+    ctx._cache["first"] = {"w": w, "g": g, "hd": hd, "h2c": h2c, "h": h, "tau_d": tau_d}
+    ctx._cache["first"]["tau_c"] = tau_c
     return ctx._cache["first"]
 
 
