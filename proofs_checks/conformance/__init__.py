@@ -187,4 +187,7 @@ def _own_lr(ctx: Context) -> float:
     run = ctx.run()
     if not run.has("lr"):
         raise TargetError("the optimizer has no 'lr' in its param_groups; give --set lr=...")
-    return float(run.get("lr"))
+    lr = float(run.get("lr"))
+    if not (math.isfinite(lr) and lr > 0):
+        raise TargetError(f"the optimizer's own lr is {lr}; give --set lr=... (> 0)")
+    return lr
