@@ -93,13 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     aud.add_argument(
         "--rule", default=None, help="replay against this rule (rattn conform's names)"
     )
-    aud.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a hyperparameter of --rule (VALUE as JSON); the rest are the rule's defaults",
-    )
+    add_set_argument(aud, "a hyperparameter of --rule; the rest are the rule's defaults")
 
     conf = sub.add_parser(
         "conform", help="run the property suite on a Riemannian optimizer (MODULE:FACTORY)"
@@ -107,13 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("target", help="MODULE:FACTORY, called as factory(params)")
     conf.add_argument("--geometry", default="stiefel", help="the frames' geometry (stiefel)")
     conf.add_argument("--rule", default=None, help="the reference rule it claims to follow")
-    conf.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a hyperparameter of the rule (VALUE as JSON); lr also sets the optimizer's",
-    )
+    add_set_argument(conf, "a hyperparameter of the rule; lr also sets the optimizer's")
     conf.add_argument(
         "--claims",
         default=None,
@@ -183,19 +171,26 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="results", help="output directory (default results/)")
     parser.add_argument("--data-dir", default=None, help="patches: a local CIFAR-10 directory")
     parser.add_argument("--corpus", default=None, help="lm: a text file (default: stdlib sources)")
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="replace an entry of the preset's configuration (VALUE as JSON, else a string; "
-        "e.g. --set lr=1e-3 --set init=torch); repeatable",
+    add_set_argument(
+        parser,
+        "replace an entry of the preset's configuration (e.g. --set lr=1e-3 --set init=torch)",
     )
     parser.add_argument(
         "--no-resume", action="store_true", help="start afresh, ignoring checkpoints"
     )
     parser.add_argument(
         "--json", action="store_true", help="print the results as one JSON document"
+    )
+
+
+def add_set_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """A repeatable ``--set KEY=VALUE`` (``parse_overrides`` reads it)."""
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"{what} (VALUE as JSON, else a string); repeatable",
     )
 
 

@@ -71,15 +71,21 @@ class RuleSpec:
         parameter = inspect.signature(self.constructor()).parameters.get(key)
         return None if parameter is None else parameter.default
 
+    def check_settings(self, settings: dict[str, Any], geometry: bool = True) -> None:
+        """ValueError naming the settings the rule does not take (without ``geometry``, the
+        geometry keys are not taken either: e.g. a recorded run's geometry is its own)."""
+        allowed = [k for k in self.parameters() if geometry or k not in GEOMETRY_KEYS]
+        unknown = sorted(set(settings) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"--rule {self.name} has no setting {', '.join(unknown)} here; it takes "
+                f"{', '.join(allowed)}"
+            )
+
     def bind(self, settings: dict[str, Any], d: int, r: int) -> BoundRule:
         """The rule with these settings for St(d, r) frames; ValueError naming a bad key or
         value."""
-        unknown = sorted(set(settings) - set(self.parameters()))
-        if unknown:
-            raise ValueError(
-                f"--rule {self.name} has no setting {', '.join(unknown)}; it takes "
-                f"{', '.join(self.parameters())}"
-            )
+        self.check_settings(settings)
         own = {k: v for k, v in settings.items() if self.field or k not in GEOMETRY_KEYS}
         options = {} if self.field else {k: settings[k] for k in GEOMETRY_KEYS if k in settings}
         try:

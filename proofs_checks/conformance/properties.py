@@ -49,6 +49,7 @@ from proofs_checks.port_compare.audit import (
     step_bound,
 )
 from proofs_checks.port_compare.geometries import polar_drift_bound, unit_roundoff
+from reference.linalg import sym, transpose
 
 Array = np.ndarray
 
@@ -144,14 +145,6 @@ def _diff(a: Sequence[Array], b: Sequence[Array]) -> list[Array]:
     return [x - y for x, y in zip(a, b, strict=True)]
 
 
-def _sym(a: Array) -> Array:
-    return (a + np.swapaxes(a, -1, -2)) / 2.0
-
-
-def _t(a: Array) -> Array:
-    return np.swapaxes(a, -1, -2)
-
-
 def _largest(values: Sequence[float]) -> float:
     """max of the values, inf when one is not finite (Python's max skips a NaN)."""
     values = list(values)
@@ -163,7 +156,7 @@ def _residual(points: Sequence[Array]) -> float:
     worst = []
     for p in points:
         f = frames(p)
-        gram = _t(f) @ f - np.eye(f.shape[-1])
+        gram = transpose(f) @ f - np.eye(f.shape[-1])
         worst.extend(float(v) for v in np.linalg.norm(gram, axis=(-2, -1)))
     return _largest(worst)
 
@@ -227,19 +220,17 @@ class _Unmeasurable(Exception):
 
 
 def _rgrad(w: Array, g: Array, metric: str) -> Array:
-    """P_W(G) = G − W sym(WᵀG) (embedded) or G − W Gᵀ W (canonical), frame by frame."""
-    if metric == "canonical":
-        return g - w @ _t(g) @ w
-    return g - w @ _sym(_t(w) @ g)
+    """The Riemannian gradient of the metric at one frame (``reference.Stiefel``)."""
+    return ref.Stiefel(*w.shape, metric=metric).egrad_to_rgrad(w, g)
 
 
 def _geodesic_acceleration(w: Array, d: Array, metric: str) -> Array:
     """γ''(0) of the metric's geodesic with γ(0) = W, γ'(0) = D (Edelman, Arias & Smith 1998,
     eqs. 2.7 and 2.41): −W DᵀD (embedded), −D DᵀW − W((WᵀD)² + DᵀD) (canonical)."""
-    dtd = _t(d) @ d
+    dtd = transpose(d) @ d
     if metric == "canonical":
-        wtd = _t(w) @ d
-        return -d @ _t(d) @ w - w @ (wtd @ wtd + dtd)
+        wtd = transpose(w) @ d
+        return -d @ transpose(d) @ w - w @ (wtd @ wtd + dtd)
     return -w @ dtd
 
 
@@ -264,7 +255,7 @@ def check_tangent(ctx: Context, claim: Any) -> Outcome:
     f = first_order(ctx)
     hd, w, g = f["hd"], f["w"], f["g"]
     size = _norm(hd)
-    normal = _norm([_sym(_t(frames(wi)) @ frames(di)) for wi, di in zip(w, hd, strict=True)])
+    normal = _norm([sym(transpose(frames(wi)) @ frames(di)) for wi, di in zip(w, hd, strict=True)])
     slopes = [
         float(np.sum(frames(gi) * frames(di), axis=(-2, -1)).max())
         for gi, di in zip(g, hd, strict=True)

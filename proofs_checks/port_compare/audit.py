@@ -173,13 +173,7 @@ class Claim:
                 f"({', '.join(RECORDED_AS)}), whose state the replay reads; {spec.description} "
                 "is checked with rattn conform"
             )
-        allowed = set(spec.parameters()) - set(reference_rules.GEOMETRY_KEYS)
-        unknown = sorted(set(self.settings) - allowed)
-        if unknown:
-            raise TraceError(
-                f"--rule {self.rule} has no setting {', '.join(unknown)} here; it takes "
-                f"{', '.join(sorted(allowed))} (the geometry is the trace's)"
-            )
+        spec.check_settings(self.settings, geometry=False)  # the geometry is the trace's
 
     def applied(self, step: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """The optimizer name and the step with the claimed hyperparameters in force."""
