@@ -99,7 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
         "conform", help="run the property suite on a Riemannian optimizer (MODULE:FACTORY)"
     )
     conf.add_argument("target", help="MODULE:FACTORY, called as factory(params)")
-    conf.add_argument("--geometry", default="stiefel", help="the frames' geometry (stiefel)")
+    conf.add_argument(
+        "--geometry",
+        default="stiefel",
+        help="stiefel (default) or one of the ten design points (rattn geometries)",
+    )
     conf.add_argument("--rule", default=None, help="the reference rule it claims to follow")
     add_set_argument(conf, "a hyperparameter of the rule; lr also sets the optimizer's")
     conf.add_argument(

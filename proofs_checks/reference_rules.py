@@ -33,11 +33,12 @@ GEOMETRY_KEYS = ("retraction", "metric")
 
 @dataclass(frozen=True)
 class BoundRule:
-    """A rule with its hyperparameters and its Stiefel geometry, for frames of one shape."""
+    """A rule with its hyperparameters and its reference geometry (Stiefel frames of one
+    shape, or one of the ten at one size)."""
 
     name: str
     settings: dict[str, Any]
-    geometry: Any  # reference.Stiefel
+    geometry: Any  # reference.Stiefel or one of reference.GEOMETRIES
     rule: Any  # reference.optim.Optimizer or a reference.field_rules rule
 
     def init(self, x: Array) -> Any:
@@ -83,17 +84,25 @@ class RuleSpec:
             )
 
     def bind(self, settings: dict[str, Any], d: int, r: int) -> BoundRule:
-        """The rule with these settings for St(d, r) frames; ValueError naming a bad key or
-        value."""
+        """The rule with these settings for St(d, r) frames (the geometry keys choose the
+        Stiefel geometry); ValueError naming a bad key or value."""
+        self.check_settings(settings)
+        options = {} if self.field else {k: settings[k] for k in GEOMETRY_KEYS if k in settings}
+        try:
+            geometry = ref.Stiefel(d, r, **options)
+        except TypeError as err:
+            raise ValueError(f"--rule {self.name} with {settings}: {err}") from None
+        return self.bind_to(settings, geometry)
+
+    def bind_to(self, settings: dict[str, Any], geometry: Any) -> BoundRule:
+        """The rule with these settings on a given reference geometry (the geometry keys, if
+        any, are the geometry's, not the rule's)."""
         self.check_settings(settings)
         own = {k: v for k, v in settings.items() if self.field or k not in GEOMETRY_KEYS}
-        options = {} if self.field else {k: settings[k] for k in GEOMETRY_KEYS if k in settings}
         try:
             if "betas" in own:
                 own["betas"] = tuple(own["betas"])
-            return BoundRule(
-                self.name, dict(settings), ref.Stiefel(d, r, **options), self.constructor()(**own)
-            )
+            return BoundRule(self.name, dict(settings), geometry, self.constructor()(**own))
         except TypeError as err:
             raise ValueError(f"--rule {self.name} with {settings}: {err}") from None
 
@@ -154,16 +163,20 @@ def _value(settings: dict[str, Any], key: str, name: str) -> Any:
     return settings[key] if key in settings else rule_spec(name).default(key)
 
 
-def implied_claims(name: str, settings: dict[str, Any], d: int, r: int) -> dict[str, Any]:
-    """What a rule promises on St(d, r) frames: every rule stays on the manifold, steps
-    tangent first-order descent directions, keeps its state as torch's optimizers do and agrees
-    with itself (``rule``); a preset also claims O(d)-equivariance, its retraction's order
-    against its metric's geodesics (``reference.stiefel.retraction_order``), a degree in the
-    gradient where it has one (Adam and the normalized rule 0 when ε = 0, rsgd 1 without a
-    trust radius) and no effect of weight decay on frames (RA-5; "fused" where asked)."""
+def implied_claims(name: str, settings: dict[str, Any], geometry: Any) -> dict[str, Any]:
+    """What a rule promises on a reference geometry (Stiefel frames or one of the ten): every
+    rule stays on the manifold, steps tangent first-order descent directions, keeps its state
+    as torch's optimizers do and agrees with itself (``rule``); a preset also claims
+    O(d)-equivariance (not with ``moment="elementwise"``, which breaks it: RA-4), its
+    retraction's order (``geometry.retraction_order``, against the metric's geodesics; none on
+    a quotient, whose order is not read from W), a degree in the gradient where it has one
+    (Adam and the normalized rule 0 when ε = 0, rsgd 1 without a trust radius) and no effect
+    of weight decay on frames (RA-5; "fused" where asked), and coupled decay (λ·x added to the
+    factor gradients) on the factors of R1 and R2."""
     claims: dict[str, Any] = {"manifold": True, "tangent": True, "state": True, "rule": True}
     claims["direction"] = True
-    claims["equivariant"] = True
+    if _value(settings, "moment", name) != "elementwise":
+        claims["equivariant"] = True
     if rule_spec(name).field:
         claims["decay"] = "none"
         claims["metric"] = _value(settings, "stiefel", name)  # geoopt's two Stiefel manifolds
@@ -174,14 +187,16 @@ def implied_claims(name: str, settings: dict[str, Any], d: int, r: int) -> dict[
         if name == "geoopt_riemannian_sgd":
             claims["degree"] = 1
         return claims
-    retraction = settings.get("retraction", "polar")
-    metric = settings.get("metric", "embedded")
-    claims["order"] = ref.stiefel.retraction_order(d, r, retraction, metric)
-    claims["metric"] = metric
+    stiefel = isinstance(geometry, ref.Stiefel)
+    if not geometry.name.endswith("_quotient"):
+        claims["order"] = geometry.retraction_order
+    if stiefel:
+        claims["metric"] = geometry.metric
     fused = _value(settings, "decay", name) == "fused" and _value(
         settings, "weight_decay", name
     ) not in (None, 0, 0.0)
-    claims["decay"] = "fused" if fused else "none"
+    frames = hasattr(geometry, "project_point")  # coupled decay does nothing on frames (RA-5)
+    claims["decay"] = "fused" if fused else ("none" if frames else "coupled")
     if name == "riemannian_adam" and _value(settings, "eps", name) == 0:
         claims["degree"] = 0
     if name == "normalized_rsgd":

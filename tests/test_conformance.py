@@ -149,7 +149,7 @@ def test_bad_claims_are_refused(text, message) -> None:
         ([f"{TARGETS}:rsgd", "--rule", "adam"], "unknown rule 'adam'"),
         ([f"{TARGETS}:rsgd", "--rule", "rsgd", "--set", "beta=1"], "has no setting beta"),
         ([f"{TARGETS}:rsgd", "--dtype", "float16"], "--dtype 'float16'"),
-        ([f"{TARGETS}:rsgd", "--geometry", "fixed_rank_embedded"], "--geometry"),
+        ([f"{TARGETS}:rsgd", "--geometry", "grassmann"], "--geometry"),
         ([f"{TARGETS}:rsgd", "--set", "lr=null"], "lr must be a finite number > 0"),
         ([f"{TARGETS}:rsgd", "--rule", "riemannian_adam", "--set", "betas=0.9"], "not iterable"),
         (["sys:exit"], "the factory raised SystemExit"),

@@ -4,8 +4,10 @@
     report = conform("my_package.optim:make", rule="riemannian_adam", settings={"lr": 1e-2})
     report["passed"], report["properties"]
 
-The target is a factory ``module:function`` called as ``factory(params)`` with a list of
-``torch.nn.Parameter``, each a Stiefel frame (d, r) or a batch (..., d, r); it returns a
+The target is a factory ``module:function`` called as ``factory(params)``: on Stiefel
+(``geometry="stiefel"``) with a list of ``torch.nn.Parameter``, each a frame (d, r) or a batch
+(..., d, r); on one of the ten design points with a list of parameter groups
+``{"params": [factors], "geometry": NAME, **options}``, one per point (``spaces``). It returns a
 ``torch.optim.Optimizer`` whose ``step()`` reads ``.grad``. The properties (``PROPERTIES``,
 ids ``CONF-…``) are checked where claimed and measured elsewhere; the claims are the rule's
 (``reference_rules.implied_claims``) unless given. Needs torch (imported here, lazily by the CLI).
@@ -26,7 +28,7 @@ import torch
 from tqdm import tqdm
 
 from proofs_checks import reference_rules
-from proofs_checks.conformance.problem import DTYPES, SHAPES, Problem, TargetError
+from proofs_checks.conformance.problem import DTYPES, Problem, TargetError
 from proofs_checks.conformance.properties import CLAIM_KEYS, PROPERTIES, Context, evaluate
 
 __all__ = ["PROPERTIES", "TargetError", "conform", "load_factory", "parse_claims"]
@@ -56,7 +58,7 @@ def load_factory(target: str | Callable[..., Any]) -> Callable[..., Any]:
 VALUED = {
     "order": (1, 2),
     "degree": (0, 1),
-    "decay": ("none", "fused"),
+    "decay": ("none", "fused", "coupled"),
     "metric": ("embedded", "canonical"),
 }
 
@@ -87,7 +89,8 @@ def parse_claims(text: str | None) -> dict[str, Any] | None:
 
 
 def describe(target: str | Callable[..., Any], factory: Callable[..., Any]) -> dict[str, Any]:
-    """The target's name, its package's version and the SHA-256 of its module's source file."""
+    """The target's name, its package's version and the SHA-256 of its module's source file
+    (None where the factory has no source file)."""
     module = inspect.getmodule(factory)
     name = target if isinstance(target, str) else f"{factory.__module__}:{factory.__qualname__}"
     top = (module.__name__ if module else "").split(".")[0]
@@ -96,7 +99,10 @@ def describe(target: str | Callable[..., Any], factory: Callable[..., Any]) -> d
         version = importlib.metadata.version(package)
     except (importlib.metadata.PackageNotFoundError, ValueError):
         version = None
-    source = inspect.getsourcefile(module) if module else None
+    try:
+        source = inspect.getsourcefile(module) if module else None
+    except TypeError:  # a factory defined where there is no file (python -c, a notebook)
+        source = None
     digest = hashlib.sha256(Path(source).read_bytes()).hexdigest() if source else None
     return {"target": name, "package": package, "version": version, "source_hash": digest}
 
@@ -115,8 +121,6 @@ def conform(
     """Run every property on the target and return the report (``passed``, ``properties``,
     ``first_departure_step`` when a rule is claimed, ...). ValueError/TargetError for bad usage
     (exit 2 in the CLI)."""
-    if geometry != "stiefel":
-        raise ValueError(f"--geometry {geometry!r}: conformance is defined on 'stiefel' frames")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     settings = dict(settings or {})
@@ -127,19 +131,31 @@ def conform(
         and settings["lr"] > 0
     ):
         raise ValueError(f"--set lr={settings['lr']!r}: lr must be a finite number > 0")
+    spec = None if rule is None else reference_rules.rule_spec(rule)  # refuses an unknown name
+    options = {k: settings[k] for k in reference_rules.GEOMETRY_KEYS if k in settings}
+    if spec is not None and spec.field:
+        options = {}
+    problem = Problem.make(seed, geometry, options)  # refuses an unknown geometry or option
+    if geometry != "stiefel":
+        if spec is not None and spec.field:
+            raise ValueError(f"--rule {rule} is geoopt's Stiefel optimizer: use --geometry stiefel")
+        if claims is not None and "metric" in claims:
+            raise ValueError(
+                "--claims metric=...: on the ten the metric is the geometry's own (--set metric "
+                "for fixed_rank_quotient)"
+            )
+        if settings.get("decay") == "fused":
+            raise ValueError('--set decay="fused": fused decay is stated for Stiefel frames')
     factory = load_factory(target)
-    if rule is not None:
-        reference_rules.rule_spec(rule)  # refuses an unknown name before the target is built
-    d, r = SHAPES[0][-2:]
     implied = (
-        reference_rules.implied_claims(rule, settings, d, r)
+        reference_rules.implied_claims(rule, settings, problem.space.geometry(0))
         if rule is not None
         else {"manifold": True, "tangent": True, "state": True}
     )
     chosen = implied if claims is None else claims
-    probe = Context(factory, Problem.make(seed), DTYPES[dtype], None, chosen, rule, settings)
+    probe = Context(factory, problem, DTYPES[dtype], None, chosen, rule, settings)
     lr = float(settings["lr"]) if "lr" in settings else _own_lr(probe)
-    ctx = Context(factory, Problem.make(seed), DTYPES[dtype], lr, chosen, rule, settings)
+    ctx = Context(factory, problem, DTYPES[dtype], lr, chosen, rule, settings)
     if rule is not None:
         ctx.bound_rules()  # refuses a bad setting before any property runs
         if claims is None and not ctx.run().has("weight_decay"):

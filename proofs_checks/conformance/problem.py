@@ -1,16 +1,23 @@
 """The seeded problem ``rattn conform`` drives an optimizer with, and the driver.
 
-Frames: one St(8, 3) parameter and one batch of two St(6, 2) frames (shape (2, 6, 2)), Haar
-distributed, so that both a single frame and a batch, and two sizes, are exercised. Gradients
-are known functions of the point: for each frame W of a parameter,
+Points (``spaces``): on Stiefel, one St(8, 3) parameter and one batch of two St(6, 2) frames
+(shape (2, 6, 2)); on one of the ten, one point of 6×5 matrices of rank 2 and a batch of two
+points of 5×4 matrices of rank 2, each held by its factors. Start points are the reference
+geometry's random points (Haar frames), so that both a single point and a batch, and two sizes,
+are exercised. Gradients are known functions of the point: for each element, with W the matrix
+it represents (a frame itself on Stiefel; each block group's stacked matrix for a block variant),
 
-    G_t(W) = 2·A·W·N + B_t,
+    G_t(W) = 2·A·(W − T)·N + B_t,
 
-A a symmetric d×d matrix of the parameter, N = diag(r, …, 1) and B_t a Gaussian d×r matrix of
-step t (the gradient of the Brockett cost tr(WᵀAWN) plus a time-varying term, so the moments
-see a changing gradient). The rotated problem (A, B_t) → (QAQᵀ, QB_t) has G'(QW) = Q·G(W), which
-is what an O(d)-equivariance check needs. Gradients are formed in float64 from the point the
-optimizer holds and rounded to its dtype; the reference is given the same rounded values.
+N = diag(n, …, 1), B_t a Gaussian matrix of step t (a time-varying term, so the moments see a
+changing gradient), pulled back to the factors by the chain rule (``egrad_from_matrix``). On
+Stiefel T = 0 and A is a symmetric matrix (the Brockett cost tr(WᵀAWN), bounded on the compact
+manifold); on the ten, whose sets are unbounded (R1, R2) or whose factors are, A is symmetric
+positive definite (MMᵀ/m + I) and T the matrix of a random point, so the cost pulls W to T and
+the factors stay as well conditioned as T's. The rotated problem (A, T, B_t) → (QAQᵀ, QT, QB_t)
+has G'(QW) = Q·G(W), which is what an O(m)-equivariance check needs (Q acts on the row
+factor). Gradients are formed in float64 from the point the optimizer holds and rounded to its
+dtype; the reference is given the same values.
 """
 
 from __future__ import annotations
@@ -24,11 +31,10 @@ import numpy as np
 import torch
 
 import reference as ref
+from proofs_checks.conformance.spaces import FrameSpace, space
 
 Array = np.ndarray
 
-#: The parameters' shapes: one frame and a batch of two frames.
-SHAPES: tuple[tuple[int, ...], ...] = ((8, 3), (2, 6, 2))
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -39,84 +45,114 @@ class TargetError(ValueError):
 
 @dataclass(frozen=True)
 class Problem:
-    """The seeded gradient oracle; ``rotated(q)`` is the same problem seen through Q."""
+    """The seeded gradient oracle on a space; ``rotated()`` is the same problem seen through Q."""
 
     seed: int = 0
-    shapes: tuple[tuple[int, ...], ...] = SHAPES
+    space: Any = field(default_factory=FrameSpace)
     a: tuple[Array, ...] = field(default=(), repr=False)
+    target: tuple[list[Array], ...] | None = field(default=None, repr=False)
     rotation: tuple[Array, ...] | None = field(default=None, repr=False)
 
     @staticmethod
-    def make(seed: int = 0, shapes: tuple[tuple[int, ...], ...] = SHAPES) -> Problem:
+    def make(seed: int = 0, geometry: str = "stiefel", options: dict | None = None) -> Problem:
+        sp = space(geometry, options)
         rng = np.random.default_rng([seed, 1])
         a = []
-        for shape in shapes:
-            m = rng.standard_normal((shape[-2], shape[-2]))
-            a.append((m + m.T) / 2.0)
-        return Problem(seed, shapes, tuple(a))
+        for i in range(len(sp)):
+            m = rng.standard_normal((sp.rows(i), sp.rows(i)))
+            a.append((m + m.T) / 2.0 if sp.name == "stiefel" else m @ m.T / len(m) + np.eye(len(m)))
+        if sp.name == "stiefel":
+            return Problem(seed, sp, tuple(a))
+        rng = np.random.default_rng([seed, 5])
+        target = tuple(sp.matrices(i, sp.geometry(i).random_point(rng)) for i in range(len(sp)))
+        return Problem(seed, sp, tuple(a), target)
 
     def start(self) -> list[Array]:
-        """Haar points of each shape (float64), rotated when the problem is."""
+        """The parameters' arrays (float64) at random points, rotated when the problem is."""
         rng = np.random.default_rng([self.seed, 2])
-        points = []
-        for i, shape in enumerate(self.shapes):
-            d, r = shape[-2:]
-            st = ref.Stiefel(d, r)
-            frames = np.stack([st.random_point(rng) for _ in range(_count(shape))])
-            points.append(self._rotate(i, frames).reshape(shape))
-        return points
+        arrays: list[Array] = []
+        for i in range(len(self.space)):
+            geometry = self.space.geometry(i)
+            xs = [geometry.random_point(rng) for _ in range(self.space.count(i))]
+            arrays += self.space.assemble(i, [self._rotate(i, x) for x in xs])
+        return arrays
 
-    def _rotate(self, i: int, frames: Array) -> Array:
-        return frames if self.rotation is None else self.rotation[i] @ frames
+    def _rotate(self, i: int, x: Any) -> Any:
+        return x if self.rotation is None else self.space.rotate(self.rotation[i], x)
 
     def rotated(self, seed: int = 3) -> Problem:
-        """The problem seen through a Haar Q ∈ O(d) per parameter: start QW, gradients Q·G."""
+        """The problem seen through a Haar Q ∈ O(m) per point: start Q·W, gradients Q·G."""
         rng = np.random.default_rng([self.seed, seed])
-        qs = tuple(
-            ref.Stiefel(s[-2], s[-2]).random_point(rng) * rng.choice([-1.0, 1.0])
-            for s in self.shapes
-        )
-        return Problem(self.seed, self.shapes, self.a, qs)
+        qs = []
+        for i in range(len(self.space)):
+            m = self.space.rows(i)
+            qs.append(ref.Stiefel(m, m).random_point(rng) * rng.choice([-1.0, 1.0]))
+        return Problem(self.seed, self.space, self.a, self.target, tuple(qs))
 
-    def gradients(self, points: Sequence[Array], t: int, scale: float = 1.0) -> list[Array]:
-        """G_t at the given points (float64), times ``scale``."""
+    def point_arrays(self, arrays: Sequence[Array], i: int) -> list[Array]:
+        return [arrays[k] for k in self.space.params_of(i)]
+
+    def elements(self, arrays: Sequence[Array], i: int) -> list[Any]:
+        """The reference points of point i of the parameters' arrays."""
+        return self.space.elements(i, self.point_arrays(arrays, i))
+
+    def _oracle(self, arrays: Sequence[Array], t: int, scale: float) -> list[list[tuple]]:
+        """Per point, per element: (x, G_W of each block group, the factor gradient)."""
         out = []
-        for i, (shape, w) in enumerate(zip(self.shapes, points, strict=True)):
-            d, r = shape[-2:]
+        for i in range(len(self.space)):
+            xs = self.elements(arrays, i)
+            mats = [self.space.matrices(i, x) for x in xs]
+            rows, cols = mats[0][0].shape
             rng = np.random.default_rng([self.seed, 4, t, i])
-            b = self._rotate(i, rng.standard_normal((_count(shape), d, r)))
-            a = (
-                self.a[i]
-                if self.rotation is None
-                else self.rotation[i] @ self.a[i] @ self.rotation[i].T
-            )
-            frames = w.reshape(-1, d, r)
-            g = 2.0 * a @ frames @ np.diag(np.arange(r, 0, -1.0)) + b
-            out.append((scale * g).reshape(shape))
+            b = rng.standard_normal((len(xs), len(mats[0]), rows, cols))
+            q = None if self.rotation is None else self.rotation[i]
+            a = self.a[i] if q is None else q @ self.a[i] @ q.T
+            n = np.diag(np.arange(cols, 0, -1.0))
+            ts = [np.zeros((rows, cols))] * len(mats[0]) if self.target is None else self.target[i]
+            ts = ts if q is None else [q @ t for t in ts]
+            point = []
+            for x, ws, bs in zip(xs, mats, b, strict=True):
+                g = [
+                    scale * (2.0 * a @ (w - t) @ n + (bb if q is None else q @ bb))
+                    for w, t, bb in zip(ws, ts, bs, strict=True)
+                ]
+                point.append((x, g, self.space.pullback(i, x, g)))
+            out.append(point)
         return out
 
+    def gradients(self, arrays: Sequence[Array], t: int, scale: float = 1.0) -> list[Array]:
+        """G_t at the points the arrays hold (float64), times ``scale``, as the parameters'
+        gradients."""
+        out: list[Array] = []
+        for i, point in enumerate(self._oracle(arrays, t, scale)):
+            out += self.space.assemble(i, [egrad for _, _, egrad in point])
+        return out
 
-def _count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape[:-2], dtype=int)) if len(shape) > 2 else 1
-
-
-def frames(array: Array) -> Array:
-    """The frames of a parameter's array, shape (k, d, r)."""
-    return array.reshape(-1, *array.shape[-2:])
+    def view_gradients(self, arrays: Sequence[Array], t: int) -> list[Array]:
+        """G_t with respect to every element's view (G_W, or the frames' own), flat."""
+        return [
+            v
+            for i, point in enumerate(self._oracle(arrays, t, 1.0))
+            for x, g, egrad in point
+            for v in self.space.view_gradient(i, x, g, egrad)
+        ]
 
 
 class Run:
     """One optimizer of the target over fresh parameters at given points.
 
-    The factory is called as ``factory(params)`` with a list of ``torch.nn.Parameter``; the
+    The factory is called as ``factory(space.argument(params))``: the list of
+    ``torch.nn.Parameter`` (Stiefel) or of parameter groups (the ten; ``spaces``); the
     optimizer's ``step()`` reads ``.grad``. Hyperparameters are set as torch's schedulers set
     them, in every ``param_groups`` entry (``set``)."""
 
-    def __init__(self, factory: Callable[..., Any], points: Sequence[Array], dtype: torch.dtype):
-        self.dtype = dtype
-        self.params = [torch.nn.Parameter(torch.tensor(p, dtype=dtype)) for p in points]
+    def __init__(
+        self, factory: Callable[..., Any], space: Any, arrays: Sequence[Array], dtype: torch.dtype
+    ):
+        self.dtype, self.space = dtype, space
+        self.params = [torch.nn.Parameter(torch.tensor(a, dtype=dtype)) for a in arrays]
         try:
-            self.optimizer = factory(self.params)
+            self.optimizer = factory(space.argument(self.params))
         except KeyboardInterrupt:
             raise
         except BaseException as err:  # any failure of foreign code, SystemExit included
@@ -152,18 +188,25 @@ class Run:
 
     def clone(self, factory: Callable[..., Any]) -> Run:
         """A new optimizer of the factory at this run's points with this run's state loaded."""
-        other = Run(factory, self.points(), self.dtype)
+        other = Run(factory, self.space, self.points(), self.dtype)
         other.optimizer.load_state_dict(copy.deepcopy(self.optimizer.state_dict()))
         return other
 
 
 def drive(
-    run: Run, problem: Problem, steps: int, start: int = 0, scale: float = 1.0
+    run: Run,
+    problem: Problem,
+    steps: int,
+    start: int = 0,
+    scale: float = 1.0,
+    decay: float = 0.0,
 ) -> list[list[Array]]:
-    """``steps`` steps with the oracle's gradients at the run's own points; the points after
-    each step (the first entry: before any)."""
+    """``steps`` steps with the oracle's gradients at the run's own points (plus decay·x, as a
+    coupled weight decay adds it); the points after each step (the first entry: before any)."""
     path = [run.points()]
     for t in range(start, start + steps):
-        run.step(run.rounded(problem.gradients(path[-1], t, scale)))
+        grads = problem.gradients(path[-1], t, scale)
+        grads = [g + decay * x for g, x in zip(grads, path[-1], strict=True)] if decay else grads
+        run.step(run.rounded(grads))
         path.append(run.points())
     return path

@@ -38,9 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import reference as ref
 from proofs_checks import reference_rules
-from proofs_checks.conformance.problem import Problem, Run, TargetError, drive, frames
+from proofs_checks.conformance.problem import Problem, Run, TargetError, drive
 from proofs_checks.port_compare.audit import (
     FACTORING_RETRACTIONS,
     LIPSCHITZ,
@@ -48,8 +47,7 @@ from proofs_checks.port_compare.audit import (
     SAFETY,
     step_bound,
 )
-from proofs_checks.port_compare.geometries import polar_drift_bound, unit_roundoff
-from reference.linalg import sym, transpose
+from proofs_checks.port_compare.geometries import unit_roundoff
 
 Array = np.ndarray
 
@@ -79,8 +77,8 @@ class Outcome:
 
 @dataclass
 class Context:
-    """What every check needs: the target, the problem, the dtype of the run, the run's lr,
-    the claims and the claimed rule (name and settings) if any."""
+    """What every check needs: the target, the problem (with its space), the dtype of the run,
+    the run's lr, the claims and the claimed rule (name and settings) if any."""
 
     factory: Callable[..., Any]
     problem: Problem
@@ -91,11 +89,15 @@ class Context:
     settings: dict[str, Any] = field(default_factory=dict)
     _cache: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def space(self) -> Any:
+        return self.problem.space
+
     def run(self, problem: Problem | None = None, dtype: torch.dtype | None = None) -> Run:
         problem = problem or self.problem
         dtype = dtype or self.dtype
         start = [torch.tensor(p, dtype=dtype).double().numpy() for p in problem.start()]
-        run = Run(self.factory, start, dtype)
+        run = Run(self.factory, problem.space, start, dtype)
         if self.lr is not None:
             run.set("lr", self.lr)
         if "weight_decay" in self.settings:  # the rule's decay is the optimizer's too
@@ -110,13 +112,16 @@ class Context:
     def dtype_name(self) -> str:
         return str(self.dtype)
 
-    def sizes(self) -> list[tuple[int, int]]:
-        return [tuple(s[-2:]) for s in self.problem.shapes]
+    def dims(self) -> tuple[int, int]:
+        """(n, r): the largest matrix dimension and the largest rank of the problem's points."""
+        sizes = self.space.sizes()
+        return max(s[0] for s in sizes), max(s[1] for s in sizes)
 
-    def bound_rules(self) -> list[reference_rules.BoundRule]:
-        """The claimed rule for each parameter's frame shape."""
-        settings = {**self.settings, "lr": self.lr}
-        return [reference_rules.bind(self.rule, settings, d, r) for d, r in self.sizes()]
+    def bound_rules(self, lr: float | None = None) -> list[reference_rules.BoundRule]:
+        """The claimed rule on each point's geometry, at lr (the run's when None)."""
+        settings = {**self.settings, "lr": self.lr if lr is None else lr}
+        spec = reference_rules.rule_spec(self.rule)
+        return [spec.bind_to(settings, self.space.geometry(i)) for i in range(len(self.space))]
 
     def decays(self) -> list[float]:
         """The rule's forgetting factors β (its moments remember ~1/(1 − β) steps)."""
@@ -135,6 +140,24 @@ class Context:
             return True
         return self.settings.get("retraction", "polar") in FACTORING_RETRACTIONS
 
+    # -- the point as the properties see it (``spaces``) -------------------------------------
+    def elements(self, arrays: Sequence[Array]) -> list[tuple[int, Any]]:
+        """(point index, reference point) of every element the arrays hold."""
+        return [(i, x) for i in range(len(self.space)) for x in self.problem.elements(arrays, i)]
+
+    def view(self, arrays: Sequence[Array]) -> list[Array]:
+        """Every element's view, flat (what lengths and differences are taken of)."""
+        return [v for i, x in self.elements(arrays) for v in self.space.view(i, x)]
+
+    def split(self, arrays: Sequence[Array], flat: Sequence[Array]) -> list[tuple[int, Any, list]]:
+        """(i, x, its parts of ``flat``) for every element x: a flat list of views cut up."""
+        out, k = [], 0
+        for i, x in self.elements(arrays):
+            n = len(self.space.view(i, x))
+            out.append((i, x, list(flat[k : k + n])))
+            k += n
+        return out
+
 
 # -- helpers -----------------------------------------------------------------------------------
 def _norm(arrays: Sequence[Array]) -> float:
@@ -151,18 +174,15 @@ def _largest(values: Sequence[float]) -> float:
     return max(values) if all(math.isfinite(v) for v in values) else math.inf
 
 
-def _residual(points: Sequence[Array]) -> float:
-    """max over frames of ‖WᵀW − I‖_F (inf for a point that is not finite)."""
-    worst = []
-    for p in points:
-        f = frames(p)
-        gram = transpose(f) @ f - np.eye(f.shape[-1])
-        worst.extend(float(v) for v in np.linalg.norm(gram, axis=(-2, -1)))
-    return _largest(worst)
+def _residual(ctx: Context, arrays: Sequence[Array]) -> float:
+    """max over elements of their distance from the manifold (``spaces``; inf when not finite)."""
+    if not all(np.isfinite(a).all() for a in arrays):
+        return math.inf
+    return _largest([ctx.space.residual(i, x) for i, x in ctx.elements(arrays)])
 
 
-def _one_step(ctx: Context, lr: float, *, scale: float = 1.0) -> list:
-    """The points after one step from the problem's start with G_0 (float64 run), without
+def _one_step(ctx: Context, lr: float, *, scale: float = 1.0) -> list[Array]:
+    """The views after one step from the problem's start with G_0 (float64 run), without
     weight decay (the first-order properties are those of the rule and its retraction; decay
     has its own property)."""
     run = ctx.run(dtype=torch.float64)
@@ -171,7 +191,7 @@ def _one_step(ctx: Context, lr: float, *, scale: float = 1.0) -> list:
         run.set("weight_decay", 0.0)
     start = run.points()
     run.step(ctx.problem.gradients(start, 0, scale))
-    return run.points()
+    return ctx.view(run.points())
 
 
 def _vandermonde() -> Array:
@@ -189,7 +209,7 @@ def _fit(steps: Sequence[Sequence[Array]]) -> tuple[list[Array], list[Array]]:
 def _tolerances(ctx: Context, w_norm: float) -> tuple[float, float]:
     """τ_D and τ_C of the module docstring (float64)."""
     inv = np.abs(np.linalg.inv(_vandermonde())).sum(axis=1)
-    d, r = max(s[0] for s in ctx.sizes()), max(s[1] for s in ctx.sizes())
+    d, r = ctx.dims()
     rounding = 10.0 * (d + r) * unit_roundoff(torch.float64) * w_norm
     tau_d = inv[0] * (81.0 * ETA**3 + rounding / ETA)
     tau_c = inv[1] * (81.0 * ETA**2 + rounding / ETA**2)
@@ -197,12 +217,13 @@ def _tolerances(ctx: Context, w_norm: float) -> tuple[float, float]:
 
 
 def first_order(ctx: Context) -> dict[str, Any]:
-    """The fit of the step map at the problem's start (cached): W, G, hD, h²C, h, τ_D, τ_C."""
+    """The fit of the step map at the problem's start (cached): the start's arrays and view,
+    the view gradient G, hD, h²C, h, τ_D, τ_C."""
     if "first" in ctx._cache:
         return ctx._cache["first"]
     run = ctx.run(dtype=torch.float64)
-    w = run.points()
-    g = ctx.problem.gradients(w, 0)
+    arrays = run.points()
+    w = ctx.view(arrays)
     probe = _norm(_diff(_one_step(ctx, ctx.lr), w))
     if probe == 0.0:
         raise _Unmeasurable(f"one step at lr {ctx.lr:g} does not move the point")
@@ -210,8 +231,16 @@ def first_order(ctx: Context) -> dict[str, Any]:
     steps = [_diff(_one_step(ctx, k * h), w) for k in MULTIPLES]
     hd, h2c = _fit(steps)
     tau_d, tau_c = _tolerances(ctx, _norm(w))
-    ctx._cache["first"] = {"w": w, "g": g, "hd": hd, "h2c": h2c, "h": h, "tau_d": tau_d}
-    ctx._cache["first"]["tau_c"] = tau_c
+    ctx._cache["first"] = {
+        "arrays": arrays,
+        "w": w,
+        "g": ctx.problem.view_gradients(arrays, 0),
+        "hd": hd,
+        "h2c": h2c,
+        "h": h,
+        "tau_d": tau_d,
+        "tau_c": tau_c,
+    }
     return ctx._cache["first"]
 
 
@@ -219,32 +248,17 @@ class _Unmeasurable(Exception):
     """The property cannot be measured on this target (said in its detail)."""
 
 
-def _rgrad(w: Array, g: Array, metric: str) -> Array:
-    """The Riemannian gradient of the metric at one frame (``reference.Stiefel``)."""
-    return ref.Stiefel(*w.shape, metric=metric).egrad_to_rgrad(w, g)
-
-
-def _geodesic_acceleration(w: Array, d: Array, metric: str) -> Array:
-    """γ''(0) of the metric's geodesic with γ(0) = W, γ'(0) = D (Edelman, Arias & Smith 1998,
-    eqs. 2.7 and 2.41): −W DᵀD (embedded), −D DᵀW − W((WᵀD)² + DᵀD) (canonical)."""
-    dtd = transpose(d) @ d
-    if metric == "canonical":
-        wtd = transpose(w) @ d
-        return -d @ transpose(d) @ w - w @ (wtd @ wtd + dtd)
-    return -w @ dtd
-
-
 # -- the properties ----------------------------------------------------------------------------
 def check_manifold(ctx: Context, claim: Any) -> Outcome:
     run = ctx.run()
     path = drive(run, ctx.problem, DRIFT_STEPS)
-    worst = _largest([_residual(p) for p in path])
-    start = _residual(path[0])
-    bound = start + max(polar_drift_bound(d, r, ctx.dtype, gram=ctx.dtype) for d, r in ctx.sizes())
+    worst = _largest([_residual(ctx, p) for p in path])
+    start = _residual(ctx, path[0])
+    bound = start + ctx.space.drift_bound(ctx.dtype)
     return Outcome(
         worst <= bound,
-        f"max ‖WᵀW − I‖ over {DRIFT_STEPS} steps {worst:.2e} "
-        f"(after the last {_residual(path[-1]):.2e}), bound {bound:.2e} "
+        f"max distance from the manifold over {DRIFT_STEPS} steps {worst:.2e} "
+        f"(after the last {_residual(ctx, path[-1]):.2e}), bound {bound:.2e} "
         "(one orthonormalisation's rounding: drift must not accumulate)",
         worst,
         bound,
@@ -253,20 +267,20 @@ def check_manifold(ctx: Context, claim: Any) -> Outcome:
 
 def check_tangent(ctx: Context, claim: Any) -> Outcome:
     f = first_order(ctx)
-    hd, w, g = f["hd"], f["w"], f["g"]
-    size = _norm(hd)
-    normal = _norm([sym(transpose(frames(wi)) @ frames(di)) for wi, di in zip(w, hd, strict=True)])
+    size = _norm(f["hd"])
+    parts = ctx.split(f["arrays"], f["hd"])
+    normal = _norm([n for i, x, d in parts for n in ctx.space.normal(i, x, d)])
     slopes = [
-        float(np.sum(frames(gi) * frames(di), axis=(-2, -1)).max())
-        for gi, di in zip(g, hd, strict=True)
+        sum(float(np.sum(gi * di)) for gi, di in zip(g, d, strict=True))
+        for (_, _, d), (_, _, g) in zip(parts, ctx.split(f["arrays"], f["g"]), strict=True)
     ]
     ratio = normal / size
     descent = max(slopes) < 0.0
     return Outcome(
         ratio <= f["tau_d"] and descent,
         f"normal part of the first-order step {ratio:.2e} of it (bound τ_D {f['tau_d']:.1e}); "
-        f"largest ⟨G, D⟩ over the frames {max(slopes) / f['h']:.3e} "
-        f"({'a descent direction' if descent else 'NOT a descent direction'} in every frame)",
+        f"largest ⟨G, D⟩ over the points {max(slopes) / f['h']:.3e} "
+        f"({'a descent direction' if descent else 'NOT a descent direction'} at every point)",
         ratio,
         f["tau_d"],
     )
@@ -274,24 +288,25 @@ def check_tangent(ctx: Context, claim: Any) -> Outcome:
 
 def _reference_first_order(ctx: Context, f: dict[str, Any]) -> list[Array]:
     """hD of the claimed rule at the same point, gradient and h (float64 fit)."""
+    arrays = f["arrays"]
+    grads = ctx.problem.gradients(arrays, 0)
     steps = []
     for k in MULTIPLES:
-        settings = {**ctx.settings, "lr": k * f["h"]}
+        rules = ctx.bound_rules(k * f["h"])
         out = []
-        for (d, r), w, g in zip(ctx.sizes(), f["w"], f["g"], strict=True):
-            rule = reference_rules.bind(ctx.rule, settings, d, r)
-            ys = [
-                rule.step(x, gi, rule.init(x))[0]
-                for x, gi in zip(frames(w), frames(g), strict=True)
-            ]
-            out.append(np.stack(ys).reshape(w.shape) - w)
+        for i, rule in enumerate(rules):
+            for x, g in zip(
+                ctx.problem.elements(arrays, i), ctx.problem.elements(grads, i), strict=True
+            ):
+                y = rule.step(x, g, rule.init(x))[0]
+                out += _diff(ctx.space.view(i, y), ctx.space.view(i, x))
         steps.append(out)
     return _fit(steps)[0]
 
 
 def check_direction(ctx: Context, claim: Any) -> Outcome:
     f = first_order(ctx)
-    hd, w, g = f["hd"], f["w"], f["g"]
+    hd = f["hd"]
     if ctx.rule is not None:
         expected = _reference_first_order(ctx, f)
         err = _norm(_diff(hd, expected)) / _norm(expected)
@@ -304,16 +319,18 @@ def check_direction(ctx: Context, claim: Any) -> Outcome:
             err,
             bound,
         )
-    metric = ctx.claims.get("metric", "embedded")
+    metric = ctx.claims.get("metric")
+    grads = ctx.problem.gradients(f["arrays"], 0)
     worst = 0.0
-    for wi, gi, di in zip(w, g, hd, strict=True):
-        for wf, gf, df in zip(frames(wi), frames(gi), frames(di), strict=True):
-            rg = _rgrad(wf, gf, metric)
-            gap = np.linalg.norm(df / np.linalg.norm(df) + rg / np.linalg.norm(rg))
-            worst = max(worst, float(gap) * np.linalg.norm(df) / _norm(hd))
+    egrads = [g for k in range(len(ctx.space)) for g in ctx.problem.elements(grads, k)]
+    for (i, x, d), eg in zip(ctx.split(f["arrays"], hd), egrads, strict=True):
+        rg = ctx.space.view_tangent(i, x, ctx.space.rgrad(i, x, eg, metric))
+        gap = _norm([di / _norm(d) + ri / _norm(rg) for di, ri in zip(d, rg, strict=True)])
+        worst = max(worst, gap * _norm(d) / _norm(hd))
+    where = f"the {metric} metric" if metric else "the geometry's metric"
     return Outcome(
         worst <= f["tau_d"],
-        f"first-order step vs −grad in the {metric} metric, frame by frame: direction gap "
+        f"first-order step vs −grad in {where}, point by point: direction gap "
         f"{worst:.2e} (bound τ_D {f['tau_d']:.1e})",
         worst,
         f["tau_d"],
@@ -322,17 +339,23 @@ def check_direction(ctx: Context, claim: Any) -> Outcome:
 
 def check_order(ctx: Context, claim: Any) -> Outcome:
     f = first_order(ctx)
-    metric = ctx.claims.get("metric", "embedded")
-    hd, h2c, w = f["hd"], f["h2c"], f["w"]
-    expected = [
-        0.5 * _geodesic_acceleration(frames(wi), frames(di), metric).reshape(wi.shape)
-        for wi, di in zip(w, hd, strict=True)
-    ]
-    rho = _norm(_diff(h2c, expected)) / _norm(hd) ** 2
+    metric = ctx.claims.get("metric")
+    gaps = []
+    for (i, x, d), (_, _, c) in zip(
+        ctx.split(f["arrays"], f["hd"]), ctx.split(f["arrays"], f["h2c"]), strict=True
+    ):
+        gap = ctx.space.order_gap(i, x, d, c, metric)
+        if gap is None:
+            raise _Unmeasurable(
+                "on a quotient the order is that of horizontal geodesics, not read from W"
+            )
+        gaps += gap
+    rho = _norm(gaps) / _norm(f["hd"]) ** 2
     measured = 2 if rho <= f["tau_c"] else 1
+    against = f"the {metric} geodesic's" if metric else "the geodesic's (a normal acceleration)"
     return Outcome(
         None if claim is None else measured == int(claim),
-        f"second-order term vs the {metric} geodesic's: ρ = {rho:.2e} of ‖D‖² "
+        f"second-order term vs {against}: ρ = {rho:.2e} of ‖D‖² "
         f"(order 2 when ρ ≤ τ_C = {f['tau_c']:.1e}): order {measured}",
         rho,
         f["tau_c"],
@@ -340,26 +363,33 @@ def check_order(ctx: Context, claim: Any) -> Outcome:
     )
 
 
+def _conditioning(ctx: Context, arrays: Sequence[Array]) -> float:
+    return _largest([ctx.space.conditioning(x) for _, x in ctx.elements(arrays)])
+
+
 def _accumulated(ctx: Context, path: Sequence[list[Array]]) -> float:
-    """Σ_t L^{T−t}·B_t over the steps of a float64 path (module docstring)."""
+    """Σ_t L^{T−t}·B_t over the steps of a float64 path of arrays (module docstring)."""
     total = 0.0
-    d, r = max(s[0] for s in ctx.sizes()), max(s[1] for s in ctx.sizes())
+    n, r = ctx.dims()
     for before, after in itertools.pairwise(path):
-        step = _norm(_diff(after, before))
-        b = step_bound(str(torch.float64), 0.0, step, _norm(after), d, r, factoring=True)
-        total = LIPSCHITZ * total + b
+        a, b = ctx.view(before), ctx.view(after)
+        step = _norm(_diff(b, a))
+        kappa = _conditioning(ctx, after)
+        bound = step_bound(str(torch.float64), 0.0, step, _norm(b), n, r, kappa, factoring=True)
+        total = LIPSCHITZ * total + bound
     return total
 
 
 def _compare_paths(
     ctx: Context, a: Sequence[list[Array]], b: Sequence[list[Array]], what: str, extra=0.0
 ) -> Outcome:
-    """Two float64 trajectories that must agree: pass when they differ by at most the
-    accumulated bound, and only when that bound resolves a difference (≤ RESOLUTION of the
-    path's length; else not measurable, never passed)."""
-    dev = _largest([_norm(_diff(x, y)) for x, y in zip(a, b, strict=True)])
+    """Two float64 trajectories (the parameters' arrays) that must agree: pass when their views
+    differ by at most the accumulated bound, and only when that bound resolves a difference
+    (≤ RESOLUTION of the path's length; else not measurable, never passed)."""
+    va, vb = [ctx.view(p) for p in a], [ctx.view(p) for p in b]
+    dev = _largest([_norm(_diff(x, y)) for x, y in zip(va, vb, strict=True)])
     bound = _accumulated(ctx, a) + extra
-    length = sum(_norm(_diff(y, x)) for x, y in itertools.pairwise(a))
+    length = sum(_norm(_diff(y, x)) for x, y in itertools.pairwise(va))
     detail = f"{what}: differ by {dev:.2e} (bound {bound:.1e})"
     if bound > RESOLUTION * length:
         return Outcome(None, f"{detail}: the bound does not resolve the path", dev, bound)
@@ -367,12 +397,13 @@ def _compare_paths(
 
 
 def _path(ctx: Context, problem: Problem | None = None, steps: int = TRAJECTORY_STEPS, **set_):
-    """A float64 trajectory of the problem with the given hyperparameters (scale: of G)."""
-    scale = set_.pop("scale", 1.0)
+    """A float64 trajectory of the problem with the given hyperparameters (scale: of G;
+    decay: λ·x added to G)."""
+    scale, decay = set_.pop("scale", 1.0), set_.pop("decay", 0.0)
     run = ctx.run(problem, torch.float64)
     for key, value in set_.items():
         run.set(key, value)
-    return drive(run, problem or ctx.problem, steps, scale=scale)
+    return drive(run, problem or ctx.problem, steps, scale=scale, decay=decay)
 
 
 def check_degree(ctx: Context, claim: Any) -> Outcome:
@@ -382,7 +413,7 @@ def check_degree(ctx: Context, claim: Any) -> Outcome:
     measured = math.log2(doubled / single)
     detail = f"measured degree {measured:.3f} (step length under G → 2G at the first step)"
     if claim is None:
-        return Outcome(None, detail, measured)
+        return Outcome(None, detail, measured, extra={"degree": measured})
     if int(claim) == 0:
         base = _path(ctx)
         outcomes = [
@@ -399,7 +430,9 @@ def check_degree(ctx: Context, claim: Any) -> Outcome:
             )
             for c in (0.5, 2.0)
         ]
-    return _worst(outcomes, detail)
+    out = _worst(outcomes, detail)
+    out.extra["degree"] = measured
+    return out
 
 
 def _worst(outcomes: Sequence[Outcome], extra: str = "") -> Outcome:
@@ -415,11 +448,16 @@ def check_equivariance(ctx: Context, claim: Any) -> Outcome:
     rotated = ctx.problem.rotated()
     base = _path(ctx, steps=EQUIVARIANCE_STEPS)
     turned = _path(ctx, rotated, steps=EQUIVARIANCE_STEPS)
+    space = ctx.space
     back = [
-        [(q @ frames(p)).reshape(p.shape) for q, p in zip(rotated.rotation, pts, strict=True)]
+        [
+            a
+            for i, q in enumerate(rotated.rotation)
+            for a in space.assemble(i, [space.rotate(q, x) for x in ctx.problem.elements(pts, i)])
+        ]
         for pts in base
     ]
-    start = _norm(_diff(back[0], turned[0]))
+    start = _norm(_diff(ctx.view(back[0]), ctx.view(turned[0])))
     return _compare_paths(
         ctx,
         back,
@@ -432,13 +470,19 @@ def check_equivariance(ctx: Context, claim: Any) -> Outcome:
 def check_decay(ctx: Context, claim: Any) -> Outcome:
     if not ctx.run().has("weight_decay"):
         raise _Unmeasurable("the optimizer has no 'weight_decay' hyperparameter")
+    claim = claim or "none"
+    if claim == "fused" and ctx.space.name != "stiefel":
+        raise _Unmeasurable("fused decay is stated for Stiefel frames (DESIGN §5)")
     decayed = _path(ctx, lr=ctx.lr, weight_decay=DECAY)
-    if (claim or "none") == "fused":
+    if claim == "fused":
         expected = _path(ctx, lr=ctx.lr / (1.0 - ctx.lr * DECAY), weight_decay=0.0)
         what = "equals lr/(1 − lr·λ) without decay (fused: polar(W + ξ/(1 − lr·λ)))"
+    elif claim == "coupled":
+        expected = _path(ctx, lr=ctx.lr, weight_decay=0.0, decay=DECAY)
+        what = "equals the run without decay fed G + λ·x (coupled, factor by factor)"
     else:
         expected = _path(ctx, lr=ctx.lr, weight_decay=0.0)
-        what = "equals the run without decay (frames are not decayed, RA-5)"
+        what = "equals the run without decay (points are not decayed, RA-5)"
     return _compare_paths(
         ctx, expected, decayed, f"{TRAJECTORY_STEPS} steps with weight_decay {DECAY:g} {what}"
     )
@@ -485,18 +529,21 @@ def check_state(ctx: Context, claim: Any) -> Outcome:
     run.optimizer.zero_grad()
     if any(p.grad is not None for p in run.params):
         failures.append("zero_grad() left gradients that are not None")
-    # (c) a None gradient: that parameter and its state are untouched
+    # (c) None gradients for the first point: its parameters and their state are untouched
     before_p = run.points()
-    kept = _state_arrays(run, run.params[0])
-    grads = run.rounded(ctx.problem.gradients(before_p, 10))
-    run.step([None, *grads[1:]])
+    first, others = ctx.space.params_of(0), ctx.space.params_of(1)
+    kept = [_state_arrays(run, run.params[k]) for k in first]
+    grads: list = run.rounded(ctx.problem.gradients(before_p, 10))
+    run.step([None if k in first else g for k, g in enumerate(grads)])
     after = run.points()
-    if not np.array_equal(after[0], before_p[0]):
-        failures.append("a parameter whose grad is None moved")
-    if not _same_state(kept, _state_arrays(run, run.params[0])):
-        failures.append("the state of a parameter whose grad is None changed")
-    if np.array_equal(after[1], before_p[1]):
-        failures.append("with one grad None, the other parameter did not move")
+    if not all(np.array_equal(after[k], before_p[k]) for k in first):
+        failures.append("a point whose gradients are None moved")
+    if not all(
+        _same_state(s, _state_arrays(run, run.params[k])) for s, k in zip(kept, first, strict=True)
+    ):
+        failures.append("the state of a point whose gradients are None changed")
+    if all(np.array_equal(after[k], before_p[k]) for k in others):
+        failures.append("with one point's gradients None, the other point did not move")
     # (d) lr 0 leaves every point bit for bit
     run.set("lr", 0.0)
     before = run.points()
@@ -508,89 +555,93 @@ def check_state(ctx: Context, claim: Any) -> Outcome:
     return Outcome(
         not failures,
         "; ".join(failures)
-        or "state_dict round trip resumes bitwise; zero_grad sets None; a None grad leaves its "
-        "parameter and state as they were; lr 0 leaves the points bit for bit",
+        or "state_dict round trip resumes bitwise; zero_grad sets None; None grads leave their "
+        "point and state as they were; lr 0 leaves the points bit for bit",
     )
 
 
 def _shadow_step(
-    ctx: Context, rule: reference_rules.BoundRule, x: Array, g: Array, y: Array, state: Any
+    ctx: Context, i: int, rule: reference_rules.BoundRule, x: Any, g: Any, y: Any, state: Any
 ) -> tuple[float, bool, Any]:
-    """One step of the reference from the optimizer's own point x (projected to the manifold
-    in float64, x̄) with the same gradient: the deviation of the optimizer's y from ȳ over the
-    audit's bound B (plus SAFETY·u·Σ1/(1 − β)·Δ: the reference's moments are rebuilt from the
-    optimizer's points, so they carry its rounding, forgotten at rate β), whether B resolves
-    the step (B ≤ RESOLUTION·Δ), and the reference's state moved to y. A step the reference
-    refuses is a departure (ratio inf), and the state restarts at y."""
-    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+    """One step of the reference from the optimizer's own element x of point i (projected to
+    the manifold in float64, x̄) with the same gradient: the deviation of the optimizer's y from
+    ȳ (in the view) over the audit's bound B (plus SAFETY·u·Σ1/(1 − β)·Δ: the reference's
+    moments are rebuilt from the optimizer's points, so they carry its rounding, forgotten at
+    rate β), whether B resolves the step (B ≤ RESOLUTION·Δ), and the reference's state moved
+    to y. A step the reference refuses is a departure (ratio inf), and the state restarts at
+    y."""
+    space = ctx.space
+    if not (space.residual(i, x) < math.inf and space.residual(i, y) < math.inf):
         return math.inf, True, state  # a point that is not finite departs from every rule
-    xbar = ref.linalg.polar(x)
+    xbar, ybar_of_y = space.project(i, x), space.project(i, y)
     try:
         ybar, new_state = rule.step(xbar, g, state)
     except ValueError:
-        return math.inf, True, rule.init(ref.linalg.polar(y))
-    d, r = x.shape
-    length = float(np.linalg.norm(ybar - xbar))
+        return math.inf, True, rule.init(ybar_of_y)
+    n, r = ctx.dims()
+    vx, vxbar, vy, vybar = (space.view(i, p) for p in (x, xbar, y, ybar))
+    length = _norm(_diff(vybar, vxbar))
     memory = sum(1.0 / (1.0 - b) for b in ctx.decays())
+    kappa = max(space.conditioning(xbar), space.conditioning(ybar))
     bound = (
         step_bound(
             ctx.dtype_name,
-            float(np.linalg.norm(x - xbar)),
+            _norm(_diff(vx, vxbar)),
             length,
-            float(np.linalg.norm(ybar)),
-            d,
+            _norm(vybar),
+            n,
             r,
+            kappa,
             factoring=ctx.factoring(),
         )
         + SAFETY * ctx.u * memory * length
     )
-    dev = float(np.linalg.norm(y - ybar))
+    dev = _norm(_diff(vy, vybar))
     ratio = dev / bound if bound > 0 else math.inf
-    return ratio, bound <= RESOLUTION * length, rule.transport(ybar, ref.linalg.polar(y), new_state)
+    return ratio, bound <= RESOLUTION * length, rule.transport(ybar, ybar_of_y, new_state)
 
 
 def _rule_run(ctx: Context, dtype: torch.dtype) -> tuple[float, int | None, int | None]:
     """CONF-RULE in one dtype: ``RULE_STEPS`` steps under a schedule (lr falls linearly to
-    half, set in ``param_groups`` as a scheduler sets it) with the first parameter's grad None
-    at step ``NONE_AT`` (that parameter must stay put and its state and count must not move: the
+    half, set in ``param_groups`` as a scheduler sets it) with the first point's gradients None
+    at step ``NONE_AT`` (that point must stay put and its state and count must not move: the
     reference skips it too). Returns the worst deviation/bound, the first departing step and
     the first step the bound does not resolve."""
     run = ctx.run(dtype=dtype)
-    sized = ctx.sizes()
+    problem, space = ctx.problem, ctx.space
     states = [
-        [
-            reference_rules.bind(ctx.rule, {**ctx.settings, "lr": ctx.lr}, d, r).init(
-                ref.linalg.polar(x)
-            )
-            for x in frames(p)
-        ]
-        for (d, r), p in zip(sized, run.points(), strict=True)
+        [rule.init(space.project(i, x)) for x in problem.elements(run.points(), i)]
+        for i, rule in enumerate(ctx.bound_rules())
     ]
-    sub = Context(ctx.factory, ctx.problem, dtype, ctx.lr, ctx.claims, ctx.rule, ctx.settings)
+    sub = Context(ctx.factory, problem, dtype, ctx.lr, ctx.claims, ctx.rule, ctx.settings)
+    first_point = space.params_of(0)
     worst, first, unresolved = 0.0, None, None
     for t in range(RULE_STEPS):
         lr = ctx.lr * (1.0 - 0.5 * t / RULE_STEPS)
         run.set("lr", lr)
-        rules = [reference_rules.bind(ctx.rule, {**ctx.settings, "lr": lr}, d, r) for d, r in sized]
         before = run.points()
-        grads: list = run.rounded(ctx.problem.gradients(before, t))
-        if t + 1 == NONE_AT:
-            grads[0] = None
+        grads: list = run.rounded(problem.gradients(before, t))
+        skipped = t + 1 == NONE_AT
         try:
-            run.step(grads)
+            run.step([None if skipped and k in first_point else g for k, g in enumerate(grads)])
         except Exception:  # a step the optimizer cannot take departs from the rule
             return math.inf, first or t + 1, unresolved
         after = run.points()
-        for i, rule in enumerate(rules):
-            if grads[i] is None:
-                ratio = 0.0 if np.array_equal(before[i], after[i]) else math.inf
+        for i, rule in enumerate(ctx.bound_rules(lr)):
+            if skipped and i == 0:
+                still = all(np.array_equal(before[k], after[k]) for k in first_point)
+                ratio = 0.0 if still else math.inf
                 worst = max(worst, ratio)
                 first = t + 1 if ratio > 1.0 and first is None else first
                 continue
-            for j, (x, g, y) in enumerate(
-                zip(frames(before[i]), frames(grads[i]), frames(after[i]), strict=True)
-            ):
-                ratio, resolved, states[i][j] = _shadow_step(sub, rule, x, g, y, states[i][j])
+            elements = zip(
+                problem.elements(before, i),
+                problem.elements(grads, i),
+                problem.elements(after, i),
+                strict=True,
+            )
+            for j, (x, g, y) in enumerate(elements):
+                ratio, resolved, states[i][j] = _shadow_step(sub, i, rule, x, g, y, states[i][j])
                 worst = max(worst, ratio) if not math.isnan(ratio) else math.inf
                 if not ratio <= 1.0 and first is None:
                     first = t + 1
@@ -621,7 +672,7 @@ def check_rule(ctx: Context, claim: Any) -> Outcome:
         detail = f"the bound exceeds {RESOLUTION:g} of the step at step {min(unresolved)}"
     else:
         detail = (
-            f"{RULE_STEPS} steps ({where}; lr falling to half; grad None for one parameter at "
+            f"{RULE_STEPS} steps ({where}; lr falling to half; grads None for one point at "
             f"step {NONE_AT}) within the audit's per-step bounds of {ctx.rule} "
             f"(worst deviation/bound {worst:.3g})"
         )
@@ -692,9 +743,10 @@ PROPERTIES: dict[str, Property] = {
         Property(
             "CONF-DECAY",
             "decay",
-            "weight decay on frames as claimed",
+            "weight decay as claimed",
             "none: a run with weight_decay λ = 0.1 equals the run without; fused: it equals the "
-            "run at lr/(1 − lr·λ) without decay (polar(W + ξ/(1 − lr·λ)), DESIGN §5).",
+            "run at lr/(1 − lr·λ) without decay (polar(W + ξ/(1 − lr·λ)), DESIGN §5); "
+            "coupled: it equals the run without decay fed G + λ·x.",
             check_decay,
         ),
         Property(

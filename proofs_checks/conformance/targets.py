@@ -1,5 +1,6 @@
 """Factories for ``rattn conform``: the library's four presets and geoopt's two optimizers, each
-``factory(params) -> torch.optim.Optimizer`` over Stiefel frames (docs/conformance.md).
+``factory(params) -> torch.optim.Optimizer`` (docs/conformance.md). The presets' factories take
+Stiefel parameters and the ten's parameter groups alike.
 
 The presets use their defaults except lr (1e-2, the lr of ``rattn compare``) and, for the
 normalized rule, 2e-3. geoopt chooses a parameter's manifold from its class
@@ -19,7 +20,10 @@ LR = 1e-2
 LR_NORMALIZED = 2e-3
 
 
-def _frames(params: list[torch.nn.Parameter]) -> list[dict[str, Any]]:
+def _frames(params: list) -> list[dict[str, Any]]:
+    """Stiefel parameters as one group; the groups of the ten (``--geometry NAME``) as given."""
+    if params and isinstance(params[0], dict):
+        return list(params)
     return [{"params": params, "geometry": "stiefel"}]
 
 
