@@ -32,6 +32,7 @@ def render_catalogue() -> str:
             "**Hypotheses.** " + "; ".join(p.hypotheses) + ".",
             "",
             f"**Seeds.** {p.seeds}.",
+            *(["", "**Remarks (not certified).** " + " ".join(p.remarks)] if p.remarks else []),
             "",
             f"**Hash.** `{p.hash}`",
             "",

@@ -107,6 +107,7 @@ class Certificate:
                 "",
                 "Hypotheses: " + "; ".join(p.hypotheses) + ".",
                 "",
+                *(["Remarks (not certified): " + " ".join(p.remarks), ""] if p.remarks else []),
                 f"Content hash: `{p.hash}`; implementation hash: `{p.implementation_hash}`",
                 "",
                 "| kind | check | residual | tolerance | passed | control | control rejected |",
@@ -173,6 +174,11 @@ class Certificate:
                 "",
                 r"\noindent Hypotheses: " + "; ".join(latex.text(h) for h in p.hypotheses) + ".",
                 "",
+                *(
+                    [r"\noindent Remarks (not certified): " + latex.math(" ".join(p.remarks)), ""]
+                    if p.remarks
+                    else []
+                ),
                 rf"\noindent{{\footnotesize Hash {latex.code(p.hash)}\\ "
                 rf"implementation hash {latex.code(p.implementation_hash)}}}",
                 "",
@@ -311,6 +317,7 @@ def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
         "statement": p.statement,
         "hypotheses": list(p.hypotheses),
         "seeds": p.seeds,
+        "remarks": list(p.remarks),
         "passed": r.passed,
         "hash": p.hash,
         "implementation_hash": p.implementation_hash,

@@ -68,6 +68,9 @@ class Proposition:
     hypotheses: tuple[str, ...]
     checks: tuple[Check, ...]
     seeds: str = "the certificate's seed (default 0)"
+    #: Context that no check establishes (a heuristic, a general sentence with "≪"): printed
+    #: beside the statement as a remark, never certified.
+    remarks: tuple[str, ...] = ()
     #: Modules the checks need beyond the package's own requirements (e.g. "torch" for the port
     #: propositions): a proposition whose modules are not installed is listed as not run.
     requires: tuple[str, ...] = ()
@@ -91,15 +94,16 @@ class Proposition:
 
     def content_hash(self, sources: Mapping[str, str]) -> str:
         """The hash over ``sources`` (module name -> source text, e.g. ``package_sources()``
-        with one module's text changed): the id, statement and hypotheses, the source of every
-        check function, and the name and source of every module of ``imported_closure`` from
-        the modules the checks are defined in. A check module outside ``sources`` (one defined
-        outside the package) is added with its source as Python loaded it."""
+        with one module's text changed): the id, statement, hypotheses and remarks, the source
+        of every check function, and the name and source of every module of
+        ``imported_closure`` from the modules the checks are defined in. A check module outside
+        ``sources`` (one defined outside the package) is added with its source as Python
+        loaded it."""
         modules = {c.run.__module__ for c in self.checks}
         outside = {m: inspect.getsource(sys.modules[m]) for m in sorted(modules - set(sources))}
         sources = ChainMap(outside, sources) if outside else sources
         h = hashlib.sha256()
-        for text in (self.id, self.statement, *self.hypotheses):
+        for text in (self.id, self.statement, *self.hypotheses, *self.remarks):
             h.update(text.encode())
         for check in self.checks:
             h.update(inspect.getsource(check.run).encode())

@@ -5,8 +5,8 @@ What a referee runs: the certificate's ids, with its seed and its quick flag, th
 installed registry (``certify``), and the re-run's JSON (``Certificate.to_dict``) compared with
 the recorded one, field by field:
 
-- per proposition: ``title``, ``statement``, ``hypotheses``, ``seeds``, ``passed``, ``hash``
-  and ``implementation_hash``, equal as JSON values (``True`` is not ``1``);
+- per proposition: ``title``, ``statement``, ``hypotheses``, ``seeds``, ``remarks``, ``passed``,
+  ``hash`` and ``implementation_hash``, equal as JSON values (``True`` is not ``1``);
 - its ``checks``: as many, and per check (``checks[k]``) ``kind``, ``name``, ``passed``,
   ``control.variant`` and ``control.rejected`` equal; ``tolerance`` and ``control.tolerance``
   within TOLERANCE_RTOL relative; ``residual`` and ``control.residual`` by the residual rule
@@ -74,6 +74,7 @@ PROPOSITION_FIELDS = (
     "statement",
     "hypotheses",
     "seeds",
+    "remarks",
     "passed",
     "hash",
     "implementation_hash",

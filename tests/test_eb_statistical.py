@@ -1,25 +1,29 @@
 """The statistical Entropic-Bound propositions EB-3, EB-4, EB-6 and EB-8.
 
 ``test_propositions.py`` runs every check at certificate seed 0; here the statistical checks run
-at further certificate seeds (the docs claim seeds 0–10 pass and reject their controls), and the
-registry is checked for what a statistical proposition must state: its seeds, sample sizes and
-pass criterion ("at least 9 of 10 replicates").
+at further certificate seeds, the exact binomial criterion (``binomial``) is checked against
+sums computed here, and the registry is checked for what a statistical proposition must state:
+its seeds, sample sizes, the probability it claims and the test that checks it.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 
 from proofs_checks import REGISTRY
-from proofs_checks.propositions import eb_data, eb_native, eb_recovery, eb_softmax
+from proofs_checks.propositions import binomial, eb_data, eb_native, eb_recovery, eb_softmax
 from proofs_checks.registry import Context, run_check
 from reference import capacity
 
 STATISTICAL = ("EB-3", "EB-4", "EB-6", "EB-8")
 MODULES = {"EB-3": eb_recovery, "EB-4": eb_data, "EB-6": eb_native, "EB-8": eb_softmax}
-#: EB-4's checks that are not statistical: exact decisions and values on fixed inputs.
-DETERMINISTIC = (eb_data.domains, eb_data.estimator_forms)
+#: Checks that are not statistical: EB-4's exact decisions and values on fixed inputs, and
+#: EB-6's deficiency (a theorem, checked on every replicate).
+DETERMINISTIC = (eb_data.domains, eb_data.estimator_forms, eb_native.deficiency)
 
 CASES = [
     pytest.param(pid, i, seed, id=f"{pid}-{i}-seed{seed}")
@@ -46,23 +50,43 @@ def test_the_eb_ids_are_registered_in_citation_order():
 def test_statistical_propositions_state_seeds_sizes_and_criterion(pid):
     p = REGISTRY[pid]
     module = MODULES[pid]
-    assert module.REPLICATES == 10 and module.MAX_MISSES == 1
-    assert "9 of 10" in p.statement
-    assert "default_rng" in p.seeds and "replicate" in p.seeds
-    assert any("10 replicates" in h or "9" in h for h in p.hypotheses) or pid == "EB-6"
+    assert module.REPLICATES == binomial.REPLICATES == 100
+    assert "probability at least $0.9$" in p.statement and "binomial test" in p.statement
+    assert "9 of 10" not in p.statement and "measured at" not in p.statement
+    assert "default_rng" in p.seeds and "0…99" in p.seeds
+    assert any(binomial.HYPOTHESIS in h for h in p.hypotheses)
     for c in p.checks:
         doc = " ".join(c.run.__doc__.split())
         if c.kind == "float64" and c.run not in DETERMINISTIC:
-            assert "10" in doc and ("9 of 10" in doc or "bound" in doc or "≥" in doc), c.name
+            assert "100" in doc and "binomial" in doc, c.name
         assert c.control
 
 
+def _tail(k: int, p: Fraction, hits: range) -> Fraction:
+    """P(Bin(k, p) ∈ hits), exactly."""
+    return sum((math.comb(k, h) * p**h * (1 - p) ** (k - h) for h in hits), Fraction(0))
+
+
+def test_the_binomial_thresholds_are_the_exact_tests():
+    """h_min(100, 0.9, 0.05) = 96: P(X ≥ 96) ≤ 0.05 < P(X ≥ 95); h_max(100, 0.2, 0.05) = 13:
+    P(X ≤ 13) ≤ 0.05 < P(X ≤ 14), summed here in exact rationals."""
+    k, alpha = 100, Fraction(1, 20)
+    need, most = binomial.min_hits(), binomial.max_hits()
+    p0, p1 = Fraction(9, 10), Fraction(1, 5)
+    assert _tail(k, p0, range(need, k + 1)) <= alpha < _tail(k, p0, range(need - 1, k + 1))
+    assert _tail(k, p1, range(0, most + 1)) <= alpha < _tail(k, p1, range(0, most + 2))
+    assert (need, most) == (96, 13)
+    # the verdicts: 96 hits pass and 95 do not; 13 hits pass "at most" and 14 do not
+    assert binomial.at_least(96, "x").passed and not binomial.at_least(95, "x").passed
+    assert binomial.at_most(13, "x").passed and not binomial.at_most(14, "x").passed
+
+
 def test_counts_are_the_residual_of_the_statistical_checks():
-    """A statistical check reports the number of failing replicates against the allowed one:
-    residual ≤ 1 passes, so a control with 2 or more failing replicates is rejected."""
+    """A statistical check reports the number of failing replicates against the number the
+    test allows (100 − 96 = 4), so a control with 5 or more failing replicates is rejected."""
     result = run_check(REGISTRY["EB-4"].checks[0], Context(seed=0))
-    assert result.outcome.tolerance == 1.0
-    assert result.outcome.residual <= 1.0 < result.control_outcome.residual
+    assert result.outcome.tolerance == 4.0
+    assert result.outcome.residual <= 4.0 < result.control_outcome.residual
 
 
 # -- EB-6 deficiency: NaN, divergence and the two-sided bound ----------------------------------

@@ -10,9 +10,9 @@ Two pre-training rules of ``reference.capacity`` (docs/entropic_bound.md §1, §
 
 Both return r* with high probability at the stated sizes. The naive transfer of the static rule
 to input-conditioned attention does not (its own check, whose control removes the attention's
-input dependence). What is measured (certificate seeds 0–10, 220 replicates at the sizes of (a)
+input dependence). What was measured (certificate seeds 0–10, 220 replicates at the sizes of (a)
 and of (b)): on linear-QK data with r* = 3 the token-Gram count returns r̂ = 3…11, in 4…9 for 216
-of 220 replicates and r* itself for 2.
+of 220 replicates and r* itself for 2; the check states it as P(r̂ = r*) ≤ 0.2 (``binomial``).
 Why: the count assumes that the Gram's non-signal part is a Wishart matrix of S·d_v iid columns
 and counts the eigenvalues above its Tracy–Widom edge, fitted to the trailing eigenvalues. Under
 linear QK attention there is no signal/noise split of that kind. The population Gram is
@@ -33,6 +33,7 @@ import numpy as np
 from proofs_checks import capacity_domains as domain
 from proofs_checks import spectrum_forms as forms
 from proofs_checks.harness import substituted
+from proofs_checks.propositions import binomial
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 from reference.capacity import pretraining, spectra, tasks
@@ -45,9 +46,9 @@ ST_S, ST_N, ST_D, ST_DV, ST_SPEC = 200, 16, 16, 8, "decay"
 #: (b) Linear QK attention: S = 300, n = 16, d = d_v = 12, r* = 3, flat K = UVᵀ, noise σ = 0.1.
 LQ_S, LQ_N, LQ_D = 300, 16, 12
 RSTAR, NOISE = 3, 0.1
-#: Pass criterion: the rule returns r* in at least REPLICATES − MAX_MISSES of REPLICATES
-#: independent replicates (numpy default_rng([seed, tag, i]), i = 0…9).
-REPLICATES, MAX_MISSES = 10, 1
+#: Independent replicates (numpy default_rng([seed, tag, i]), i = 0…k − 1), judged by the exact
+#: binomial test of ``binomial``.
+REPLICATES = binomial.REPLICATES
 TAG_STATIC, TAG_LINEAR = 401, 402
 
 #: The controls, each substituted into ``reference.capacity``.
@@ -79,23 +80,19 @@ def _static_attention(x: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 def _verdict(found: list[int], what: str) -> Outcome:
-    misses = sum(1 for k in found if k != RSTAR)
-    return Outcome.bound(
-        float(misses),
-        float(MAX_MISSES),
-        f"{what}: r̂ = r* = {RSTAR} in {REPLICATES - misses} of {REPLICATES} replicates; "
-        f"r̂ = {found}",
-    )
+    hits = sum(1 for k in found if k == RSTAR)
+    return binomial.at_least(hits, f"{what}: r̂ = r* = {RSTAR} (r̂ found {binomial.tally(found)})")
 
 
 def static_count(ctx: Context, wrong: bool) -> Outcome:
-    """Statistical criterion over 10 independent replicates (default_rng([seed, 401, i])):
+    """Statistical criterion over 100 independent replicates (default_rng([seed, 401, i])):
     ``static_task`` with S = 200, n = 16, d = 16, d_v = 8, r* = 3, σ(A*) = (1, 0.75, 0.5),
     noise 0.1; r̂ = ``token_gram_count(Y).rank`` (Tracy–Widom 99% threshold, σ̂² estimated from
-    the data, W* unknown). Pass: r̂ = r* in at least 9 of 10 replicates (residual = number of
-    misses ≤ 1). Control, substituted into ``reference.capacity.spectra``: p and N swapped in
-    the Tracy–Widom threshold, a one-token variant whose effect is gross: its threshold
-    ≈ 120·mean(λ) lies above λ₁ ≤ 16·mean(λ) whatever the data (r̂ = 0)."""
+    the data, W* unknown). Pass: P(r̂ = r*) ≥ 0.9 by the exact binomial test (``binomial``:
+    at least 96 of 100; residual = misses). Control, substituted into
+    ``reference.capacity.spectra``: p and N swapped in the Tracy–Widom threshold, a one-token
+    variant whose effect is gross: its threshold ≈ 120·mean(λ) lies above λ₁ ≤ 16·mean(λ)
+    whatever the data (r̂ = 0)."""
     found = []
     swapped = substituted(spectra, "tracy_widom_threshold", _swapped_threshold)
     with swapped if wrong else contextlib.nullcontext():
@@ -109,9 +106,10 @@ def static_count(ctx: Context, wrong: bool) -> Outcome:
 
 
 def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
-    """Statistical criterion over the 10 replicate streams of ``static_count``: the same count
+    """Statistical criterion over the 100 replicate streams of ``static_count``: the same count
     on ``linear_qk_task`` data of the sizes of (a) (n = d = 16, d_v = 8, r* = 3, noise 0.1)
-    returns r* in fewer than 9 of 10 (residual = hits ≤ 8): it over-counts (module docstring:
+    returns r* with probability at most 0.2 (``binomial``: at most 13 of 100; residual =
+    hits): it over-counts (module docstring:
     the Gram's fluctuations are not Wishart). Control, substituted into
     ``reference.capacity.tasks``: the attention's input dependence removed, A(X) = K (a static
     mixer of rank r*, for which the count returns r*)."""
@@ -123,10 +121,8 @@ def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
             task = capacity.linear_qk_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=NOISE)
             found.append(capacity.token_gram_count(task.y).rank)
     hits = sum(1 for k in found if k == RSTAR)
-    return Outcome.bound(
-        float(hits),
-        float(REPLICATES - 1 - MAX_MISSES),
-        f"token-Gram count on linear-QK data: r̂ = r* in {hits} of {REPLICATES}; r̂ = {found}",
+    return binomial.at_most(
+        hits, f"token-Gram count on linear-QK data: r̂ = r* (r̂ found {binomial.tally(found)})"
     )
 
 
@@ -137,10 +133,10 @@ def floored_gap(sv: np.ndarray, stderr: float, n: int) -> int:
 
 
 def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
-    """Statistical criterion over 10 independent replicates (default_rng([seed, 402, i])):
+    """Statistical criterion over 100 independent replicates (default_rng([seed, 402, i])):
     ``linear_qk_task`` with S = 300, n = 16, d = d_v = 12, r* = 3 (flat K = UVᵀ), noise 0.1,
     W_V unknown; r̂ = the largest-gap rank of σ(Ĉ) of ``pooled_regression``, floored at
-    max(SE, σ₁/n). Pass: r̂ = r* in at least 9 of 10 replicates (misses ≤ 1). Control (a near
+    max(SE, σ₁/n). Pass: P(r̂ = r*) ≥ 0.9 by the exact binomial test (``binomial``). Control (a near
     miss, one less), substituted into the package namespace ``reference.capacity`` that the
     rule is called through: the largest-gap rank's + 1 dropped. Subtler variants are not
     rejected at these sizes (docs/verification.md)."""
@@ -225,15 +221,15 @@ register(
             r"$\sigma_1/n$ covers the $O(1/n)$ tail of EB-7), equals $r^*=\operatorname{rank}K$. "
             r"Statistical claim (checked): (a) at $S=200$, $n=16$, $d=16$, $d_v=8$, "
             r"$\sigma(A^*)=(1,0.75,0.5)$, $\sigma=0.1$ and (b) at $S=300$, $n=16$, $d=d_v=12$, "
-            r"$r^*=3$, flat $K=UV^\top$, $\sigma=0.1$, each returns $r^*$ in at least 9 of 10 "
-            r"independent replicates. The naive transfer fails: the token-Gram count of (a) "
-            r"applied to linear-QK data with the sizes of (a) returns $r^*$ in "
-            r"fewer than 9 of 10 (checked; measured also at the sizes of (b)): its population "
-            r"Gram is $aI+b\mathbf{1}\mathbf{1}^\top$ (EB-5), "
+            r"$r^*=3$, flat $K=UV^\top$, $\sigma=0.1$, each returns $r^*$ "
+            + binomial.CLAIM
+            + r". The naive transfer fails: the token-Gram count of (a) "
+            r"applied to linear-QK data with the sizes of (a) returns $r^*$ "
+            + binomial.FAILURE_CLAIM
+            + r": its population Gram is $aI+b\mathbf{1}\mathbf{1}^\top$ (EB-5), "
             r"with no spike that carries $r^*$, and its fluctuations under input-conditioned "
             r"mixing are not those of a Wishart matrix with iid columns, so the count over-counts "
-            r"part of the bulk as signal (measured at seeds 0--10: $\hat r\in\{4,\dots,9\}$ in "
-            r"216 of 220 replicates, $\hat r=r^*$ in 2). The estimators and task builders "
+            r"part of the bulk as signal. The estimators and task builders "
             r"accept the ends of the sizes they identify and refuse one past them and take "
             r"their documented defaults, and the "
             r"spectrum estimators (numerical, energy-threshold, entropy, Roy--Vetterli, stable "
@@ -244,19 +240,19 @@ register(
             "tokens iid N(0, I_d), noise iid N(0, σ²) independent of the tokens",
             "(a) static mixing; (b) linear QK attention, no positional signal",
             "signal above the noise edge: (‖W*‖²/d_v)σ_r*²(A*) ≫ σ²·2√(n/(S d_v)) in (a)",
-            "a statistical claim: 10 replicates, pass when at least 9 return r*",
+            binomial.HYPOTHESIS,
         ),
         checks=(
-            Check("float64", "token-Gram count, static, ≥ 9 of 10", static_count, CONTROL_STATIC),
+            Check("float64", "token-Gram count, static, P ≥ 0.9", static_count, CONTROL_STATIC),
             Check(
                 "float64",
-                "pooled regression, floored gap, linear QK, ≥ 9 of 10",
+                "pooled regression, floored gap, linear QK, P ≥ 0.9",
                 linear_pooled,
                 CONTROL_LINEAR,
             ),
             Check(
                 "float64",
-                "naive transfer: token-Gram count on linear QK, < 9 of 10",
+                "naive transfer: token-Gram count on linear QK, P ≤ 0.2",
                 naive_transfer,
                 CONTROL_NAIVE,
             ),
@@ -275,7 +271,7 @@ register(
         ),
         seeds=(
             "numpy default_rng([seed, 401, i]) (static count and naive transfer) and "
-            "[seed, 402, i] (pooled regression) for replicate i = 0…9; the certificate's seed "
+            "[seed, 402, i] (pooled regression) for replicate i = 0…99; the certificate's seed "
             "defaults to 0"
         ),
     )

@@ -22,6 +22,7 @@ import numpy as np
 import sympy as sp
 
 from proofs_checks.bounds import FLOAT64_U
+from proofs_checks.propositions import binomial
 from proofs_checks.propositions.common import (
     asymmetric_draw,
     exact,
@@ -41,9 +42,9 @@ INIT, LR, STEPS = 1e-2, 0.2, 500
 #: Deficiency: every r < r*. Achievability: r = r* and r* + 1.
 DEFICIENT = tuple(range(1, RSTAR))
 ACHIEVING = (RSTAR, RSTAR + 1)
-#: Replicates: numpy default_rng([seed, 601, i]), i = 0…9; achievability passes when at least
-#: REPLICATES − MAX_MISSES replicates satisfy the criterion for each r in ACHIEVING.
-REPLICATES, MAX_MISSES = 10, 1
+#: Replicates: numpy default_rng([seed, 601, i]), i = 0…k − 1; achievability is judged for each
+#: r in ACHIEVING by the exact binomial test of ``binomial``.
+REPLICATES = binomial.REPLICATES
 TAG, TAG_INIT, TAG_SYM = 601, 602, 603
 
 CONTROL_DEFICIENCY = (
@@ -55,7 +56,7 @@ CONTROL_GRADIENT = "the transpose dropped in the chain rule: ∇_{W_K} = G W_Q i
 
 @functools.lru_cache(maxsize=4)
 def replicates(seed: int) -> tuple[np.ndarray, ...]:
-    """Stacked over the 10 replicates: the training 𝓗 and B, the held-out 𝓗', the planted K*.
+    """Stacked over the replicates: the training 𝓗 and B, the held-out 𝓗', the planted K*.
     Cached per seed (the data are a deterministic function of the seed; arrays are read-only)."""
     hess, b, hess_test, kernels = [], [], [], []
     for i in range(REPLICATES):
@@ -105,21 +106,20 @@ def rounding_allowance(kappa: float) -> float:
 
 
 def deficiency(ctx: Context, wrong: bool) -> Outcome:
-    """A theorem checked on data: on 10 replicates (default_rng([seed, 601, i])) of d = d_v = 8,
-    n = 32, r* = 3 (flat K* = UVᵀ), noise 0.1, S = 400 training and 400 held-out sequences,
-    every r < r* and two rank-r students (GD-trained K̂_r, α = 1e-2, η = 0.2, T = 500; and the
-    truncation [K*]_r): the lower bound (D) ℰ_rel(K) = q'(K − K*)/q'(K*) ≥ EY_r/κ(𝓗'),
-    EY_r = Σ_{i>r}σ_i²/‖K*‖²; and, for the truncation, the upper bound ℰ_rel([K*]_r) ≤ κ·EY_r
-    (q'(K* − [K*]_r) ≤ λ_max·Σ_{i>r}σ_i² and q'(K*) ≥ λ_min‖K*‖²). The two-sided sandwich pins
-    EY_r, κ and the truncation: an EY_r too small (e.g. EY_{r+1}) passes the lower bound and fails
-    the upper one. Both bounds hold for every PSD 𝓗', so neither can see a wrong Kronecker order
-    or scale of 𝓗' (the ratios are scale free); that is caught exactly by the symbolic check's
-    risk identity ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c (all 9 entries differ when the order is swapped).
-    Residual: the largest of (EY_r/κ)/ℰ_rel over all students
-    and ℰ_rel/(κ·EY_r) over the truncations, each ≤ 1 by the theorem, collected in one array so
-    that a NaN anywhere fails the check; tolerance 1 + ``rounding_allowance``(κ_max) =
-    1 + 5d⁴uκ_max (the derived first-order rounding bound). Control: the trained student of rank
-    r + 1 held to the rank-r bound."""
+    """A theorem checked on data: on the 100 replicates (default_rng([seed, 601, i])) of d = d_v =
+    8, n = 32, r* = 3 (flat K* = UVᵀ), noise 0.1, S = 400 training and 400 held-out sequences, every
+    r < r* and two rank-r students (GD-trained K̂_r, α = 1e-2, η = 0.2, T = 500; and the truncation
+    [K*]_r): the lower bound (D) ℰ_rel(K) = q'(K − K*)/q'(K*) ≥ EY_r/κ(𝓗'), EY_r =
+    Σ_{i>r}σ_i²/‖K*‖²; and, for the truncation, the upper bound ℰ_rel([K*]_r) ≤ κ·EY_r (q'(K* −
+    [K*]_r) ≤ λ_max·Σ_{i>r}σ_i² and q'(K*) ≥ λ_min‖K*‖²). The two-sided sandwich pins EY_r, κ and
+    the truncation: an EY_r too small (e.g. EY_{r+1}) passes the lower bound and fails the upper
+    one. Both bounds hold for every PSD 𝓗', so neither can see a wrong Kronecker order or scale of
+    𝓗' (the ratios are scale free); that is caught exactly by the symbolic check's risk identity
+    ½vec(K)ᵀ𝓗vec(K) − ⟨B, K⟩ + ½c (all 9 entries differ when the order is swapped). Residual: the
+    largest of (EY_r/κ)/ℰ_rel over all students and ℰ_rel/(κ·EY_r) over the truncations, each ≤ 1 by
+    the theorem, collected in one array so that a NaN anywhere fails the check; tolerance 1 +
+    ``rounding_allowance``(κ_max) = 1 + 5d⁴uκ_max (the derived first-order rounding bound). Control:
+    the trained student of rank r + 1 held to the rank-r bound."""
     _, _, hess_test, kernels = replicates(ctx.seed)
     lam = np.linalg.eigvalsh(hess_test)
     kappa = lam[:, -1] / lam[:, 0]
@@ -157,32 +157,32 @@ def deficiency(ctx: Context, wrong: bool) -> Outcome:
 
 
 def achievability(ctx: Context, wrong: bool) -> Outcome:
-    """Statistical criterion on the 10 replicates of the deficiency check: for r = r* and
+    """Statistical criterion on the 100 replicates of the deficiency check: for r = r* and
     r* + 1, the GD-trained K̂_r (α = 1e-2, η = 0.2, T = 500) reaches the estimation floor,
     q'(K̂_r − K*) ≤ q'(K_LS − K*) with K_LS = 𝓗⁻¹B the unconstrained (full-rank) least-squares
     kernel, whose expected in-sample excess per token is σ²d²/(Sn): the test risk is then within
-    a factor ≈ 1 + d²/(S n d_v) = 1.0006 of the noise floor σ²d_v. Pass: at least 9 of 10
-    replicates for each r (residual = the larger number of misses ≤ 1). Control: r = r* − 1."""
+    a factor ≈ 1 + d²/(S n d_v) = 1.0006 of the noise floor σ²d_v. Pass: P(criterion) ≥ 0.9
+    for each r by the exact binomial test (``binomial``; residual = the larger number of
+    misses). Control: r = r* − 1."""
     hess, b, hess_test, kernels = replicates(ctx.seed)
     flat = np.linalg.solve(hess, b.reshape(REPLICATES, D * D, 1))
     floor = capacity.quadratic_form(flat.reshape(REPLICATES, D, D) - kernels, hess_test)
     q0 = capacity.quadratic_form(kernels, hess_test)
-    worst, rows = 0, []
+    fewest, rows = REPLICATES, []
     for r in (RSTAR - 1,) if wrong else ACHIEVING:
         excess = capacity.quadratic_form(students(ctx.seed, r) - kernels, hess_test)
         ratio = excess / floor
-        misses = int(np.sum(~(ratio <= 1.0)))
-        worst = max(worst, misses)
+        hits = int(np.sum(ratio <= 1.0))
+        fewest = min(fewest, hits)
         rows.append(
-            f"r = {r}: {REPLICATES - misses} of {REPLICATES} at the floor, "
+            f"r = {r}: {hits} at the floor, "
             f"ℰ(K̂_r)/ℰ(K_LS) ∈ [{ratio.min():.3g}, {ratio.max():.3g}], "
             f"ℰ_rel(K̂_r) ≤ {np.max(excess / q0):.2e}"
         )
-    return Outcome.bound(
-        float(worst),
-        float(MAX_MISSES),
+    return binomial.at_least(
+        fewest,
         "; ".join(rows) + f"; ℰ_rel(K_LS) ≤ {np.max(floor / q0):.2e}; dof ratio r*(2d − r*)/d² = "
-        f"{RSTAR * (2 * D - RSTAR) / D**2:.3f}",
+        f"{RSTAR * (2 * D - RSTAR) / D**2:.3f}; the fewest",
     )
 
 
@@ -259,14 +259,15 @@ register(
             r"per token: the test risk is within a factor $\approx1+d^2/(Snd_v)$ of the noise "
             r"floor). Statistical claim (checked): at $d=d_v=8$, $n=32$, $r^*=3$, flat "
             r"$K^*=UV^\top$, $\sigma=0.1$, $S=S'=400$, $\alpha=10^{-2}$, $\eta=0.2$, $T=500$, "
-            r"(A) holds for $r=r^*$ and $r^*+1$ in at least 9 of 10 replicates, and fails for "
-            r"$r=r^*-1$."
+            r"(A) holds for $r=r^*$ and for $r^*+1$, each "
+            + binomial.CLAIM
+            + r"; for $r=r^*-1$ (the check's control) the same test fails."
         ),
         hypotheses=(
             "tokens iid N(0, I_d), noise iid N(0, σ²), independent across sequences",
             "the value map fixed to the teacher's W_V (known, orthogonal, d_v = d)",
             "(D) holds for every rank-r K and any held-out design with 𝓗' ≻ 0 (both bounds)",
-            "(A) a statistical claim: 10 replicates, pass when at least 9 reach the floor",
+            "(A) " + binomial.HYPOTHESIS,
         ),
         checks=(
             Check(
@@ -283,13 +284,13 @@ register(
             ),
             Check(
                 "float64",
-                "achievability at r*, r* + 1, ≥ 9 of 10",
+                "achievability at r*, r* + 1, P ≥ 0.9",
                 achievability,
                 CONTROL_ACHIEVABILITY,
             ),
         ),
         seeds=(
-            "numpy default_rng([seed, 601, i]) for the data of replicate i = 0…9 (400 "
+            "numpy default_rng([seed, 601, i]) for the data of replicate i = 0…99 (400 "
             "training and 400 held-out sequences), [seed, 602, r] for the initial factors of "
             "the rank-r students, [seed, 603] for the symbolic case; the certificate's seed "
             "defaults to 0"

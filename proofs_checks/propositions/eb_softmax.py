@@ -17,6 +17,7 @@ import functools
 import numpy as np
 
 from proofs_checks.harness import substituted
+from proofs_checks.propositions import binomial
 from proofs_checks.propositions.eb_data import CONTROL_LINEAR, zero_based_gap
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
@@ -26,9 +27,9 @@ from reference import capacity
 S, N, D, RSTAR, BETA, NOISE = 500, 16, 8, 3, 2.0, 0.01
 #: Energy threshold of the energy rank r_η.
 ETA = 0.9
-#: Pass criterion: at least REPLICATES − MAX_MISSES of REPLICATES independent replicates
-#: (numpy default_rng([seed, 801, i]), i = 0…9).
-REPLICATES, MAX_MISSES = 10, 1
+#: Independent replicates (numpy default_rng([seed, 801, i]), i = 0…k − 1), judged by the exact
+#: binomial test of ``binomial``.
+REPLICATES = binomial.REPLICATES
 TAG = 801
 
 #: The near misses, one less than the estimator, each substituted into ``reference.capacity``.
@@ -75,23 +76,21 @@ def estimates(seed: int, psd: bool) -> tuple[tuple[int, int, int, float], ...]:
 
 
 def _outcome(rows: tuple[tuple[int, int, int, float], ...], hits: int, what: str) -> Outcome:
-    misses = REPLICATES - hits
-    return Outcome.bound(
-        float(misses),
-        float(MAX_MISSES),
-        f"{what}: {hits} of {REPLICATES} replicates; floored gap {[r[0] for r in rows]}, "
-        f"r_0.9 {[r[1] for r in rows]}, r_0.99 {[r[2] for r in rows]}, σ_(r*+1)/floor ∈ "
-        f"[{min(r[3] for r in rows):.2f}, {max(r[3] for r in rows):.2f}]",
+    return binomial.at_least(
+        hits,
+        f"{what} (floored gap {binomial.tally(r[0] for r in rows)}; r_0.9 "
+        f"{binomial.tally(r[1] for r in rows)}; r_0.99 {binomial.tally(r[2] for r in rows)}; "
+        f"σ_(r*+1)/floor ∈ [{min(r[3] for r in rows):.2f}, {max(r[3] for r in rows):.2f}])",
     )
 
 
 def full_recovery(ctx: Context, wrong: bool) -> Outcome:
-    """Statistical criterion over 10 independent replicates (default_rng([seed, 801, i])):
+    """Statistical criterion over 100 independent replicates (default_rng([seed, 801, i])):
     ``softmax_task`` with S = 500, n = 16, d = d_v = 8, r* = 3, K = UVᵀ (flat), β = 2, noise
     0.01, W_V unknown. A replicate recovers r* when the largest-gap rank of σ(coef) floored at
-    max(SE, σ₁/n) AND the energy rank r_0.9 both equal r*. Pass: at least 9 of 10 (residual =
-    misses ≤ 1). Control (a near miss), substituted into ``reference.capacity``: the energy
-    rank's + 1 dropped."""
+    max(SE, σ₁/n) AND the energy rank r_0.9 both equal r*. Pass: P ≥ 0.9 by the exact binomial
+    test (``binomial``; residual = misses). Control (a near miss), substituted into
+    ``reference.capacity``: the energy rank's + 1 dropped."""
     rows = replicates(
         ctx.seed, False, ("energy_threshold_rank", _zero_based_energy) if wrong else None
     )
@@ -100,11 +99,11 @@ def full_recovery(ctx: Context, wrong: bool) -> Outcome:
 
 
 def partial_recovery(ctx: Context, wrong: bool) -> Outcome:
-    """Statistical criterion over the same 10 replicates with a PSD K = UUᵀ (self-attention
+    """Statistical criterion over the same 100 replicate streams with a PSD K = UUᵀ (self-attention
     bias), β = 2: a replicate shows partial recovery when the floored largest-gap rank equals
-    r* AND the energy rank over-counts, r_0.9 > r* (so r_0.99 > r* too). Pass: at least 9 of 10
-    (residual = misses ≤ 1). Control (a near miss), substituted into ``reference.capacity``:
-    the largest-gap rank's + 1 dropped."""
+    r* AND the energy rank over-counts, r_0.9 > r* (so r_0.99 > r* too). Pass: P ≥ 0.9 by the
+    exact binomial test (``binomial``; residual = misses). Control (a near miss), substituted
+    into ``reference.capacity``: the largest-gap rank's + 1 dropped."""
     rows = replicates(ctx.seed, True, ("largest_gap_rank", zero_based_gap) if wrong else None)
     hits = sum(1 for gap, r9, _, _ in rows if gap == RSTAR and r9 > RSTAR)
     return _outcome(rows, hits, "gap = r* < r_0.9 for K = UUᵀ (partial recovery)")
@@ -118,41 +117,43 @@ register(
             r"Let $Y_s=\operatorname{rowsoftmax}(\beta X_sKX_s^\top/\sqrt d)X_sW_V+\sigma E_s$ "
             r"with tokens iid $\mathcal{N}(0,I_d)$, $\operatorname{rank}K=r^*$ and $W_V$ "
             r"orthogonal and unknown, and let $\hat C$ be the $x_i$ block of the regression of "
-            r"$y_i$ on $[x_i,\bar x]$ (first order in $\beta$: "
-            r"$\hat C\approx(\beta/\sqrt d)W_V^\top S_cK^\top$, of rank $r^*$). Let "
+            r"$y_i$ on $[x_i,\bar x]$. Let "
             r"$\hat r_{\rm gap}$ be the largest-gap rank of $\sigma(\hat C)$ with denominators "
             r"floored at $\max(\mathrm{SE},\sigma_1/n)$ and $r_{0.9}$ the energy rank. "
             r"Measured (statistical claim, checked) at $S=500$, $n=16$, $d=d_v=8$, $r^*=3$, "
             r"flat spectrum, $\beta=2$, $\sigma=0.01$: (R) for $K=UV^\top$ with independent "
-            r"Haar frames, $\hat r_{\rm gap}=r_{0.9}=r^*$ in at least 9 of 10 replicates; "
-            r"(P) for a PSD $K=UU^\top$ (self-attention bias) $\hat r_{\rm gap}=r^*$ but "
-            r"$r_{0.9}>r^*$ (hence $r_{0.99}>r^*$) in at least 9 of 10 replicates: the value "
-            r"map's full rank leaks into $\hat C$ through the self-attention term, so energy "
-            r"estimators over-count and only the floored gap recovers $r^*$ (partial "
-            r"recovery). Neither claim holds for the other kernel (measured, not checked: at "
-            r"every certificate seed 0--199, with the criteria of (R) and (P) exchanged)."
+            r"Haar frames, $\hat r_{\rm gap}=r_{0.9}=r^*$ "
+            + binomial.CLAIM
+            + r"; (P) for a PSD $K=UU^\top$ (self-attention bias) $\hat r_{\rm gap}=r^*$ but "
+            r"$r_{0.9}>r^*$ (hence $r_{0.99}>r^*$), with the same probability and test."
+        ),
+        remarks=(
+            r"To first order in $\beta$, $\hat C\approx(\beta/\sqrt d)W_V^\top S_cK^\top$, of "
+            r"rank $r^*$. Why (P): the value map's full rank leaks into $\hat C$ through the "
+            r"self-attention term, so energy estimators over-count and only the floored gap "
+            r"recovers $r^*$ (partial recovery).",
         ),
         hypotheses=(
             "tokens iid N(0, I_d), noise iid N(0, σ²) independent of the tokens",
             "softmax attention without positional signal or mask; W_V unknown",
-            "measured, not proved: 10 replicates, pass when at least 9 satisfy the criterion",
+            binomial.HYPOTHESIS,
         ),
         checks=(
             Check(
                 "float64",
-                "K = UVᵀ: gap = r_0.9 = r*, ≥ 9 of 10",
+                "K = UVᵀ: gap = r_0.9 = r*, P ≥ 0.9",
                 full_recovery,
                 CONTROL_FULL,
             ),
             Check(
                 "float64",
-                "K = UUᵀ: gap = r* < r_0.9, ≥ 9 of 10",
+                "K = UUᵀ: gap = r* < r_0.9, P ≥ 0.9",
                 partial_recovery,
                 CONTROL_PARTIAL,
             ),
         ),
         seeds=(
-            "numpy default_rng([seed, 801, i]) for replicate i = 0…9 (the same streams for "
+            "numpy default_rng([seed, 801, i]) for replicate i = 0…99 (the same streams for "
             "K = UVᵀ and K = UUᵀ); the certificate's seed defaults to 0"
         ),
     )
