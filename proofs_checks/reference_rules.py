@@ -170,7 +170,8 @@ def implied_claims(name: str, settings: dict[str, Any], geometry: Any) -> dict[s
     O(d)-equivariance (not with ``moment="elementwise"``, which breaks it: RA-4), its
     retraction's order (``geometry.retraction_order``, against the metric's geodesics; none on
     a quotient, whose order is not read from W), a degree in the gradient where it has one
-    (Adam and the normalized rule 0 when ε = 0, rsgd 1 without a trust radius) and no effect
+    (Adam and the normalized rule 0 when ε = 0, rsgd 1 without a trust radius; none where a
+    coupled decay acts, on R1 and R2) and no effect
     of weight decay on frames (RA-5; "fused" where asked), and coupled decay (λ·x added to the
     factor gradients) on the factors of R1 and R2."""
     claims: dict[str, Any] = {"manifold": True, "tangent": True, "state": True, "rule": True}
@@ -197,6 +198,8 @@ def implied_claims(name: str, settings: dict[str, Any], geometry: Any) -> dict[s
     ) not in (None, 0, 0.0)
     frames = hasattr(geometry, "project_point")  # coupled decay does nothing on frames (RA-5)
     claims["decay"] = "fused" if fused else ("none" if frames else "coupled")
+    if not frames and _value(settings, "weight_decay", name) not in (None, 0, 0.0):
+        return claims  # coupled decay adds λ·x, which does not scale with G: no degree
     if name == "riemannian_adam" and _value(settings, "eps", name) == 0:
         claims["degree"] = 0
     if name == "normalized_rsgd":

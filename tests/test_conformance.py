@@ -125,10 +125,10 @@ def test_a_wrong_order_claim_fails_and_the_true_one_passes() -> None:
     ("text", "message"),
     [
         ("manifold,bogus", "unknown claim 'bogus'"),
-        ("order=3", "claim 'order=3'"),
+        ("order=3", "claim order=3: order= one of"),
         ("order", "claim 'order'"),  # a bare valued claim is not order=1
-        ("decay=shrink", "claim 'decay=shrink'"),
-        ("metric=flat", "claim 'metric=flat'"),
+        ("decay=shrink", "claim decay='shrink'"),
+        ("metric=flat", "claim metric='flat'"),
         ("state=false", "state takes no value"),
         (",", "claims no property"),
         ("metric=canonical", "claims no property"),

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 import reference as ref
 from proofs_checks.cli import main
 from proofs_checks.conformance import conform
-from proofs_checks.conformance.factored_zoo import FACTORED
+from proofs_checks.conformance.factored_zoo import FACTORED, rerepresented
 from proofs_checks.conformance.problem import Problem
 from proofs_checks.conformance.spaces import FactorSpace
 
@@ -152,9 +152,46 @@ def test_every_wrong_optimizer_on_the_ten_is_flagged_by_its_property(member) -> 
     assert m.flagged_by in report["failed"], report["failed"]
 
 
+@pytest.mark.parametrize("name", ["fixed_rank_quotient", "partial_isometry_quotient"])
+def test_another_representative_with_its_moment_moved_is_the_same_optimizer(name) -> None:
+    """On a quotient an optimizer may keep any representative of its point: (A M, B M^{-ᵀ}) or
+    (U Q, V Q) after every step, the moment moved the same way, is the port's optimizer and
+    passes; projecting the moment at the new factors instead is flagged (``FACTORED``)."""
+    report = conform(rerepresented, geometry=name, rule="riemannian_adam")
+    assert report["passed"], report["failed"]
+
+
+@pytest.mark.parametrize("name", ["fixed_rank_embedded", "fixed_rank_quotient", "stiefel_pair"])
+def test_a_rule_with_weight_decay_passes_on_the_ten(name) -> None:
+    """--set weight_decay: the first-order properties compare the optimizer and the rule both
+    without decay, and where coupled decay acts (R1, R2) no degree is claimed (λ·x does not
+    scale with G)."""
+    settings = {"weight_decay": 0.1, "eps": 0.0}
+    report = conform(
+        f"{TARGETS}:riemannian_adam_eps0", geometry=name, rule="riemannian_adam", settings=settings
+    )
+    assert report["passed"], report["failed"]
+    assert ("degree" in report["claims"]) == (name == "stiefel_pair")
+
+
+@pytest.mark.parametrize(
+    ("claims", "message"),
+    [
+        ({}, "claims no property"),
+        ({"rules": True}, "unknown claim 'rules'"),
+        ({"order": 3}, "order= one of"),
+        ({"state": False}, "claimed by True or left out"),
+    ],
+)
+def test_claims_given_to_the_api_are_checked_as_the_command_checks_them(claims, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        conform(f"{TARGETS}:rsgd", geometry="stiefel_pair", rule="rsgd", claims=claims)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--geometry", "fixed_rank_quotient", "--set", 'retraction="qr"'], "retraction"),
         (["--rule", "geoopt_riemannian_adam"], "use --geometry stiefel"),
         (["--claims", "manifold,metric=embedded"], "the metric is the geometry's own"),
         (["--rule", "riemannian_adam", "--set", 'decay="fused"'], "fused decay is stated"),
@@ -163,7 +200,8 @@ def test_every_wrong_optimizer_on_the_ten_is_flagged_by_its_property(member) -> 
 )
 def test_bad_usage_on_the_ten_exits_2(argv, message, capsys) -> None:
     target = f"{TARGETS}:riemannian_adam"
-    assert main(["conform", target, "--geometry", "stiefel_pair", *argv]) == 2
+    geometry = [] if "--geometry" in argv else ["--geometry", "stiefel_pair"]
+    assert main(["conform", target, *geometry, *argv]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -31,7 +31,7 @@ from proofs_checks import reference_rules
 from proofs_checks.conformance.problem import DTYPES, Problem, TargetError
 from proofs_checks.conformance.properties import CLAIM_KEYS, PROPERTIES, Context, evaluate
 
-__all__ = ["PROPERTIES", "TargetError", "conform", "load_factory", "parse_claims"]
+__all__ = ["PROPERTIES", "TargetError", "check_claims", "conform", "load_factory", "parse_claims"]
 
 
 def load_factory(target: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -65,8 +65,7 @@ VALUED = {
 
 def parse_claims(text: str | None) -> dict[str, Any] | None:
     """``--claims manifold,order=2,degree=0,decay=none,metric=canonical`` as a dict (a bare
-    name means True); None when not given. A list naming no property, an unknown name, a bare
-    valued claim (``order``) or a value on a bare one (``state=false``) is refused."""
+    name means True); None when not given. Refused as ``check_claims`` refuses."""
     if text is None:
         return None
     claims: dict[str, Any] = {}
@@ -74,17 +73,28 @@ def parse_claims(text: str | None) -> dict[str, Any] | None:
         key, sep, value = item.partition("=")
         if key not in CLAIM_KEYS:
             raise ValueError(f"unknown claim {key!r}; claims are {', '.join(CLAIM_KEYS)}")
-        if key in VALUED:
-            parsed = int(value) if value.isdigit() else value
-            if not sep or parsed not in VALUED[key]:
-                raise ValueError(f"claim {item!r}: {key}= one of {VALUED[key]}")
-            claims[key] = parsed
-        elif sep:
+        if key in VALUED and not sep:
+            raise ValueError(f"claim {item!r}: {key}= one of {VALUED[key]}")
+        if key not in VALUED and sep:
             raise ValueError(f"claim {item!r}: {key} takes no value (leave it out to not claim it)")
-        else:
-            claims[key] = True
+        claims[key] = (int(value) if value.isdigit() else value) if sep else True
+    return check_claims(claims, text)
+
+
+def check_claims(claims: dict[str, Any], text: Any = None) -> dict[str, Any]:
+    """The claims, refused (ValueError) when one names no property, a valued claim has a value
+    outside its choices, a bare claim is anything but True, or none claims a property (nothing
+    would be checked)."""
+    for key, value in claims.items():
+        if key not in CLAIM_KEYS:
+            raise ValueError(f"unknown claim {key!r}; claims are {', '.join(CLAIM_KEYS)}")
+        if key in VALUED and value not in VALUED[key]:
+            raise ValueError(f"claim {key}={value!r}: {key}= one of {VALUED[key]}")
+        if key not in VALUED and value is not True:
+            raise ValueError(f"claim {key}={value!r}: {key} is claimed by True or left out")
     if not set(claims) - {"metric"}:
-        raise ValueError(f"--claims {text!r} claims no property: nothing would be checked")
+        shown = claims if text is None else text
+        raise ValueError(f"--claims {shown!r} claims no property: nothing would be checked")
     return claims
 
 
@@ -124,6 +134,7 @@ def conform(
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     settings = dict(settings or {})
+    claims = None if claims is None else check_claims(dict(claims))
     if "lr" in settings and not (
         isinstance(settings["lr"], int | float)
         and not isinstance(settings["lr"], bool)

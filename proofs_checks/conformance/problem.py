@@ -51,7 +51,9 @@ class Problem:
     space: Any = field(default_factory=FrameSpace)
     a: tuple[Array, ...] = field(default=(), repr=False)
     target: tuple[list[Array], ...] | None = field(default=None, repr=False)
-    rotation: tuple[Array, ...] | None = field(default=None, repr=False)
+    #: Per point (Q, P): Q ∈ O(rows) acting on W's rows, P ∈ O(cols) on its columns (None on
+    #: Stiefel, whose statement is left equivariance, RA-4).
+    rotation: tuple[tuple[Array, Array | None], ...] | None = field(default=None, repr=False)
 
     @staticmethod
     def make(seed: int = 0, geometry: str = "stiefel", options: dict | None = None) -> Problem:
@@ -81,12 +83,16 @@ class Problem:
         return x if self.rotation is None else self.space.rotate(self.rotation[i], x)
 
     def rotated(self, seed: int = 3) -> Problem:
-        """The problem seen through a Haar Q ∈ O(m) per point: start Q·W, gradients Q·G."""
+        """The problem seen through Haar Q ∈ O(m) (and, on the ten, P ∈ O(n)) per point: start
+        Q·W·Pᵀ, gradients Q·G·Pᵀ."""
         rng = np.random.default_rng([self.seed, seed])
         qs = []
         for i in range(len(self.space)):
             m = self.space.rows(i)
-            qs.append(ref.Stiefel(m, m).random_point(rng) * rng.choice([-1.0, 1.0]))
+            q = ref.Stiefel(m, m).random_point(rng) * rng.choice([-1.0, 1.0])
+            n = self.space.cols(i)
+            p = None if self.space.name == "stiefel" else ref.Stiefel(n, n).random_point(rng)
+            qs.append((q, p))
         return Problem(self.seed, self.space, self.a, self.target, tuple(qs))
 
     def point_arrays(self, arrays: Sequence[Array], i: int) -> list[Array]:
@@ -105,15 +111,15 @@ class Problem:
             rows, cols = mats[0][0].shape
             rng = np.random.default_rng([self.seed, 4, t, i])
             b = rng.standard_normal((len(xs), len(mats[0]), rows, cols))
-            q = None if self.rotation is None else self.rotation[i]
-            a = self.a[i] if q is None else q @ self.a[i] @ q.T
-            n = np.diag(np.arange(cols, 0, -1.0))
+            q, p = (np.eye(rows), None) if self.rotation is None else self.rotation[i]
+            p = np.eye(cols) if p is None else p
+            a = q @ self.a[i] @ q.T
+            n = p @ np.diag(np.arange(cols, 0, -1.0)) @ p.T
             ts = [np.zeros((rows, cols))] * len(mats[0]) if self.target is None else self.target[i]
-            ts = ts if q is None else [q @ t for t in ts]
             point = []
             for x, ws, bs in zip(xs, mats, b, strict=True):
                 g = [
-                    scale * (2.0 * a @ (w - t) @ n + (bb if q is None else q @ bb))
+                    scale * (2.0 * a @ (w - q @ t @ p.T) @ n + q @ bb @ p.T)
                     for w, t, bb in zip(ws, ts, bs, strict=True)
                 ]
                 point.append((x, g, self.space.pullback(i, x, g)))

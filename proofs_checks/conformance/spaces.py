@@ -84,14 +84,18 @@ class FrameSpace:
     def rows(self, i: int) -> int:
         return self.shapes[i][-2]
 
+    def cols(self, i: int) -> int:
+        return self.shapes[i][-1]
+
     def matrices(self, i: int, x: Array) -> list[Array]:
         return [x]
 
     def pullback(self, i: int, x: Array, g: Sequence[Array]) -> Array:
         return g[0]
 
-    def rotate(self, q: Array, x: Array) -> Array:
-        return q @ x
+    def rotate(self, qp: tuple[Array, Array | None], x: Array) -> Array:
+        """Q·W (left equivariance, RA-4)."""
+        return qp[0] @ x
 
     def view(self, i: int, x: Array) -> list[Array]:
         return [x]
@@ -128,6 +132,10 @@ class FrameSpace:
     def project(self, i: int, x: Array) -> Array:
         """The nearest point of the manifold (the polar factor), in float64."""
         return ref.linalg.polar(x)
+
+    def representative(self, i: int, ybar: Array, y: Array) -> None:
+        """A frame is its own point: no group to align."""
+        return None
 
     def residual(self, i: int, x: Array) -> float:
         return _orthonormality(x) if np.isfinite(x).all() else math.inf
@@ -170,7 +178,10 @@ class FactorSpace:
             for batch, m, n, r in POINT_SIZES
         ]
         for p in self.points:
-            p.adapter.geometries()  # refuses a bad option now, with the geometry's own message
+            try:  # refuses a bad option now, with the geometry's own message
+                p.adapter.geometries()
+            except TypeError as err:
+                raise ValueError(f"--geometry {name}: {err}") from None
         self.pairs = name.endswith("stiefel_pair")
         self.partial_isometry = "partial_isometry" in name
         self._layout = []
@@ -212,6 +223,9 @@ class FactorSpace:
     def rows(self, i: int) -> int:
         return self._example(i)[0].shape[0]
 
+    def cols(self, i: int) -> int:
+        return self._example(i)[0].shape[1]
+
     def _example(self, i: int) -> list[Array]:
         """The represented matrices of a point of point i's sizes."""
         return self.matrices(i, self.geometry(i).random_point(np.random.default_rng(0)))
@@ -229,9 +243,11 @@ class FactorSpace:
         block = self.name.startswith("block_")
         return self.geometry(i).egrad_from_matrix(x, tuple(g) if block else g[0])
 
-    def rotate(self, q: Array, x: Any) -> Any:
-        """Q acting on the rows of W: the row factor (U or A; stacked, for a block group)."""
-        turned = [(q @ s[0], *s[1:]) for s in self._sets(x)]
+    def rotate(self, qp: tuple[Array, Array], x: Any) -> Any:
+        """W ↦ Q·W·Pᵀ: Q on the row factor (U or A), P on the column factor (V or B), stacked
+        for a block group; a core S is unchanged."""
+        q, p = qp
+        turned = [(q @ s[0], *s[1:-1], p @ s[-1]) for s in self._sets(x)]
         return tuple(turned) if self.name.startswith("block_") else turned[0]
 
     def view(self, i: int, x: Any) -> list[Array]:
@@ -294,6 +310,21 @@ class FactorSpace:
 
         sets = [one(s) for s in self._sets(x)]
         return tuple(sets) if self.name.startswith("block_") else sets[0]
+
+    def representative(self, i: int, ybar: Any, y: Any) -> Any:
+        """On a quotient, the group element g with act(ȳ, g) the representative of ȳ's point
+        nearest the factors y: R2, M ∈ GL(r) with A_ȳM = A_y in least squares; P2, the Q ∈ O(r)
+        nearest to U_ȳᵀU_y + V_ȳᵀV_y (its polar factor, Procrustes); a tuple over block groups.
+        None where the factors are the point or a transport reads only W (R1, P1, P3)."""
+        if not self.name.endswith("_quotient"):
+            return None
+        gs = []
+        for sb, sy in zip(self._sets(ybar), self._sets(y), strict=True):
+            if "fixed_rank" in self.name:
+                gs.append(np.linalg.lstsq(sb[0], sy[0], rcond=None)[0])
+            else:
+                gs.append(ref.linalg.polar(transpose(sb[0]) @ sy[0] + transpose(sb[1]) @ sy[1]))
+        return tuple(gs) if self.name.startswith("block_") else gs[0]
 
     def residual(self, i: int, x: Any) -> float:
         """max ‖FᵀF − I‖ over the frames among the factors; inf for a factor that is not finite
