@@ -391,6 +391,32 @@ def plain_attention(model: nn.Module) -> list[str]:
     return made
 
 
+def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of a converted model in the layout of the model before conversion: each
+    assembled weight under its own name (``….c_attn.weight``), equal to the weight the model
+    reads, and none of the factors (``….parametrizations.<name>.original<i>``). This is what a
+    plain copy of the model loads (``save_pretrained(path, state_dict=plain_state_dict(model))``,
+    then ``from_pretrained(path)``); the model itself is not changed and still resumes from its
+    own ``state_dict()``."""
+    assembled = {}
+    for prefix, module in model.named_modules():
+        for attr, chain in getattr(module, "parametrizations", {}).items():
+            if any(isinstance(p, AssembledWeight) for p in chain):
+                assembled[_join(prefix, f"parametrizations.{attr}.")] = (module, attr, prefix)
+    out: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            owner = next((v for k, v in assembled.items() if key.startswith(k)), None)
+            if owner is None:
+                out[key] = value
+                continue
+            module, attr, prefix = owner
+            name = _join(prefix, attr)
+            if name not in out:  # in the place of the weight's first factor
+                out[name] = getattr(module, attr).detach().clone()
+    return out
+
+
 def _all_params(module: nn.Module, names: list[str]) -> bool:
     try:
         return all(module.get_parameter(n) is not None for n in names)
@@ -405,5 +431,6 @@ __all__ = [
     "Conversion",
     "RotaryWarning",
     "plain_attention",
+    "plain_state_dict",
     "riemannian_attention",
 ]
