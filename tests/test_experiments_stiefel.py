@@ -288,7 +288,7 @@ def test_arm_e_refuses_bad_options_and_non_finite_gradients() -> None:
     w0, g1, _ = _frames()
     p = torch.nn.Parameter(w0.clone())
     for kw, match in [
-        ({"lr": 0.0}, "lr must be a positive finite number, got 0.0"),
+        ({"lr": -1.0}, "lr must be a finite number ≥ 0, got -1.0"),
         ({"betas": (0.9, 1.0)}, r"beta2 must lie in \[0, 1\), got 1.0"),
         ({"eps": -1.0}, "eps must be a finite number ≥ 0, got -1.0"),
         ({"trust_radius": 0.0}, "trust_radius must be a positive finite number, got 0.0"),

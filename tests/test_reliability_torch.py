@@ -72,11 +72,11 @@ def _bad_state_dicts():
         ),
         "negative lr": (
             lambda sd, w, b: (sd["param_groups"][0].update(lr=-0.01), sd)[1],
-            r"param_groups\[0\].*lr must be a positive finite number, got -0.01",
+            r"param_groups\[0\].*lr must be a finite number ≥ 0, got -0.01",
         ),
         "string lr": (
             lambda sd, w, b: (sd["param_groups"][1].update(lr="1e-3"), sd)[1],
-            r"param_groups\[1\].*lr must be a positive finite number, got '1e-3'",
+            r"param_groups\[1\].*lr must be a finite number ≥ 0, got '1e-3'",
         ),
         "other moment": (
             lambda sd, w, b: (sd["param_groups"][0].update(moment="elementwise"), sd)[1],

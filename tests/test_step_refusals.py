@@ -58,11 +58,11 @@ def _refused_step(opt, message: str, *ps) -> None:
 
 
 AFTER_CONSTRUCTION = {
-    "plain lr NaN": (1, "lr", math.nan, r"param_groups\[1\]: lr must be a positive finite number"),
+    "plain lr NaN": (1, "lr", math.nan, r"param_groups\[1\]: lr must be a finite number ≥ 0"),
     "plain beta1 = 1": (1, "betas", (1.0, 0.999), r"param_groups\[1\]: beta1 must lie in \[0, 1\)"),
     "plain eps NaN": (1, "eps", math.nan, r"param_groups\[1\]: eps must be a"),
     "plain weight decay NaN": (1, "weight_decay", math.nan, r"weight_decay must be a finite"),
-    "frame lr < 0": (0, "lr", -0.01, r"param_groups\[0\]: lr must be a positive finite number"),
+    "frame lr < 0": (0, "lr", -0.01, r"param_groups\[0\]: lr must be a finite number ≥ 0"),
     "frame trust radius 0": (0, "trust_radius", 0.0, r"param_groups\[0\]: .*trust"),
 }
 

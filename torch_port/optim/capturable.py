@@ -143,6 +143,7 @@ def check_group(group: dict[str, Any]) -> None:
         "gradient": (group.get("gradient", "riemannian"), "riemannian"),
         "moment": (group["moment"], "frame"),
         "reduction": (group["reduction"], "mean"),
+        "maximize": (bool(group.get("maximize", False)), False),
     }
     for key, (value, supported) in unsupported.items():
         if value != supported:
@@ -195,8 +196,8 @@ def check_step_group(opt: Any, gi: int, group: dict[str, Any], new: list[Tensor]
                 raise ValueError(
                     f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}"
                 )
-        elif lr != 0:  # lr = 0: torch.distributed.checkpoint's state-making step (no move)
-            checks.positive("lr", lr)
+        else:  # lr = 0: a warm-up, or torch.distributed.checkpoint's state-making step
+            checks.nonnegative("lr", lr)
         checks.betas(group["betas"])
         checks.positive("eps", group["eps"])
         checks.nonnegative("weight_decay", group["weight_decay"])

@@ -58,6 +58,27 @@ def is_real(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
+#: torch.optim's flags that this port does not implement: accepted as False (or None), as torch's
+#: optimizers take them, and refused by name when set, never ignored.
+NOT_IMPLEMENTED = ("amsgrad", "fused", "differentiable")
+
+
+def torch_flags(group: dict[str, Any]) -> None:
+    """torch.optim's own group keys: ``maximize`` a bool (honoured: the step ascends),
+    ``foreach`` None or a bool (the plain groups' AdamW always takes torch's multi-tensor path,
+    bitwise the single-tensor one), and ``NOT_IMPLEMENTED`` None or False."""
+    for key in ("maximize", "foreach"):
+        value = group.get(key)
+        if not (isinstance(value, bool) or (key == "foreach" and value is None)):
+            raise ValueError(f"{key} must be True or False, got {value!r}")
+    for key in NOT_IMPLEMENTED:
+        if group.get(key) not in (None, False):
+            raise ValueError(
+                f"{key}={group[key]!r}: torch's {key} is not implemented by this optimizer; "
+                "leave it False"
+            )
+
+
 def tensor_lr(lr: Any, capturable: bool) -> float:
     """A learning rate given as a tensor: a 0-d floating tensor with a finite value ≥ 0 (a
     scheduler may take it to 0, and groups added then share it), only for ``capturable=True``
@@ -65,8 +86,8 @@ def tensor_lr(lr: Any, capturable: bool) -> float:
     a recompilation); its value is read here, once."""
     if not capturable:
         raise ValueError(
-            "a tensor lr needs capturable=True (the eager step reads lr on the host); pass a "
-            f"float, or capturable=True; got a tensor of shape {tuple(lr.shape)}"
+            "a tensor lr needs capturable=True (RiemannianAdam's device step; the eager step "
+            f"reads lr on the host): pass a float, got a tensor of shape {tuple(lr.shape)}"
         )
     if lr.ndim != 0 or not lr.is_floating_point():
         raise ValueError(

@@ -48,6 +48,10 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         lr, betas, eps, weight_decay: the plain groups' AdamW, and defaults the rule may read.
         skip_nonfinite: skip a step whose gradients have NaN/inf entries (with a warning)
             instead of raising ValueError.
+        maximize: ascend (the step of −G), as torch's ``maximize``, on frames and points too.
+        foreach, amsgrad, fused, differentiable: torch's flags; ``foreach`` is accepted either
+            way (the plain groups' AdamW is torch's multi-tensor path, bitwise the
+            single-tensor one), the others only False (``checks.torch_flags``).
         **options: further defaults of every group (e.g. ``trust_radius``).
 
     The state of a point holds "step" and the chain's entries (a Stiefel parameter's under its
@@ -70,6 +74,11 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        amsgrad: bool = False,
+        fused: bool | None = None,
+        differentiable: bool = False,
         **options: Any,
     ):
         if rule is not None:
@@ -88,6 +97,11 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             eps=eps,
             weight_decay=weight_decay,
             skip_nonfinite=skip_nonfinite,
+            maximize=maximize,
+            foreach=foreach,
+            amsgrad=amsgrad,
+            fused=fused,
+            differentiable=differentiable,
             **options,
         )
         super().__init__(params, defaults)
@@ -115,7 +129,8 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         if isinstance(group["lr"], torch.Tensor):
             checks.tensor_lr(group["lr"], bool(group.get("capturable", False)))
         else:
-            checks.positive("lr", group["lr"])
+            checks.nonnegative("lr", group["lr"])  # 0: a warm-up from zero, as torch allows
+        checks.torch_flags(group)
         checks.betas(group["betas"])
         checks.nonnegative("eps", group["eps"])
         checks.nonnegative("weight_decay", group["weight_decay"])
@@ -395,6 +410,8 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         )
         state = {k: ((v,) if point.single and k in rule.parts else v) for k, v in stored.items()}
         x, egrad = point.value(), point.grad()
+        if group.get("maximize", False):
+            egrad = tuple(-g for g in egrad)
         wd = group["weight_decay"]
         if wd > 0.0 and group["geometry"] not in checks.FRAME_GEOMETRIES:  # decay="coupled"
             egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
@@ -458,7 +475,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                 lr=group["lr"],
                 weight_decay=group["weight_decay"],
                 eps=group["eps"],
-                maximize=False,
+                maximize=bool(group.get("maximize", False)),
             )
 
     # -- state ---------------------------------------------------------------------------------

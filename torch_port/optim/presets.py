@@ -55,6 +55,8 @@ class RiemannianAdam(ChainOptimizer):
         reduction: "mean" (RMS, default) or "sum" (‖g‖) for the frame moment.
         skip_nonfinite: skip a step whose gradients have NaN/inf entries (with a warning)
             instead of raising ValueError.
+        maximize, foreach, amsgrad, fused, differentiable: torch's flags
+            (``ChainOptimizer``): ``maximize`` ascends, the others only as torch's defaults.
         capturable: a step with no host synchronisation, for ``torch.compile(fullgraph=True)``
             and CUDA graphs (``torch_port.optim.capturable``): Stiefel frames (polar
             retraction, embedded metric, frame moment, mean reduction) with a trust radius
@@ -79,6 +81,12 @@ class RiemannianAdam(ChainOptimizer):
         reduction: str = "mean",
         skip_nonfinite: bool = False,
         capturable: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        amsgrad: bool = False,
+        fused: bool | None = None,
+        differentiable: bool = False,
     ):
         super().__init__(params, **hyperparameters(locals()))
         #: Steps skipped for a non-finite gradient or frame (capturable=True), on the device
@@ -138,6 +146,12 @@ class RiemannianMomentum(ChainOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        amsgrad: bool = False,
+        fused: bool | None = None,
+        differentiable: bool = False,
     ):
         super().__init__(params, **hyperparameters(locals()))
 
@@ -167,6 +181,12 @@ class RSGD(ChainOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        amsgrad: bool = False,
+        fused: bool | None = None,
+        differentiable: bool = False,
     ):
         super().__init__(params, **hyperparameters(locals()))
 
@@ -189,6 +209,12 @@ class NormalizedRSGD(ChainOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         skip_nonfinite: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        amsgrad: bool = False,
+        fused: bool | None = None,
+        differentiable: bool = False,
     ):
         super().__init__(params, **hyperparameters(locals()))
 

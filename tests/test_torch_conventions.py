@@ -1,0 +1,128 @@
+"""torch.optim's own flags on the four optimizers: every flag torch's AdamW takes is honoured or
+refused by name, never ignored (one table of inputs), ``maximize`` ascends on frames and on
+plain parameters as torch's AdamW does, and lr = 0 at construction is a warm-up from zero."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch_port as tp  # noqa: E402
+
+CLASSES = {
+    "RiemannianAdam": lambda params, **kw: tp.RiemannianAdam(params, lr=1e-2, **kw),
+    "RiemannianMomentum": lambda params, **kw: tp.RiemannianMomentum(params, lr=1e-2, **kw),
+    "RSGD": lambda params, **kw: tp.RSGD(params, lr=1e-2, **kw),
+    "NormalizedRSGD": lambda params, **kw: tp.NormalizedRSGD(params, lr=1e-2, **kw),
+}
+
+
+def _frame(seed: int = 0) -> torch.nn.Parameter:
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(7, 3, dtype=torch.float64, generator=g))
+    return torch.nn.Parameter(q)
+
+
+def _groups(**flags) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    plain = torch.nn.Parameter(torch.randn(5, dtype=torch.float64, generator=g))
+    return [{"params": [_frame()], "geometry": "stiefel", **flags}, {"params": [plain], **flags}]
+
+
+#: (keyword, value, None when accepted or the message of the ValueError), given to the
+#: constructor and as a group key alike.
+FLAGS = [
+    ("maximize", False, None),
+    ("maximize", True, None),
+    ("maximize", "yes", "maximize must be True or False, got 'yes'"),
+    ("foreach", None, None),
+    ("foreach", False, None),
+    ("foreach", True, None),
+    ("amsgrad", False, None),
+    ("amsgrad", True, "amsgrad=True: torch's amsgrad is not implemented"),
+    ("fused", None, None),
+    ("fused", False, None),
+    ("fused", True, "fused=True: torch's fused is not implemented"),
+    ("differentiable", False, None),
+    ("differentiable", True, "differentiable=True: torch's differentiable is not implemented"),
+]
+
+
+@pytest.mark.parametrize("where", ["constructor", "group"])
+@pytest.mark.parametrize(("key", "value", "message"), FLAGS)
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_torch_flags_are_honoured_or_refused_by_name(cls, key, value, message, where) -> None:
+    make = CLASSES[cls]
+    build = (
+        (lambda: make(_groups(), **{key: value}))
+        if where == "constructor"
+        else (lambda: make(_groups(**{key: value})))
+    )
+    if message is None:
+        opt = build()
+        assert all(g[key] == value for g in opt.param_groups)
+    else:
+        with pytest.raises(ValueError, match=message):
+            build()
+
+
+def _one_step(cls: str, sign: float, maximize: bool) -> list[torch.Tensor]:
+    params = _groups()
+    opt = CLASSES[cls](params, maximize=maximize)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            g = torch.Generator().manual_seed(p.numel())
+            p.grad = sign * torch.randn(p.shape, dtype=p.dtype, generator=g)
+    opt.step()
+    return [p.detach().clone() for g in opt.param_groups for p in g["params"]]
+
+
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_maximize_is_the_step_of_the_negated_gradient(cls) -> None:
+    """A step with maximize=True and gradient G is the step with −G, bit for bit, on the frame
+    and on the plain parameter; control: maximize=False with G is another step."""
+    ascended = _one_step(cls, 1.0, True)
+    negated = _one_step(cls, -1.0, False)
+    assert all(torch.equal(a, b) for a, b in zip(ascended, negated, strict=True))
+    descended = _one_step(cls, 1.0, False)
+    assert not any(torch.equal(a, b) for a, b in zip(ascended, descended, strict=True))
+
+
+def test_maximize_on_plain_parameters_is_torchs_adamw() -> None:
+    w = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    ours, theirs = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    a = tp.RiemannianAdam([ours], lr=1e-2, weight_decay=0.1, maximize=True)
+    b = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1, maximize=True)
+    for t in range(3):
+        g = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(t))
+        ours.grad, theirs.grad = g.clone(), g.clone()
+        a.step()
+        b.step()
+    assert torch.equal(ours, theirs)
+
+
+def test_lr_zero_at_construction_is_a_warm_up_from_zero() -> None:
+    """torch's schedulers may start from lr = 0 (LinearLR(start_factor=0) after construction,
+    or lr=0 given): the first step leaves the frame bit for bit, the next one moves it."""
+    frame = _frame()
+    start = frame.detach().clone()
+    opt = tp.RiemannianAdam([{"params": [frame], "geometry": "stiefel"}], lr=0.0)
+    frame.grad = torch.randn(frame.shape, dtype=frame.dtype)
+    opt.step()
+    assert torch.equal(frame, start)
+    opt.param_groups[0]["lr"] = 1e-2
+    opt.step()
+    assert not torch.equal(frame, start)
+
+
+def test_capturable_refuses_maximize_by_name() -> None:
+    frame = torch.nn.Parameter(_frame().detach().float())
+    with pytest.raises(ValueError, match="capturable=True supports maximize=False"):
+        tp.RiemannianAdam(
+            [{"params": [frame], "geometry": "stiefel"}],
+            lr=1e-2,
+            trust_radius=0.5,
+            capturable=True,
+            maximize=True,
+        )
