@@ -126,3 +126,45 @@ def test_capturable_refuses_maximize_by_name() -> None:
             capturable=True,
             maximize=True,
         )
+
+
+def _adamw_run(opt, param, steps: range) -> None:
+    for t in steps:
+        g = torch.Generator().manual_seed(100 + t)
+        param.grad = torch.randn(param.shape, dtype=param.dtype, generator=g)
+        opt.step()
+
+
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_an_adamw_state_dict_continues_in_the_plain_groups(cls) -> None:
+    """Switching an AdamW run to this optimizer: its state dict loads into the plain groups and
+    the run continues bit for bit as AdamW would (plain groups are torch's AdamW)."""
+    w = torch.randn(6, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    theirs = torch.nn.Parameter(w.clone())
+    adamw = torch.optim.AdamW([theirs], lr=1e-2, weight_decay=0.1)
+    _adamw_run(adamw, theirs, range(3))
+    ours = torch.nn.Parameter(theirs.detach().clone())
+    switched = CLASSES[cls]([ours], weight_decay=0.1)
+    switched.load_state_dict(adamw.state_dict())
+    _adamw_run(adamw, theirs, range(3, 6))
+    _adamw_run(switched, ours, range(3, 6))
+    assert torch.equal(ours, theirs)
+
+
+def test_a_step_count_saved_as_a_number_loads_and_resumes_bitwise() -> None:
+    frame = _frame()
+    opt = tp.RiemannianAdam([{"params": [frame], "geometry": "stiefel"}], lr=1e-2)
+    _adamw_run(opt, frame, range(2))
+    saved = opt.state_dict()
+    as_number = {**saved, "state": {0: {**saved["state"][0], "step": 2}}}
+    twins = []
+    for state in (saved, as_number):
+        p = torch.nn.Parameter(frame.detach().clone())
+        other = tp.RiemannianAdam([{"params": [p], "geometry": "stiefel"}], lr=1e-2)
+        other.load_state_dict(state)
+        _adamw_run(other, p, range(2, 4))
+        twins.append(p.detach())
+    assert torch.equal(*twins)
+    fractional = {**saved, "state": {0: {**saved["state"][0], "step": 2.5}}}
+    with pytest.raises(ValueError, match="the step count must be an integer"):
+        opt.load_state_dict(fractional)

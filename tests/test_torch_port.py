@@ -512,7 +512,7 @@ def test_a_chain_optimizer_needs_a_rule():
 def test_bad_hyperparameters_and_groups_are_refused():
     frames, _ = _model()
     with pytest.raises(ValueError, match="lr"):
-        tp.RiemannianAdam([frames], lr=0.0)
+        tp.RiemannianAdam([frames], lr=-1e-3)  # lr = 0 is a warm-up (test_torch_conventions)
     with pytest.raises(ValueError, match="beta2"):
         tp.RiemannianAdam([frames], betas=(0.9, 1.0))
     with pytest.raises(ValueError, match="moment"):

@@ -24,10 +24,24 @@ from torch_port.optim.transforms import sqrt_v_dtype
 from torch_port.stiefel import Stiefel
 
 
+def _step_as_tensor(entry: dict[str, Any]) -> dict[str, Any]:
+    """A state entry whose step count was saved as a Python number (as some optimizers and
+    older checkpoints keep it) with the count as torch's optimizers hold it, a float32 0-d
+    tensor (a copy of the entry; the count's value is checked as any other)."""
+    step = entry.get("step")
+    if isinstance(step, int | float) and not isinstance(step, bool):
+        return {**entry, "step": torch.tensor(float(step), dtype=torch.float32)}
+    return entry
+
+
 def structure_value(group: dict[str, Any], key: str) -> Any:
     """A structural group option as in force: the group's value, else its default ("gradient":
     "riemannian"; "retraction", "metric": the default of the group's geometry), so that a group
-    that spells out a default matches one that leaves it out."""
+    that spells out a default matches one that leaves it out. A plain group (no geometry) has
+    only its geometry: the others are options of geometry groups (e.g. ``moment``, which
+    torch.optim.AdamW's state dict does not have)."""
+    if key != "geometry" and group.get("geometry") is None:
+        return None
     if key in group:
         return group[key]
     if key == "gradient" and group.get("geometry") is not None:
@@ -265,7 +279,9 @@ class StateChecks:
             )
         saved = {  # on the parameters' devices first, as torch's load puts them (the checks
             # compare moments with points; a checkpoint loaded with map_location="cpu" resumes)
-            sid: _to_device(entry, self.param_groups[ids[sid][0]]["params"][ids[sid][1]].device)
+            sid: _to_device(
+                _step_as_tensor(entry), self.param_groups[ids[sid][0]]["params"][ids[sid][1]].device
+            )
             for sid, entry in state_dict["state"].items()
         }
         state_dict = {**state_dict, "state": saved}
