@@ -259,6 +259,54 @@ def test_columns_and_factor_rows_sharded_are_refused(tmp_path):
         dist.destroy_process_group()
 
 
+@needs_gloo
+def test_a_model_wrapped_before_conversion_is_refused_by_name(tmp_path):
+    """riemannian_attention on a model DDP or fully_shard already wraps: refused with "convert
+    before wrapping" (DDP would fail at its second step, FSDP2 would convert one rank's shard),
+    and the model is left as it was; converted first and wrapped after, it trains."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    from torch_port.convert import riemannian_attention
+
+    class SelfAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.MultiheadAttention(16, 4, dtype=F64)
+
+        def forward(self, x):
+            return self.attn(x, x, x)[0]
+
+    def model():
+        torch.manual_seed(0)
+        return SelfAttention()
+
+    store = dist.FileStore(str(tmp_path / "s"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model())
+        with pytest.raises(ValueError, match="DistributedDataParallel: convert before wrapping"):
+            riemannian_attention(wrapped, "stiefel")
+        assert not any("parametrizations" in n for n, _ in wrapped.named_parameters())
+        sharded = model()
+        fully_shard(sharded)
+        with pytest.raises(ValueError, match=r"fully_shard \(parameter 'attn.in_proj_weight'"):
+            riemannian_attention(sharded, "stiefel")
+        ordered = model()
+        riemannian_attention(ordered, "stiefel")  # convert, then wrap
+        ddp = torch.nn.parallel.DistributedDataParallel(ordered)
+        from torch_port.nn import build_optimizer
+
+        opt = build_optimizer(ddp, lr=1e-2)
+        x = torch.randn(5, 2, 16, dtype=F64)
+        for _ in range(2):  # DDP's reducer fails at the second step when wrapped first
+            opt.zero_grad()
+            ddp(x).square().sum().backward()
+            opt.step()
+    finally:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":  # an FSDP worker: python tests/test_fsdp.py RANK PORT OUT_DIR
     sys.path.insert(0, str(ROOT))
     run_as_worker(_worker, WORLD)

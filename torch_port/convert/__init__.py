@@ -85,6 +85,7 @@ from torch_port.convert.structures import Attention, Slot, check_unshared, recog
 from torch_port.convert.weights import AssembledWeight, linear_view, split, to_heads
 from torch_port.nn import RiemannianMultiheadAttention, _resolve_geometry
 from torch_port.optim.groups import _join, tag_frame
+from torch_port.optim.sharding import is_sharded
 
 Tensor = torch.Tensor
 
@@ -315,6 +316,7 @@ def riemannian_attention(
     """
     if init not in INITS:
         raise ValueError(f"unknown init {init!r}; choose one of {INITS}")
+    _check_unwrapped(model)
     if block is not None and not isinstance(block, bool):
         raise ValueError(f"block must be True, False or None, got {block!r}")
     for what, geo in (("qk_geometry", qk_geometry), ("vo_geometry", vo_geometry)):
@@ -366,6 +368,24 @@ def riemannian_attention(
             stacklevel=2,
         )
     return done
+
+
+def _check_unwrapped(model: nn.Module) -> None:
+    """Refuse a model already wrapped for data parallelism: DistributedDataParallel holds the
+    parameters it reduces (a weight replaced after wrapping is never reduced: DDP fails at the
+    second step), and fully_shard (FSDP2) has made its parameters DTensors (the conversion's
+    polar factors and SVDs would run on one rank's shard). Convert first, then wrap."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        wrapper = "DistributedDataParallel"
+    else:
+        sharded = [n for n, p in model.named_parameters() if is_sharded(p)]
+        wrapper = f"fully_shard (parameter {sharded[0]!r} is a DTensor)" if sharded else None
+    if wrapper is not None:
+        raise ValueError(
+            f"{type(model).__name__} is already wrapped by {wrapper}: convert before wrapping, "
+            "riemannian_attention(model, ...) and then DistributedDataParallel(model) or "
+            "fully_shard(...) (docs/models.md)"
+        )
 
 
 def plain_attention(model: nn.Module) -> list[str]:
