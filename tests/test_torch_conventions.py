@@ -168,3 +168,37 @@ def test_a_step_count_saved_as_a_number_loads_and_resumes_bitwise() -> None:
     fractional = {**saved, "state": {0: {**saved["state"][0], "step": 2.5}}}
     with pytest.raises(ValueError, match="the step count must be an integer"):
         opt.load_state_dict(fractional)
+
+
+def test_projected_average_is_the_polar_factor_of_the_mean_of_the_iterates() -> None:
+    """swa_utils.AveragedModel keeps the entrywise mean of five iterates of a frame (0.05 off
+    the manifold); ``projected_average`` gives the nearest frame to it, the polar factor U Vᵀ of
+    the mean's SVD computed here in NumPy: equal to 1e-13 (two polar routes in float64, κ ≤ 1.1:
+    ~10·d·r·u). A model with R2 points is refused by name."""
+    import numpy as np
+    from torch.optim.swa_utils import AveragedModel
+
+    from torch_port.nn import RiemannianMultiheadAttention, build_optimizer, projected_average
+
+    torch.manual_seed(0)
+    model = RiemannianMultiheadAttention(16, 4, qk_geometry="stiefel", dtype=torch.float64)
+    swa = AveragedModel(model)
+    opt = build_optimizer(model, lr=5e-2)
+    x = torch.randn(3, 5, 16, dtype=torch.float64)
+    iterates = []
+    for _ in range(5):
+        opt.zero_grad()
+        model(x, x, x)[0].square().sum().backward()
+        opt.step()
+        swa.update_parameters(model)
+        iterates.append(model.w_q.detach().numpy().copy())
+    mean = np.mean(iterates, axis=0)
+    assert np.allclose(swa.module.w_q.detach().numpy(), mean, rtol=0, atol=1e-15)
+    u, _, vt = np.linalg.svd(mean, full_matrices=False)
+    expected = u @ vt
+    got = projected_average(swa).w_q.detach().numpy()
+    assert np.abs(got - expected).max() <= 1e-13
+    assert np.abs(mean - expected).max() > 1e-3  # the mean itself is not a frame
+    r2 = RiemannianMultiheadAttention(16, 4, qk_geometry="fixed_rank_quotient", dtype=torch.float64)
+    with pytest.raises(ValueError, match="fixed_rank_quotient, whose factors are fixed only"):
+        projected_average(AveragedModel(r2))

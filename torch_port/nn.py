@@ -630,8 +630,42 @@ def reproject(model: nn.Module) -> dict[str, float]:
     return reproject_groups(parameter_groups(model))
 
 
+#: Geometries whose points are their frames, so that an entrywise average of iterates followed
+#: by the polar factor is the projected (extrinsic) mean; the other factors are fixed only up
+#: to a group action (R1's SVD, the quotients, P1's alignment), where an entrywise average of
+#: representatives is not an average of points.
+AVERAGED_GEOMETRIES = ("stiefel", "stiefel_pair", "block_stiefel_pair")
+
+
+def projected_average(averaged: nn.Module) -> nn.Module:
+    """The projected average of the frames of an averaged model, e.g. of
+    ``torch.optim.swa_utils.AveragedModel(model)`` after its ``update_parameters`` calls (SWA,
+    or EMA with ``get_ema_multi_avg_fn``): a copy of the averaged module with every frame
+    replaced by the polar factor of its average, argmin_{W ∈ St(d, r)} Σ_i ‖W − W_i‖_F², the
+    nearest frame to the entrywise (weighted) mean. The averaged model itself keeps the
+    Euclidean mean, which later updates need. ValueError for points of the other geometries
+    (``AVERAGED_GEOMETRIES``)."""
+    import copy
+
+    module = getattr(averaged, "module", averaged)
+    others = sorted(
+        {g["geometry"] for g in parameter_groups(module) if g.get("geometry")}
+        - set(AVERAGED_GEOMETRIES)
+    )
+    if others:
+        raise ValueError(
+            f"projected_average: the model has points of {', '.join(others)}, whose factors are "
+            "fixed only up to a group action, so that an entrywise average of factors is not "
+            f"an average of points; it averages frames ({', '.join(AVERAGED_GEOMETRIES)})"
+        )
+    projected = copy.deepcopy(module)
+    reproject(projected)
+    return projected
+
+
 __all__ = [
     "ATTENTION_GEOMETRIES",
+    "AVERAGED_GEOMETRIES",
     "BASE_GEOMETRIES",
     "GEOMETRY_ATTR",
     "RiemannianMultiheadAttention",
@@ -642,6 +676,7 @@ __all__ = [
     "geometry_of_product",
     "manifold_points",
     "parameter_groups",
+    "projected_average",
     "reproject",
     "tag_frame",
     "usual_no_decay",
