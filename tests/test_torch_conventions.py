@@ -193,6 +193,7 @@ def test_projected_average_is_the_polar_factor_of_the_mean_of_the_iterates() -> 
         swa.update_parameters(model)
         iterates.append(model.w_q.detach().numpy().copy())
     mean = np.mean(iterates, axis=0)
+    # a running mean of 5 iterates with entries ≤ 1: ≤ 5 roundings of u = 1.1e-16 apart
     assert np.allclose(swa.module.w_q.detach().numpy(), mean, rtol=0, atol=1e-15)
     u, _, vt = np.linalg.svd(mean, full_matrices=False)
     expected = u @ vt
