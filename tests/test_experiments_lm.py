@@ -373,11 +373,14 @@ def test_only_the_known_refusal_skips_an_arm(
     assert not list(tmp_path.rglob("results.json"))
 
 
-@pytest.mark.parametrize(("products", "rule"), [("qkvo", "momentum"), ("qk", "adam")])
+@pytest.mark.parametrize(
+    ("products", "rule"), [("qkvo", "momentum"), ("qk", "adam"), ("vo", "adam")]
+)
 def test_optimizer_of_the_protocol(products: str, rule: str) -> None:
     """The paper's protocol puts W_V, W_O on the geometry too and trains the points with the
     momentum rule at the swept lr, the plain parameters at ``plain_lr``; the shared protocol
-    keeps W_V, W_O plain (AdamW) and every group at the swept lr."""
+    keeps W_V, W_O plain (AdamW) and every group at the swept lr; ``products="vo"`` puts W_V,
+    W_O on it and keeps W_Q, W_K plain."""
     overrides = {"products": products, "rule": rule}
     config = configure(lm.PRESETS, RunOptions(preset="smoke", overrides=overrides))
     spec = lm.RunSpec("mha", "stiefel", 3e-3, 0, 1e-2 if rule == "momentum" else None)
@@ -388,7 +391,11 @@ def test_optimizer_of_the_protocol(products: str, rule: str) -> None:
     plain = [g for g in opt.param_groups if g.get("geometry") is None]
     point_names = {n for g in points for n in g["param_names"]}
     vo = {n for n, _ in model.named_parameters() if n.endswith(("w_v", "w_o"))}
-    assert vo and (vo <= point_names) == (products == "qkvo")
+    qk = {n for n, _ in model.named_parameters() if n.endswith(("w_q", "w_k"))}
+    assert vo and (vo <= point_names) == (products in ("vo", "qkvo"))
+    assert qk and (qk <= point_names) == (products in ("qk", "qkvo"))
+    plain_names = {n for g in plain for n in g["param_names"]}
+    assert (vo | qk) <= point_names | plain_names and not point_names & plain_names
     assert all(g["lr"] == 3e-3 for g in points)
     assert all(g["lr"] == (spec.plain_lr or 3e-3) for g in plain)
     if rule == "momentum":

@@ -203,3 +203,48 @@ def test_projected_average_is_the_polar_factor_of_the_mean_of_the_iterates() -> 
     r2 = RiemannianMultiheadAttention(16, 4, qk_geometry="fixed_rank_quotient", dtype=torch.float64)
     with pytest.raises(ValueError, match="fixed_rank_quotient, whose factors are fixed only"):
         projected_average(AveragedModel(r2))
+
+
+def _tangent(w: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """P_W(Z) = Z − W·sym(WᵀZ), the embedded metric's projection."""
+    return z - w @ (w.T @ z + z.T @ w) / 2
+
+
+def _momentum_step(beta: float | None, schedule) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """One RiemannianMomentum step on a frame after ``schedule(opt)`` is built: β in force (from
+    the scheduler's betas[0] unless ``beta`` is given), the frame's momentum after the step (at
+    the new frame W₁) and P_W₁(P_W(G)), the momentum's direction transported there."""
+    frame = _frame()
+    opt = tp.RiemannianMomentum([{"params": [frame], "geometry": "stiefel"}], lr=0.1, beta=beta)
+    schedule(opt)
+    g = torch.Generator().manual_seed(3)
+    frame.grad = torch.randn(frame.shape, dtype=frame.dtype, generator=g)
+    riemannian = _tangent(frame.detach().clone(), frame.grad)
+    opt.step()
+    transported = _tangent(frame.detach(), riemannian)
+    return opt.param_groups[0]["betas"][0], opt.state[frame]["momentum_buffer"], transported
+
+
+SCHEDULES = {
+    "OneCycleLR": lambda opt: torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.1, total_steps=10, base_momentum=0.5, max_momentum=0.7
+    ),
+    "CyclicLR": lambda opt: torch.optim.lr_scheduler.CyclicLR(
+        opt, base_lr=0.01, max_lr=0.1, base_momentum=0.6, max_momentum=0.7
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_schedulers_that_cycle_momentum_reach_the_frames(name) -> None:
+    """M₁ = P_W₁((1 − β)·P_W(G)) from M₀ = 0, with β the scheduler's momentum (both start at
+    max_momentum 0.7), not the default 0.9. The two sides differ by the rounding of two
+    projections of inner length ≤ 7 each side: ≤ 4·10·u·‖G‖_F ≈ 4.4e-15·‖G‖_F, under 1e-13 for
+    this ‖G‖_F ≈ 3.4. Control: an explicit ``beta=0.9`` keeps β = 0.9 whatever the scheduler
+    writes, so its momentum is the 0.7 one's · 1/3 (≥ 1e-2 apart)."""
+    scheduled, momentum, riemannian = _momentum_step(None, SCHEDULES[name])
+    assert scheduled == pytest.approx(0.7)
+    torch.testing.assert_close(momentum, (1 - 0.7) * riemannian, rtol=0, atol=1e-13)
+    _, fixed, riemannian = _momentum_step(0.9, SCHEDULES[name])
+    torch.testing.assert_close(fixed, (1 - 0.9) * riemannian, rtol=0, atol=1e-13)
+    assert (fixed - (1 - 0.7) * riemannian).abs().max() > 1e-2

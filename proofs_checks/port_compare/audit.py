@@ -84,6 +84,7 @@ from torch_port import audit as recorder
 from torch_port.geometries import GEOMETRIES
 from torch_port.geometry import default_atol
 from torch_port.optim.checks import FRAME_GEOMETRIES
+from torch_port.optim.presets import frame_momentum
 
 Array = np.ndarray
 
@@ -117,7 +118,8 @@ def _adam(h: dict[str, Any]) -> ro.Transform:
 
 
 def _momentum(h: dict[str, Any]) -> ro.Transform:
-    return ro.chain(ro.trace(h["beta"]), ro.normalize_by_max(h["c"]), ro.scale(-h["lr"]))
+    beta = frame_momentum(h)
+    return ro.chain(ro.trace(beta), ro.normalize_by_max(h["c"]), ro.scale(-h["lr"]))
 
 
 def _rsgd(h: dict[str, Any]) -> ro.Transform:

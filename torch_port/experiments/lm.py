@@ -125,7 +125,7 @@ _PAPER_PROTOCOL = {
     "momentum_c": 1e-3,
     "plain_lr": "adamw",
 }
-PRODUCTS = ("qk", "qkvo")
+PRODUCTS = ("qk", "vo", "qkvo")
 RULES = ("adam", "momentum")
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -208,15 +208,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 # -- arms and models ----------------------------------------------------------------------------
 def attention_options(arm: str, products: str = "qk") -> dict[str, Any]:
-    """Keyword arguments of ``models.Transformer`` for ``arm``: the QK geometry (None for
-    AdamW), the VO geometry (the same for ``products="qkvo"``, else None) and ``block`` for the
-    ``block_`` design points."""
+    """Keyword arguments of ``models.Transformer`` for ``arm``: the QK geometry (``arm`` for
+    ``products`` "qk" and "qkvo", else None), the VO geometry (``arm`` for "vo" and "qkvo", else
+    None; both None for AdamW) and ``block`` for the ``block_`` design points."""
     if arm == "adamw":
         return {"qk_geometry": None, "vo_geometry": None, "block": False}
     if arm not in ALL_ARMS:
         raise ValueError(f"unknown arm {arm!r}; choose from {list(ALL_ARMS)}")
-    vo = arm if products == "qkvo" else None
-    return {"qk_geometry": arm, "vo_geometry": vo, "block": arm.startswith("block_")}
+    qk = arm if products in ("qk", "qkvo") else None
+    vo = arm if products in ("vo", "qkvo") else None
+    return {"qk_geometry": qk, "vo_geometry": vo, "block": arm.startswith("block_")}
 
 
 def kv_heads(config: Mapping[str, Any], name: str) -> int:

@@ -119,7 +119,11 @@ def block_equals_plain(runs: Sequence[Mapping[str, Any]]) -> dict[str, float | N
 def protocol(cfg: Mapping[str, Any]) -> str:
     """One paragraph: which products each arm puts on its geometry, the rule that trains them,
     and which learning rate is swept."""
-    products = "QK and VO products" if cfg["products"] == "qkvo" else "QK products (VO plain)"
+    products = {
+        "qkvo": "QK and VO products",
+        "qk": "QK products (VO plain)",
+        "vo": "VO products (QK plain)",
+    }[cfg["products"]]
     if cfg["rule"] == "momentum":
         rule = (
             f"`RiemannianMomentum` (M ← β·M + (1 − β)·P(G), ξ = −lr·M/max(‖M‖, c), β "

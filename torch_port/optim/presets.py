@@ -131,16 +131,27 @@ class RiemannianAdam(ChainOptimizer):
         return transforms.chain(*steps)
 
 
+def frame_momentum(group: dict[str, Any]) -> float:
+    """β of ``RiemannianMomentum``'s frames in ``group``: its ``beta``, or ``betas[0]`` when
+    ``beta`` is None."""
+    return group["betas"][0] if group["beta"] is None else group["beta"]
+
+
 class RiemannianMomentum(ChainOptimizer):
     """The low-rank template (``reference.optim.riemannian_momentum``): on a frame,
     M ← β·M + (1 − β)·P_W(G); ξ = −lr·M/max(‖M‖, c) per frame; W ← polar(W + ξ); M ← P_W(M).
-    Plain groups: AdamW with the group's lr, betas, eps and weight_decay."""
+    Plain groups: AdamW with the group's lr, betas, eps and weight_decay.
+
+    β is the group's ``beta``, or ``betas[0]`` when ``beta`` is None (the default): the entry
+    that schedulers cycling momentum write (``OneCycleLR``, ``CyclicLR`` set ``betas[0]`` of every
+    group of an optimizer whose defaults have ``betas``), so they reach the frames' momentum as
+    they reach AdamW's. An explicit ``beta`` fixes the frames' β whatever ``betas`` becomes."""
 
     def __init__(
         self,
         params: Iterable,
         lr: float,
-        beta: float = 0.9,
+        beta: float | None = None,
         c: float = 1.0,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
@@ -157,12 +168,13 @@ class RiemannianMomentum(ChainOptimizer):
 
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         super()._check_hyperparameters(group)
-        checks.beta("beta", group["beta"])
+        if group["beta"] is not None:
+            checks.beta("beta", group["beta"])
         checks.positive("c", group["c"])
 
     def rule(self, group: dict[str, Any]) -> Transform:
         return transforms.chain(
-            transforms.trace(group["beta"]),
+            transforms.trace(frame_momentum(group)),
             transforms.normalize_by_max(group["c"]),
             transforms.scale(-group["lr"]),
         )
