@@ -385,7 +385,6 @@ def test_a_tensor_lr_changes_under_a_scheduler_without_recompiling():
 @pytest.mark.parametrize(
     ("lr", "cap", "message"),
     [
-        (torch.tensor(1e-2), False, "tensor lr needs capturable=True"),
         (torch.tensor([1e-2]), True, "0-d floating tensor"),
         (torch.tensor(1), True, "0-d floating tensor"),
         (torch.tensor(-1e-2), True, "lr must be a finite number ≥ 0"),

@@ -82,13 +82,13 @@ def test_hyperparameters_set_after_construction_are_refused_before_the_step_writ
     _refused_step(opt, message, w, b)
 
 
-def test_a_tensor_lr_in_the_eager_step_is_refused_before_it_writes():
+def test_a_bad_tensor_lr_in_the_eager_step_is_refused_before_it_writes():
     w, b, opt, g = _model()
     _grads(g, w, b)
     opt.step()
-    opt.param_groups[1]["lr"] = torch.tensor(0.01)
+    opt.param_groups[1]["lr"] = torch.tensor([0.01])
     _grads(g, w, b)
-    _refused_step(opt, r"param_groups\[1\]: a tensor lr needs capturable", w, b)
+    _refused_step(opt, r"param_groups\[1\]: a tensor lr must be a 0-d floating tensor", w, b)
 
 
 def test_a_capturable_tensor_lr_set_to_a_bad_value_skips_the_step_on_the_device():

@@ -248,3 +248,29 @@ def test_schedulers_that_cycle_momentum_reach_the_frames(name) -> None:
     _, fixed, riemannian = _momentum_step(0.9, SCHEDULES[name])
     torch.testing.assert_close(fixed, (1 - 0.9) * riemannian, rtol=0, atol=1e-13)
     assert (fixed - (1 - 0.7) * riemannian).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("cls", list(CLASSES))
+def test_a_tensor_lr_steps_as_its_value_in_the_eager_step(cls) -> None:
+    """torch's optimizers take a 0-d tensor lr without ``capturable`` (``foreach`` aside): the
+    eager step reads its value, so three steps under a halving schedule equal those with the
+    same lr as a Python number bitwise, frames and plain parameters alike."""
+    runs = []
+    for as_tensor in (False, True):
+        params = _groups()
+        opt = CLASSES[cls](params)
+        if as_tensor:
+            for group in opt.param_groups:
+                group["lr"] = torch.tensor(group["lr"], dtype=torch.float64)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        for k in range(3):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    g = torch.Generator().manual_seed(10 * k + p.numel())
+                    p.grad = torch.randn(p.shape, dtype=p.dtype, generator=g)
+            opt.step()
+            sched.step()
+        assert all(isinstance(g["lr"], torch.Tensor) == as_tensor for g in opt.param_groups)
+        runs.append([p.detach().clone() for g in opt.param_groups for p in g["params"]])
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
+    assert not torch.equal(runs[0][0], _frame())  # the frames moved

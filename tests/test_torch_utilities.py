@@ -269,7 +269,7 @@ def test_a_compiled_first_capturable_step_counts_its_skips():
 def test_a_tensor_lr_scheduled_to_zero_reloads_adds_groups_and_resumes_eagerly():
     """A capturable optimizer with a 0-d tensor lr under a schedule that reaches 0: its state
     dict loads back, a group added then (torch gives it the same tensor) is accepted, and the
-    checkpoint resumes in an eager optimizer, whose lr it holds as a number."""
+    checkpoint resumes in an eager optimizer, which steps with the tensor lr's value."""
     w, b, opt, g = _model(True)
     for group in opt.param_groups:
         group["lr"] = torch.tensor(1e-2, dtype=torch.float64)

@@ -79,16 +79,12 @@ def torch_flags(group: dict[str, Any]) -> None:
             )
 
 
-def tensor_lr(lr: Any, capturable: bool) -> float:
-    """A learning rate given as a tensor: a 0-d floating tensor with a finite value ≥ 0 (a
-    scheduler may take it to 0, and groups added then share it), only for ``capturable=True``
-    (whose step reads it on the device, so a scheduler's in-place ``fill_`` changes it without
-    a recompilation); its value is read here, once."""
-    if not capturable:
-        raise ValueError(
-            "a tensor lr needs capturable=True (RiemannianAdam's device step; the eager step "
-            f"reads lr on the host): pass a float, got a tensor of shape {tuple(lr.shape)}"
-        )
+def tensor_lr(lr: Any) -> float:
+    """A learning rate given as a tensor, as torch's optimizers take it: a 0-d floating tensor
+    with a finite value ≥ 0 (a scheduler may take it to 0, and groups added then share it). The
+    capturable step reads it on the device (a scheduler's in-place ``fill_`` changes it without
+    a recompilation); the eager step reads its value once per step, as torch's does. Its value
+    is read here, once."""
     if lr.ndim != 0 or not lr.is_floating_point():
         raise ValueError(
             f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}, dtype "

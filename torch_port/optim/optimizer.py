@@ -127,7 +127,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
     def _check_hyperparameters(self, group: dict[str, Any]) -> None:
         """Validate the hyperparameters of one group (subclasses extend)."""
         if isinstance(group["lr"], torch.Tensor):
-            checks.tensor_lr(group["lr"], bool(group.get("capturable", False)))
+            checks.tensor_lr(group["lr"])
         else:
             checks.nonnegative("lr", group["lr"])  # 0: a warm-up from zero, as torch allows
         checks.torch_flags(group)
@@ -402,7 +402,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         """The new factors (in the parameters' layout) and the new state of one point, computed
         without writing anything: g = grad f (plus coupled decay), the chain's step ξ = c·u,
         y = R_x(ξ), and the chain's tangent state transported to y."""
-        group = self.param_groups[point.gi]
+        group = _in_force(self.param_groups[point.gi])
         geometry = point.geometry
         rule = self.rule(group)
         stored = sharding.localize(self.state.get(point.key)) or self._init_point_state(
@@ -460,6 +460,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             states = [self.state[p] for p in part]
+            group = _in_force(group)
             beta1, beta2 = group["betas"]
             torch_adamw(
                 part,
@@ -486,3 +487,11 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         fresh = rule.init(point.geometry, point.value())
         state = {k: (v[0] if point.single and k in rule.parts else v) for k, v in fresh.items()}
         return {"step": self._new_step(), **state}
+
+
+def _in_force(group: dict[str, Any]) -> dict[str, Any]:
+    """The group as the eager step reads it: a tensor lr as its value (torch's ``_to_scalar``;
+    one host read per group and step)."""
+    if isinstance(group["lr"], Tensor):
+        return {**group, "lr": float(group["lr"])}
+    return group

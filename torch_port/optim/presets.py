@@ -46,9 +46,10 @@ class RiemannianAdam(ChainOptimizer):
         params: parameters or parameter groups; a group with ``"geometry": "stiefel"`` holds
             frames (..., d, r), a group naming one of the ten design points holds the factors
             of one batched point (module docstring).
-        lr, betas, eps: as ``torch.optim.AdamW``; with ``capturable=True`` lr may be a 0-d
-            tensor on the parameters' device, which a scheduler changes in place (no
-            recompilation of a compiled step, no re-capture of a CUDA graph).
+        lr, betas, eps: as ``torch.optim.AdamW``; lr may be a 0-d floating tensor, whose value
+            the eager step reads; with ``capturable=True`` it stays on the parameters' device,
+            where a scheduler changes it in place (no recompilation of a compiled step, no
+            re-capture of a CUDA graph).
         trust_radius: Δ, the cap on ‖ξ‖ per frame (None: no cap).
         weight_decay: decoupled decay of plain parameters; on frames it warns and does nothing.
         moment: "frame" (one scalar √v per frame) or "elementwise".

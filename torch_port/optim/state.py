@@ -251,7 +251,9 @@ class StateChecks:
                 f"{len(self.param_groups)}"
             )
         saved_groups = [  # a copy: the caller's state dict is not changed
-            {**saved, **self._own_values(saved)} if isinstance(saved, dict) else saved
+            {**saved, **{k: self.defaults[k] for k in self._OWN_ENTRIES}}
+            if isinstance(saved, dict)
+            else saved
             for saved in saved_groups
         ]
         state_dict = {**state_dict, "param_groups": saved_groups}
@@ -312,16 +314,6 @@ class StateChecks:
         """The dtype torch's load casts step counts to: float32 for a capturable optimizer
         (as for torch's own), else None (kept as saved)."""
         return torch.float32 if self.defaults.get("capturable") else None
-
-    def _own_values(self, saved: dict[str, Any]) -> dict[str, Any]:
-        """The entries of a saved group that this optimizer sets itself: its ``_OWN_ENTRIES``,
-        and, when it does not step capturably, a 0-d tensor lr as a number (a checkpoint of a
-        capturable run with a scheduled tensor lr resumes eagerly)."""
-        own = {k: self.defaults[k] for k in self._OWN_ENTRIES}
-        lr = saved.get("lr")
-        if not self.defaults.get("capturable") and isinstance(lr, torch.Tensor) and lr.ndim == 0:
-            own["lr"] = float(lr)
-        return own
 
     def _own_state_tensors(self) -> None:
         """After a load: every state tensor a contiguous copy owned by this optimizer. torch
