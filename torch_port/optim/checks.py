@@ -94,11 +94,13 @@ def tensor_lr(lr: Any) -> float:
 
 
 def _python_number(name: str, v: Any) -> None:
-    """A real number of another type (a NumPy scalar, a 0-d array) is refused as such: the group
-    keeps the value it is given, and NumPy scalars in torch's arithmetic change its dtype."""
+    """A real number of another type (a NumPy scalar, a 0-d array or tensor) is refused as such:
+    the group keeps the value it is given, and NumPy scalars in torch's arithmetic change its
+    dtype."""
     import numbers
 
-    if not is_real(v) and isinstance(v, numbers.Real) and not isinstance(v, bool):
+    other = isinstance(v, numbers.Real) or getattr(v, "ndim", None) == 0
+    if not is_real(v) and other and not isinstance(v, bool):
         raise ValueError(
             f"{name} must be a Python int or float, got {type(v).__module__}.{type(v).__name__} "
             f"{v!r}; pass float({name})"
