@@ -32,7 +32,10 @@ ERRORS = ADAMW.optim_error_inputs_func(device="cpu", dtype=torch.float64)
 #: The error inputs this port answers otherwise (matched on torch's message), with the reason.
 DEPARTURES = {
     "duplicate parameters": (ValueError, "lists the same parameter twice"),
-    "lr as a Tensor is not supported": (None, "this step reads a tensor lr's value; torch's foreach kernels cannot"),
+    "lr as a Tensor is not supported": (
+        None,
+        "this step reads a tensor lr's value; torch's foreach kernels cannot",
+    ),
 }
 #: The inputs refused by name: the flags this port does not implement.
 REFUSED = {"amsgrad": "amsgrad=True: torch's amsgrad is not implemented"}
