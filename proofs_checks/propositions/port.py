@@ -69,8 +69,9 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
     """Every case (``_cases``): the port's trajectory of ``AGREEMENT_STEPS`` steps, recorded by
     ``torch_port.audit`` and replayed by ``rattn audit`` through ``reference.optim`` in float64;
     residual the largest deviation/bound of a step or of the state it carried into the next
-    (bounds of ``proofs_checks.port_compare.audit``), tolerance 1. Control: the port's Adam with
-    its bias corrections one step ahead, substituted into ``torch_port.optim.transforms``."""
+    (bounds of ``proofs_checks.port_compare.audit``), tolerance 1; the first case past its
+    bound decides, and the check stops there. Control: the port's Adam with its bias
+    corrections one step ahead, substituted into ``torch_port.optim.transforms``."""
     import torch
 
     from proofs_checks.port_compare import audit as replay
@@ -80,7 +81,7 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
     from torch_port.optim import transforms
 
     cases = _cases(ctx.quick)
-    worst, where = 0.0, ""
+    worst, where, done = 0.0, "", 0
     variant = _bias_correction_one_step_ahead(transforms.scale_by_adam)
     patch = substituted(transforms, "scale_by_adam", variant) if wrong else contextlib.nullcontext()
     with patch, tempfile.TemporaryDirectory() as tmp:
@@ -104,8 +105,11 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
                     ratio = max(ratio, math.nextafter(1.0, 2.0))
                 if ratio > worst:
                     worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {row['step']}"
+            done += 1
+            if worst > 1.0:  # one case past its bound decides: stop there
+                break
     return Outcome.bound(
-        worst, 1.0, f"max deviation/bound over {len(cases)} cases; worst at {where}"
+        worst, 1.0, f"max deviation/bound over {done} of {len(cases)} cases; worst at {where}"
     )
 
 
@@ -114,7 +118,8 @@ def drift(ctx: Context, wrong: bool) -> Outcome:
     St(64, 16) under a Brockett cost, ``DRIFT_STEPS`` steps (50 quick): after every step
     ‖WᵀW − I‖ (measured in float64 from the stored entries) ≤ (4r(r + 1) + 2(d + r)r)·u₃₂
     (``_drift_bound``); the largest ratio is the residual, tolerance 1. The bound does not
-    grow with the steps: the polar factor re-forms the Gram every step. Control: the inverse
+    grow with the steps: the polar factor re-forms the Gram every step. The first step past the
+    bound decides, and the check stops there. Control: the inverse
     square root of the Gram truncated at first order (I − E/2), substituted into
     ``torch_port.linalg``."""
     import torch
@@ -139,17 +144,18 @@ def drift(ctx: Context, wrong: bool) -> Outcome:
     opt = tp.RiemannianAdam(
         [{"params": [w], "geometry": "stiefel"}], lr=DRIFT_LR, trust_radius=DRIFT_RADIUS
     )
-    worst = 0.0
+    worst, taken = 0.0, 0
     with patch:
-        for _ in range(steps):
+        while taken < steps and worst <= bound:  # a step past the bound decides: stop there
             opt.zero_grad()
             torch.einsum("hdr,de,her->", w, a, w).backward()
             opt.step()
+            taken += 1
             worst = max(worst, float(linalg.orthonormality_residual(w.detach()).max()))
     return Outcome.bound(
         worst / bound,
         1.0,
-        f"max_t ‖WᵀW − I‖ = {worst:.2e} over {steps} steps, bound {bound:.2e}",
+        f"max_t ‖WᵀW − I‖ = {worst:.2e} over {taken} of {steps} steps, bound {bound:.2e}",
     )
 
 
@@ -255,18 +261,24 @@ register(
         id="PORT-2",
         title="The port's polar retraction keeps float32 frames on St(d, r) without drift",
         statement=(
-            r"RiemannianAdam with the polar retraction on float32 frames $W\in\mathbb{R}^{d"
-            r"\times r}$, the Gram of $A=W+\xi$ formed in float32 from the stored entries and "
-            r"its inverse square root in float64, leaves $\|W^\top W-I\|_F\le(4r(r+1)"
-            r"+2(d+r)r)\,u_{32}$ after every step, however many steps are taken, and after one "
-            r"step from any frame it accepts: with $H=(A^\top A+E)^{-1/2}$, $(AH)^\top AH-I="
-            r"-HEH$ whatever the drift of $W$."
+            r"RiemannianAdam with the polar retraction on 8 float32 frames $W\in\mathbb{R}^{64"
+            r"\times 16}$ (lr 0.05, trust radius 0.4, a Brockett cost), the Gram of $A=W+\xi$ "
+            r"formed in float32 from the stored entries and its inverse square root in float64, "
+            r"leaves $\|W^\top W-I\|_F\le(4r(r+1)+2(d+r)r)\,u_{32}$ after each of 1000 steps "
+            r"(50 quick) from frames on St(64, 16), and after one step from frames "
+            r"$3.4\times10^{-4}$ off it (just inside the $\sqrt{\varepsilon_{32}}$ it accepts): "
+            r"with $H=(A^\top A+E)^{-1/2}$, $(AH)^\top AH-I=-HEH$ whatever the drift of $W$."
         ),
         hypotheses=(
             "float32 frames; Gram in float32, inverse square root in float64 "
             "(torch_port.stiefel.StiefelFrames.retraction_gram, torch_port.linalg.polar_plan)",
             "steps ‖ξ‖ ≤ 0.4·sqrt(r); frames within sqrt(ε₃₂) of St(d, r) when the state is made",
             "the residual measured in float64 from the stored entries",
+        ),
+        remarks=(
+            "The bound is below the acceptance threshold sqrt(ε₃₂), so if the one-step "
+            "statement held from every accepted frame, the bound would hold after any number of "
+            "steps by induction; the checks run the frames and steps stated.",
         ),
         checks=(
             Check(
