@@ -108,6 +108,8 @@ class Certificate:
                 "Hypotheses: " + "; ".join(p.hypotheses) + ".",
                 "",
                 *(["Remarks (not certified): " + " ".join(p.remarks), ""] if p.remarks else []),
+                f"Exercised: {exercised_text(r)}.",
+                "",
                 f"Content hash: `{p.hash}`; implementation hash: `{p.implementation_hash}`",
                 "",
                 "| kind | check | residual | tolerance | passed | control | control rejected |",
@@ -121,8 +123,10 @@ class Certificate:
                 )
             lines.append("")
             for c in r.checks:
+                ran = "; ".join(f"{what} {value}" for what, value in c.outcome.exercised)
                 lines.append(
-                    f"- *{c.name}*: {c.outcome.detail}. Control: {c.control_outcome.detail}."
+                    f"- *{c.name}*{f' ({ran})' if ran else ''}: {c.outcome.detail}. "
+                    f"Control: {c.control_outcome.detail}."
                 )
             lines.append("")
         lines += [
@@ -179,6 +183,8 @@ class Certificate:
                     if p.remarks
                     else []
                 ),
+                rf"\noindent Exercised: {latex.text(exercised_text(r))}.",
+                "",
                 rf"\noindent{{\footnotesize Hash {latex.code(p.hash)}\\ "
                 rf"implementation hash {latex.code(p.implementation_hash)}}}",
                 "",
@@ -318,6 +324,7 @@ def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
         "hypotheses": list(p.hypotheses),
         "seeds": p.seeds,
         "remarks": list(p.remarks),
+        "exercised": r.exercised,
         "passed": r.passed,
         "hash": p.hash,
         "implementation_hash": p.implementation_hash,
@@ -329,6 +336,7 @@ def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
                 "residual": _number(c.outcome.residual),
                 "tolerance": _number(c.outcome.tolerance),
                 "detail": c.outcome.detail,
+                "exercised": dict(c.outcome.exercised),
                 "control": {
                     "variant": c.control,
                     "rejected": c.control_rejected,
@@ -354,6 +362,16 @@ def summary_table(results: Iterable[PropositionResult]) -> str:
             f"{cell} | {_yes(r.passed)} |"
         )
     return "\n".join(rows)
+
+
+def exercised_text(r: PropositionResult) -> str:
+    """What a proposition's checks exercised, one clause per kind of value ("sizes St(7, 3);
+    points 8 random"), and how many checks report it when not all do."""
+    clauses = [f"{what} {', '.join(values)}" for what, values in r.exercised.items()]
+    text = "; ".join(clauses) if clauses else "not recorded by its checks"
+    if 0 < r.exercised_by < len(r.checks):
+        text += f" (recorded by {r.exercised_by} of its {len(r.checks)} checks)"
+    return text
 
 
 def _fmt(x: float | None) -> str:

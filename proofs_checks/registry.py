@@ -34,18 +34,32 @@ class Context:
 
 @dataclass(frozen=True)
 class Outcome:
-    """One run of a check: worst residual against its tolerance, and what was measured."""
+    """One run of a check: worst residual against its tolerance, what was measured, and what
+    the run exercised: (what, value) pairs such as ("sizes", "St(7, 3)"), ("points", "8
+    random"), ("dtypes", "float32"), ("seeds", "0"), ("steps", "1000"), written by the check
+    from the values it ran with, so that the certificate prints the evidence beside the
+    claim."""
 
     passed: bool
     residual: float | None
     tolerance: float | None
     detail: str
     crashed: bool = False
+    exercised: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def bound(cls, residual: float, tolerance: float, detail: str) -> Outcome:
+    def bound(
+        cls,
+        residual: float,
+        tolerance: float,
+        detail: str,
+        exercised: Mapping[str, object] | None = None,
+    ) -> Outcome:
         """Pass when residual ≤ tolerance (NaN never passes)."""
-        return cls(bool(residual <= tolerance), float(residual), float(tolerance), detail)
+        pairs = tuple((k, str(v)) for k, v in (exercised or {}).items())
+        return cls(
+            bool(residual <= tolerance), float(residual), float(tolerance), detail, False, pairs
+        )
 
 
 @dataclass(frozen=True)
@@ -264,6 +278,22 @@ class PropositionResult:
     @property
     def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def exercised(self) -> dict[str, list[str]]:
+        """What the checks' passing runs exercised, merged by what: each value once, in the
+        order the checks report them."""
+        merged: dict[str, list[str]] = {}
+        for c in self.checks:
+            for what, value in c.outcome.exercised:
+                if value not in merged.setdefault(what, []):
+                    merged[what].append(value)
+        return merged
+
+    @property
+    def exercised_by(self) -> int:
+        """How many of the checks report what they exercised."""
+        return sum(bool(c.outcome.exercised) for c in self.checks)
 
 
 def _guarded(check: Check, ctx: Context, wrong: bool) -> Outcome:

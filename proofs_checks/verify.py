@@ -5,9 +5,11 @@ What a referee runs: the certificate's ids, with its seed and its quick flag, th
 installed registry (``certify``), and the re-run's JSON (``Certificate.to_dict``) compared with
 the recorded one, field by field:
 
-- per proposition: ``title``, ``statement``, ``hypotheses``, ``seeds``, ``remarks``, ``passed``,
-  ``hash`` and ``implementation_hash``, equal as JSON values (``True`` is not ``1``);
+- per proposition: ``title``, ``statement``, ``hypotheses``, ``seeds``, ``remarks``,
+  ``exercised``, ``passed``, ``hash`` and ``implementation_hash``, equal as JSON values
+  (``True`` is not ``1``);
 - its ``checks``: as many, and per check (``checks[k]``) ``kind``, ``name``, ``passed``,
+  ``exercised``,
   ``control.variant`` and ``control.rejected`` equal; ``tolerance`` and ``control.tolerance``
   within TOLERANCE_RTOL relative; ``residual`` and ``control.residual`` by the residual rule
   below; null (a non-finite value) equals null only;
@@ -75,6 +77,7 @@ PROPOSITION_FIELDS = (
     "hypotheses",
     "seeds",
     "remarks",
+    "exercised",
     "passed",
     "hash",
     "implementation_hash",
@@ -169,6 +172,7 @@ def _check_differences(k: int, rec: Any, now: dict[str, Any]) -> list[tuple[str,
         ("kind", rec.get("kind"), now["kind"], same),
         ("name", rec.get("name"), now["name"], same),
         ("passed", rec.get("passed"), now["passed"], same),
+        ("exercised", rec.get("exercised"), now["exercised"], same),
         ("residual", rec.get("residual"), now["residual"], residual_at(now["tolerance"])),
         ("tolerance", rec.get("tolerance"), now["tolerance"], tolerance_matches),
         ("control.variant", _field(rc, "variant"), nc["variant"], same),

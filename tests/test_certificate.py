@@ -229,3 +229,43 @@ def test_the_latex_compiles_with_pdflatex_alone_and_in_a_paper(tmp_path: Path) -
     wide = tex.replace("Certificate}", "Certificate}" + r"\texttt{" + "x" * 120 + "}", 1)
     (tmp_path / "certificate.tex").write_text(wide, encoding="ascii")
     assert "Overfull" in _pdflatex(tmp_path, "certificate")
+
+
+#: The propositions whose every check records what it exercised (the rest print "not recorded"
+#: or how many of their checks record it).
+RECORDS_EXERCISED = [pid for pid in REGISTRY if pid.startswith("GEO-")]
+
+
+@pytest.mark.parametrize("pid", RECORDS_EXERCISED)
+def test_every_check_records_what_it_exercised(pid) -> None:
+    """Each check's passing run names the instances (sizes and options), points, seeds and
+    dtypes it ran, and the certificate prints them beside the statement (Markdown: per check
+    and per proposition; LaTeX and JSON: per proposition, JSON per check too)."""
+    cert = certify(ids=[pid], quick=True, seed=3)
+    (result,) = cert.results
+    assert result.passed and result.exercised_by == len(result.checks)
+    for c in result.checks:
+        ran = dict(c.outcome.exercised)
+        assert ran["seeds"] == "3" and ran["dtypes"] == "float64", (c.name, ran)
+        assert any(k in ran for k in ("instances", "options")), (c.name, ran)
+    doc = json.loads(cert.to_json())["propositions"][0]
+    assert doc["exercised"] == result.exercised and all(c["exercised"] for c in doc["checks"])
+    md, tex = cert.to_markdown(), cert.to_latex().replace(latex.BREAK, "")
+    assert "Exercised: instances " in md and "not recorded" not in md
+    assert r"\noindent Exercised: instances " in tex
+
+
+def test_a_check_that_records_nothing_is_said_to_record_nothing() -> None:
+    """Control: a proposition whose checks record nothing says so, and one recorded by some of
+    its checks says by how many."""
+    bare = Outcome.bound(0.0, 1.0, "ok")
+    recorded = Outcome.bound(0.0, 1.0, "ok", {"sizes": "St(7, 3)"})
+    p = Proposition("X-1", "t", "s", (), ())
+    none = PropositionResult(p, [CheckResult("float64", "a", bare, "c", Outcome.bound(2, 1, ""))])
+    some = PropositionResult(
+        p, [*none.checks, CheckResult("float64", "b", recorded, "c", Outcome.bound(2, 1, ""))]
+    )
+    from proofs_checks.certificate import exercised_text
+
+    assert exercised_text(none) == "not recorded by its checks"
+    assert exercised_text(some) == "sizes St(7, 3) (recorded by 1 of its 2 checks)"

@@ -27,7 +27,7 @@ def python_blocks(path: Path) -> list[str]:
 )
 def test_python_blocks_run(path: Path) -> None:
     text = path.read_text(encoding="utf-8")
-    for package in ("torch", "transformers"):
+    for package in ("torch", "transformers", "geoopt"):
         if f"import {package}" in text:
             pytest.importorskip(package)
     script = "\n\n".join(python_blocks(path))

@@ -132,6 +132,16 @@ FORGERIES: list[tuple[str, Callable[[dict[str, Any]], None], Any]] = [
         lambda d: _prop(d, "EB-3").update(passed=False),
         {("EB-3", "passed"), (None, "passed")},
     ),
+    (
+        "what was exercised widened",
+        lambda d: _prop(d, "RA-7").update(exercised={"sizes": ["St(4096, 64)"]}),
+        {("RA-7", "exercised")},
+    ),
+    (
+        "what a check exercised widened",
+        lambda d: _prop(d, "EB-3")["checks"][1].update(exercised={"seeds": "0-999"}),
+        {("EB-3", "checks[1].exercised")},
+    ),
     ("a changed hash", lambda d: _prop(d, "RA-7").update(hash="0" * 64), {("RA-7", "hash")}),
     (
         "a changed implementation hash",

@@ -154,9 +154,51 @@ def _case(name: str) -> Case:
     return Case(name, lambda **kw: ref.GEOMETRIES[name](*_sizes(name), **kw))
 
 
-def _point(case: Case, ctx: Context) -> tuple[Any, Any]:
+#: Random points each law is measured at, drawn one after another from the seed's generator
+#: (the first is the point the seed alone gives); the slope tests (gradient, retraction), the
+#: costly ones, at the first ``SLOPE_POINTS`` of them.
+LAW_POINTS, SLOPE_POINTS = 8, 3
+
+
+def _points(case: Case, ctx: Context, k: int = LAW_POINTS) -> tuple[Any, list[Any]]:
     geo = case.make()
-    return geo, geo.random_point(np.random.default_rng(ctx.seed))
+    rng = np.random.default_rng(ctx.seed)
+    return geo, [geo.random_point(rng) for _ in range(k)]
+
+
+def _point(case: Case, ctx: Context) -> tuple[Any, Any]:
+    geo, (x,) = _points(case, ctx, 1)
+    return geo, x
+
+
+def _exercised(geo: Any, ctx: Context, points: int, **more: object) -> dict[str, object]:
+    """What a GEO check ran: the geometry instance (its sizes and options), how many random
+    points, the seed, float64."""
+    return {
+        "instances": repr(geo),
+        "points": f"{points} random",
+        "seeds": ctx.seed,
+        "dtypes": "float64",
+        **more,
+    }
+
+
+def _at_every_point(
+    geo: Any, xs: list[Any], ctx: Context, law_at: Callable[[Any], tuple[float, str]]
+) -> Outcome:
+    """A law measured at every point of ``xs``: residual max over x of res(x)/law_tolerance(x)
+    (NaN if any is NaN), tolerance 1, with the worst point's detail."""
+    measured = [law_at(x) for x in xs]
+    ratios = np.array(
+        [res / law.law_tolerance(geo, x) for (res, _), x in zip(measured, xs, strict=True)]
+    )
+    worst = int(np.argmax(np.where(np.isnan(ratios), np.inf, ratios)))
+    return Outcome.bound(
+        float(np.max(ratios)),
+        1.0,
+        f"worst of {len(xs)} random points (point {worst}): {measured[worst][1]}",
+        _exercised(geo, ctx, len(xs)),
+    )
 
 
 def _broken(case: Case, method: str, key: str | None = None) -> Any:
@@ -167,10 +209,9 @@ def check_projector(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """The projection is idempotent and self-adjoint in the metric, as a whole operator on
         the ambient space (factor space, or R^{m×n} when embedded); bound ``law_tolerance``.
-        Control: an oblique projection P + P(C⊙(I − P))."""
-        geo, x = _point(case, ctx)
-        res, detail = law.projector_law(geo, x, oblique=wrong)
-        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+        At ``LAW_POINTS`` random points. Control: an oblique projection P + P(C⊙(I − P))."""
+        geo, xs = _points(case, ctx)
+        return _at_every_point(geo, xs, ctx, lambda x: law.projector_law(geo, x, oblique=wrong))
 
     return run
 
@@ -179,12 +220,11 @@ def check_range(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """Every projected vector satisfies the tangent space's own linear constraints and the
         projection has rank dim; bound ``law_tolerance``. Control: the projection without its
-        sym/skew (or correction) term."""
-        geo, x = _point(case, ctx)
+        sym/skew (or correction) term. At ``LAW_POINTS`` random points."""
+        geo, xs = _points(case, ctx)
         if wrong:
             geo = _broken(case, "proj")
-        res, detail = law.range_law(geo, x)
-        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+        return _at_every_point(geo, xs, ctx, lambda x: law.range_law(geo, x))
 
     return run
 
@@ -198,13 +238,21 @@ def check_gradient(case: Case) -> Callable[[Context, bool], Outcome]:
         O(t³) when the gradient is right, so the slope is 2, or 3 along a ξ where the
         second-order term vanishes (seed 50 draws one for P2); a wrong gradient leaves a
         first-order term (slope 1) along any ξ not orthogonal to its error (a random ξ nearly
-        was, at seed 121). Residual max(0, 2 − smallest slope), tolerance 0.1. Control: a wrong
-        Riemannian gradient."""
-        geo, x = _point(case, ctx)
+        was, at seed 121). At ``SLOPE_POINTS`` random points. Residual max(0, 2 − smallest
+        slope), tolerance 0.1. Control: a wrong Riemannian gradient."""
+        geo, xs = _points(case, ctx, SLOPE_POINTS)
         if wrong:
             geo = _broken(case, "egrad_to_rgrad")
-        slope, detail = law.gradient_slope(geo, x, ctx.seed)  # None: no window above the floor
-        return Outcome.bound(np.inf if slope is None else max(0.0, 2.0 - slope), 0.1, detail)
+        worst, details = 0.0, []
+        for i, x in enumerate(xs):
+            slope, detail = law.gradient_slope(geo, x, ctx.seed)  # None: no window above floor
+            worst = max(worst, np.inf if slope is None else max(0.0, 2.0 - slope))
+            details.append(f"point {i}: {detail}")
+            if worst > 0.1:  # one point short decides
+                break
+        tangents = "3 unit tangents per point (2 random, the gradient's)"
+        exercised = _exercised(geo, ctx, len(details), tangents=tangents)
+        return Outcome.bound(worst, 0.1, " | ".join(details), exercised)
 
     return run
 
@@ -221,8 +269,8 @@ def check_retraction(case: Case) -> Callable[[Context, bool], Outcome]:
         retraction claiming order 2 (a positive control: it must sit at the floor). Residual:
         the worst shortfall, tolerance 0. Control: a first-order retraction where second order
         is claimed; for a first-order St(d, r) (canonical metric) the same retraction claiming
-        order 2; else a map that is not a retraction."""
-        geo, x = _point(case, ctx)
+        order 2; else a map that is not a retraction. At ``SLOPE_POINTS`` random points."""
+        geo, xs = _points(case, ctx, SLOPE_POINTS)
         order = geo.retraction_order
         claims = [(geo, order, "")]
         if law.metric_geodesic(geo) is not None:
@@ -233,10 +281,14 @@ def check_retraction(case: Case) -> Callable[[Context, bool], Outcome]:
             claims = [(_wrong_retraction(case, geo), held, "control: ")]
         worst, details = 0.0, []
         for g, claimed, label in claims:
-            shortfall, detail = _retraction_shortfall(g, x, claimed, ctx.seed)
-            worst = max(worst, shortfall)
-            details.append(f"{label}claimed order {claimed}; {detail}")
-        return Outcome.bound(worst, 0.0, " | ".join(details))
+            for i, x in enumerate(xs):
+                shortfall, detail = _retraction_shortfall(g, x, claimed, ctx.seed)
+                worst = max(worst, shortfall)
+                details.append(f"{label}point {i}, claimed order {claimed}; {detail}")
+                if worst > 0.0:  # one point short decides
+                    break
+        exercised = _exercised(geo, ctx, len(xs), tangents="3 random per point")
+        return Outcome.bound(worst, 0.0, " | ".join(details), exercised)
 
     return run
 
@@ -329,7 +381,19 @@ def every_stiefel_retraction(metric: str) -> Callable[[Context, bool], Outcome]:
                 shortfall = np.inf
             worst = max(worst, shortfall)
             details.append(f"{name} {shape} (order {claimed}): {shortfall:.2f}, off {off:.1e}")
-        return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
+        retractions = [
+            f"{name} at St{(STIEFEL[0], 1) if one else STIEFEL}"
+            for name, one in STIEFEL_ORDERS[metric]
+        ]
+        exercised = {
+            "options": ", ".join(retractions),
+            "metrics": metric,
+            "points": "1 random",
+            "tangents": "3 random",
+            "seeds": ctx.seed,
+            "dtypes": "float64",
+        }
+        return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details), exercised)
 
     return run
 
@@ -398,6 +462,12 @@ def stiefel_nearest_point(ctx: Context, wrong: bool) -> Outcome:
         1.0,
         f"stack: {worst:.2e} of its bound (κ ≤ {max(kappas):.2f}); inexact scalings "
         f"{inexact} of {len(SCALES)}; wrong rank decisions {decisions} of 2",
+        {
+            "instances": repr(geo),
+            "points": "a stack of 3 random matrices, 2 scalings, 2 exact Grams",
+            "seeds": ctx.seed,
+            "dtypes": "float64",
+        },
     )
 
 
@@ -411,10 +481,11 @@ def _or_nan(fn: Callable, a: np.ndarray) -> np.ndarray:
 def check_transport(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """T_{x→y}(u) lands in the tangent space at y = R_x(0.3ξ); bound ``law_tolerance``.
-        Control: no transport (u reused at y)."""
-        geo, x = _point(case, ctx)
-        res, detail = law.transport_law(geo, x, ctx.seed, identity=wrong)
-        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+        At ``LAW_POINTS`` random points. Control: no transport (u reused at y)."""
+        geo, xs = _points(case, ctx)
+        return _at_every_point(
+            geo, xs, ctx, lambda x: law.transport_law(geo, x, ctx.seed, identity=wrong)
+        )
 
     return run
 
@@ -423,12 +494,11 @@ def check_quotient(case: Case) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """The loss is constant on the fibre x·M, the Riemannian gradient is horizontal, and the
         metric is invariant under the group action; bound ``law_tolerance``. Control: a metric
-        that is not invariant."""
-        geo, x = _point(case, ctx)
+        that is not invariant. At ``LAW_POINTS`` random points."""
+        geo, xs = _points(case, ctx)
         if wrong:
             geo = _broken(case, "inner")
-        res, detail = law.quotient_law(geo, x, ctx.seed)
-        return Outcome.bound(res, law.law_tolerance(geo, x), detail)
+        return _at_every_point(geo, xs, ctx, lambda x: law.quotient_law(geo, x, ctx.seed))
 
     return run
 
@@ -453,7 +523,9 @@ def check_constraints(case: Case) -> Callable[[Context, bool], Outcome]:
         )
         shapes = [np.shape(p) for p in ref.geometry.parts(x)]
         bound = 3 * frame_error(max(max(s) for s in shapes), min(s[-1] for s in shapes))
-        return Outcome.bound(max(res / bound, scale / RANK_SCALE), 1.0, detail)
+        steps = QUICK_STEPS if ctx.quick else LONG_STEPS
+        exercised = _exercised(geo, ctx, 1, steps=f"{steps} of riemannian_adam")
+        return Outcome.bound(max(res / bound, scale / RANK_SCALE), 1.0, detail, exercised)
 
     return run
 
@@ -483,7 +555,9 @@ def check_options(name: str) -> Callable[[Context, bool], Outcome]:
             worst = max(worst, shortfall)
             order = geo.retraction_order
             details.append(f"{option['retraction']} (order {order}): {shortfall:.2f}")
-        return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details))
+        options = ", ".join(o["retraction"] for o in cases.OPTIONS[name])
+        exercised = _exercised(ref.GEOMETRIES[name](*PLAIN), ctx, 1, options=options)
+        return Outcome.bound(worst, 0.0, "shortfalls: " + ", ".join(details), exercised)
 
     return run
 
@@ -531,14 +605,21 @@ def _near_misses(name: str) -> list[tuple[str, Callable[[], contextlib.AbstractC
 def check_validation(name: str) -> Callable[[Context, bool], Outcome]:
     make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
 
-    def threshold_decisions(ctx: Context) -> list[str]:
+    def threshold_decisions(ctx: Context) -> tuple[list[str], dict[str, object]]:
+        """The labels of the wrong decisions, and what was exercised."""
         geo = make(*(cases.STIEFEL if name == "stiefel" else cases.SIZES))
         rng = np.random.default_rng([ctx.seed, 7])
         x = geo.random_point(rng)
         validity = cases.validity_cases(name, x, rng)
         if name in cases.TANGENT_CHECKED:
             validity += cases.tangent_cases(name, geo, x, rng)
-        return [c.label for c in validity if c.refused_by(geo) != c.refused]
+        exercised = {
+            "instances": repr(geo),
+            "cases": f"{len(validity)} at the thresholds, {len(cases.size_cases(name))} sizes",
+            "seeds": ctx.seed,
+            "dtypes": "float64",
+        }
+        return [c.label for c in validity if c.refused_by(geo) != c.refused], exercised
 
     def run(ctx: Context, wrong: bool) -> Outcome:
         """``check_point`` refuses exactly beyond the stated thresholds, decided at the
@@ -555,21 +636,19 @@ def check_validation(name: str) -> Callable[[Context, bool], Outcome]:
             caught = {}
             for label, moved in _near_misses(name):
                 with moved():
-                    caught[label] = len(threshold_decisions(ctx))
+                    caught[label] = len(threshold_decisions(ctx)[0])
             least = min(caught.values())
             return Outcome(
                 least == 0, float(least), 0.0, f"wrong decisions per near miss: {caught}"
             )
-        wrong_calls = threshold_decisions(ctx) + [
+        wrong_calls, exercised = threshold_decisions(ctx)
+        wrong_calls += [
             f"sizes {sizes}"
             for sizes, refused in cases.size_cases(name)
             if cases.refuses(make, *sizes) != refused
         ]
-        return Outcome(
-            not wrong_calls,
-            float(len(wrong_calls)),
-            0.0,
-            f"wrong decisions: {wrong_calls or 'none'}",
+        return Outcome.bound(
+            float(len(wrong_calls)), 0.0, f"wrong decisions: {wrong_calls or 'none'}", exercised
         )
 
     return run
@@ -683,7 +762,8 @@ def _register(name: str) -> None:
             id=f"GEO-{name}",
             title=f"Geometry laws: {name}",
             statement=(
-                rf"For \texttt{{{tex_name}}} (\texttt{{{tex_repr}}}): the projection is the "
+                rf"For \texttt{{{tex_name}}} (\texttt{{{tex_repr}}}), at {LAW_POINTS} random "
+                rf"points (the two slope tests at {SLOPE_POINTS} of them): the projection is the "
                 r"metric-orthogonal projector onto the (horizontal) tangent space, "
                 r"$\operatorname{grad} f$ is the Riemannian gradient, $R_x(0)=x$ and $R$ is a "
                 rf"retraction of order {geo.retraction_order}"
@@ -699,7 +779,7 @@ def _register(name: str) -> None:
                     if geo.quotient
                     else ""
                 )
-                + r", and the constraints hold after 1000 steps."
+                + r", and the constraints hold after 1000 steps from one of them."
             ),
             hypotheses=(
                 f"sizes {_sizes(name)}",
