@@ -386,6 +386,7 @@ def every_stiefel_retraction(metric: str) -> Callable[[Context, bool], Outcome]:
             for name, one in STIEFEL_ORDERS[metric]
         ]
         exercised = {
+            "sizes": f"St{STIEFEL}, St{(STIEFEL[0], 1)}",
             "options": ", ".join(retractions),
             "metrics": metric,
             "points": "1 random",

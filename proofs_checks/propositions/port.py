@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import math
 import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -108,8 +109,21 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
             done += 1
             if worst > 1.0:  # one case past its bound decides: stop there
                 break
+    exercised = {
+        "cases": f"{done} (geometry, problem, rule, dtype) of rattn compare's table",
+        "geometries": ", ".join(sorted({c[0] for c in cases[:done]})),
+        "rules": ", ".join(sorted({c[2] for c in cases[:done]})),
+        "dtypes": ", ".join(
+            f"{dt} in {n}" for dt, n in sorted(Counter(c[3] for c in cases[:done]).items())
+        ),
+        "steps": f"{AGREEMENT_STEPS} per case",
+        "seeds": ctx.seed,
+    }
     return Outcome.bound(
-        worst, 1.0, f"max deviation/bound over {done} of {len(cases)} cases; worst at {where}"
+        worst,
+        1.0,
+        f"max deviation/bound over {done} of {len(cases)} cases; worst at {where}",
+        exercised,
     )
 
 
@@ -156,6 +170,12 @@ def drift(ctx: Context, wrong: bool) -> Outcome:
         worst / bound,
         1.0,
         f"max_t ‖WᵀW − I‖ = {worst:.2e} over {taken} of {steps} steps, bound {bound:.2e}",
+        {
+            "sizes": f"{DRIFT_FRAMES} frames of St({DRIFT_D}, {DRIFT_R})",
+            "steps": taken,
+            "dtypes": "float32",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -224,6 +244,13 @@ def correction(ctx: Context, wrong: bool) -> Outcome:
         after / bound,
         1.0,
         f"‖WᵀW − I‖ from ≥ {start:.2e} to ≤ {after:.2e} in one step, bound {bound:.2e}",
+        {
+            "sizes": f"{DRIFT_FRAMES} frames of St({DRIFT_D}, {DRIFT_R})",
+            "points": f"{CORRECTION_DRIFT:g} off St(d, r)",
+            "steps": 1,
+            "dtypes": "float32",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -232,8 +259,9 @@ register(
         id="PORT-1",
         title="The port's steps are the reference's, within their rounding bounds",
         statement=(
-            r"For every geometry, rule and option of \texttt{rattn compare} and every dtype "
-            r"(float64, float32, bfloat16), each step $x\mapsto y$ the torch port takes, from "
+            r"For each case of \texttt{rattn compare} (every geometry, rule and option it "
+            r"lists, in the dtypes it lists for it: float64 and float32, and bfloat16 for "
+            r"Stiefel frames under four rules), each step $x\mapsto y$ the torch port takes, from "
             r"the point, gradient, state and hyperparameters it had, lands within "
             r"$B=L\delta+Ku(\kappa(n+r+2\log_2 nr)\Delta+(r+4)s)$ of the float64 reference "
             r"step from the projected point, and the state it carries into the next step "
@@ -352,7 +380,13 @@ def series(ctx: Context, wrong: bool) -> Outcome:
             dev = float(linalg.frobenius(fixed - linalg.polar(a)).max())
             if dev / bound > worst:
                 worst, where = dev / bound, f"Δ = {radius}: {dev:.2e} against {bound:.2e}"
-    return Outcome.bound(worst, 1.0, f"worst at {where}")
+    exercised = {
+        "sizes": f"a stack of 4 ({SERIES_D}, {SERIES_R}) matrices",
+        "options": "Δ = " + ", ".join(map(str, SERIES_RADII)),
+        "dtypes": "float64",
+        "seeds": ctx.seed,
+    }
+    return Outcome.bound(worst, 1.0, f"worst at {where}", exercised)
 
 
 def _count_one_ahead(original):
@@ -399,6 +433,13 @@ def capturable_trajectory(ctx: Context, wrong: bool) -> Outcome:
         worst,
         CAPTURABLE_STEPS * step_error(SERIES_D, SERIES_R),
         f"max_t max|W_t − W_t^ref| over {CAPTURABLE_STEPS} steps",
+        {
+            "sizes": f"one ({SERIES_D}, {SERIES_R}) frame",
+            "options": f"lr {CAPTURABLE_LR}, Δ = {CAPTURABLE_RADIUS}",
+            "steps": CAPTURABLE_STEPS,
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -441,6 +482,17 @@ register(
 ENDS_D, ENDS_R, ENDS_FRAMES, ENDS_LR = 16, 4, 3, 1e-2
 FLOAT32_HUGE = 2.0**127  # entries of |cG| ≤ 1.7e38 < float32's largest, ‖cG‖ and WᵀcG beyond
 FLOAT64_SUBNORMAL = 2.0**-1060
+
+
+def _ends_exercised(ctx: Context, dtype: str, points: str) -> dict[str, object]:
+    return {
+        "sizes": f"{ENDS_FRAMES} frames of St({ENDS_D}, {ENDS_R})",
+        "rules": "riemannian_adam (ε = 0), normalized_rsgd",
+        "points": points,
+        "steps": 1,
+        "dtypes": dtype,
+        "seeds": ctx.seed,
+    }
 
 
 def _one_step(rule: str, w0, grad):
@@ -518,7 +570,10 @@ def overflowing_gradients(ctx: Context, wrong: bool) -> Outcome:
     with naive if wrong else contextlib.nullcontext():
         worst = max(_gap(rule, w0, grad, scaled) for rule in ("riemannian_adam", "normalized_rsgd"))
     return Outcome.bound(
-        worst, 2 * step_error(ENDS_D, ENDS_R, 2.0**-24), "max|W_1(2^127·G) − W_1(G)|, float32"
+        worst,
+        2 * step_error(ENDS_D, ENDS_R, 2.0**-24),
+        "max|W_1(2^127·G) − W_1(G)|, float32",
+        _ends_exercised(ctx, "float32", "random points, uniform G, c = 2^127 on 2 of 3 frames"),
     )
 
 
@@ -552,7 +607,12 @@ def subnormal_gradients(ctx: Context, wrong: bool) -> Outcome:
             tol = 2 * step_error(ENDS_D, ENDS_R) + ENDS_LR * math.sqrt(ENDS_D * ENDS_R) * delta
             gap = _gap(rule, w0, torch.tensor(g_back), torch.tensor(g_sub))
             worst = max(worst, gap / tol)
-    return Outcome.bound(worst, 1.0, "max|W_1(G_s) − W_1(G')| / bound, float64, subnormal G_s")
+    return Outcome.bound(
+        worst,
+        1.0,
+        "max|W_1(G_s) − W_1(G')| / bound, float64, subnormal G_s",
+        _ends_exercised(ctx, "float64", "W = [I; 0], G tangent there, c = 2^-1060"),
+    )
 
 
 #: The defaults of ``RiemannianAdam`` and of ``transforms.scale_by_adam`` (DESIGN §5 and
@@ -616,7 +676,18 @@ def defaults(ctx: Context, wrong: bool) -> Outcome:
                 w.grad = grad.clone()
                 opt.step()
                 worst = max(worst, float(np.abs(w.detach().numpy() - want).max()))
-    return Outcome.bound(worst, 4 * step_error(ENDS_D, ENDS_R), "max_t max|W_t − W_t^ref|")
+    return Outcome.bound(
+        worst,
+        4 * step_error(ENDS_D, ENDS_R),
+        "max_t max|W_t − W_t^ref|",
+        {
+            "sizes": f"one ({ENDS_D}, {ENDS_R}) frame",
+            "options": ", ".join(builders),
+            "steps": len(grads),
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 register(

@@ -172,7 +172,16 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                 worst, where = ratio, f"stiefel {metric} frame_norm"
             if (ratio := _batched_ratio(metric, ctx.seed)) > worst:
                 worst, where = ratio, f"stiefel {metric} batched inner, norm, random_tangent"
-    return Outcome.bound(worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}")
+    exercised = {
+        "geometries": f"{', '.join(NAMES)} with every option; {', '.join(BLOCKS)}",
+        "sizes": f"St{cases.STIEFEL}, {cases.SIZES} (blocks as BLOCK_OPTIONS)",
+        "points": f"1 random per geometry and option ({count} method calls)",
+        "dtypes": "float64",
+        "seeds": ctx.seed,
+    }
+    return Outcome.bound(
+        worst, 1.0, f"{count} method calls; worst {worst:.2e} at {where}", exercised
+    )
 
 
 #: Random points compared in distribution: DRAWS from each side, and the factor by which the
@@ -321,7 +330,13 @@ def polar_routes(ctx: Context, wrong: bool) -> Outcome:
             ratio = float(np.linalg.norm(got - ref.linalg.polar(a))) / bound
             worst = max(worst, ratio)
             details.append(f"{label} {ratio:.1e}")
-    return Outcome.bound(worst, 1.0, "deviation/bound: " + ", ".join(details))
+    exercised = {
+        "sizes": f"St{cases.STIEFEL}",
+        "points": ", ".join(label for label, _ in _route_matrices(np.random.default_rng(0))),
+        "dtypes": "float64",
+        "seeds": ctx.seed,
+    }
+    return Outcome.bound(worst, 1.0, "deviation/bound: " + ", ".join(details), exercised)
 
 
 def _pattern(gqa: Callable, heads: tuple[int, int]) -> list | None:
@@ -488,11 +503,17 @@ def validation(ctx: Context, wrong: bool) -> Outcome:
         found, count = _threshold_decisions(ctx)
         others, more = _other_decisions(ctx)
         wrong_calls = found + others
-        return Outcome(
-            not wrong_calls,
+        exercised = {
+            "geometries": ", ".join(NAMES) + ", the block variants",
+            "cases": f"{count} at the thresholds, {more} others",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        }
+        return Outcome.bound(
             float(len(wrong_calls)),
             0.0,
             f"wrong decisions: {wrong_calls or 'none'} of {count + more}",
+            exercised,
         )
     caught = {}
     for label, moved in _port_near_misses():
