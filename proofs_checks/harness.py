@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,10 +81,12 @@ def ladder(
     tolerance: Callable[[float], float],
     what: str,
     digits: Sequence[int] = DIGITS,
+    exercised: Mapping[str, object] | None = None,
 ) -> Outcome:
     """A residual computed at several working precisions must stay under the rounding bound of
     each, tolerance(u_digits): it then falls in step with the precision (rounding), whereas a
-    mathematical error stays put. Reports the residual and tolerance at the highest precision."""
+    mathematical error stays put. Reports the residual and tolerance at the highest precision;
+    what it exercised is ``exercised`` and the precisions."""
     rows, ok = [], True
     for dps in digits:
         with mpmath.workdps(dps):
@@ -92,7 +94,26 @@ def ladder(
         tol = tolerance(unit_roundoff(dps))
         ok &= bool(res <= tol)
         rows.append(f"{dps} digits: {res:.2e} (≤ {tol:.1e})")
-    return Outcome(ok, res, tol, f"{what}; " + ", ".join(rows))
+    ran = {**(exercised or {}), "precisions": ", ".join(f"{d} digits" for d in digits)}
+    return Outcome(ok, res, tol, f"{what}; " + ", ".join(rows), exercised=ran)
+
+
+def _is_shape(v: Any) -> bool:
+    """(d, r) of a frame or (n, r*, r) of the EB checks: a tuple of two or three integers."""
+    return (
+        isinstance(v, tuple)
+        and len(v) in (2, 3)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in v)
+    )
+
+
+def _shapes_text(seen: set[tuple[int, ...]]) -> str:
+    """The shapes an example search measured: all of them when few, else how many and their
+    range."""
+    if len(seen) <= 6:
+        return ", ".join(map(str, sorted(seen)))
+    lo, hi = min(seen), max(seen)
+    return f"{len(seen)} shapes from {lo} to {hi}"
 
 
 def shapes(max_d: int = 64) -> st.SearchStrategy[tuple[int, int]]:
@@ -131,16 +152,20 @@ def property_check(
     what: str,
     examples: int = 40,
     explicit: Sequence[Any] = (),
+    exercised: Mapping[str, object] | None = None,
 ) -> Outcome:
     """Hypothesis searches ``strategy`` for an example with residual > tolerance.
 
     ``measure(example) -> (residual, tolerance)``. Deterministic under ``ctx.seed``; no shrinking
     (the first counterexample is reported as found). ``explicit`` examples are always tried
     first, whatever the seed: the corners of the claimed domain that a check (or its control)
-    must see on every run.
+    must see on every run. What it exercised: ``exercised``, the number of examples measured,
+    the seed and, when an example starts with a shape, the shapes measured.
     """
     worst: dict[str, Any] = {"ratio": -1.0, "residual": 0.0, "tolerance": 0.0, "example": None}
     n = max(5, examples // 4) if ctx.quick else examples
+    seen: set[tuple[int, ...]] = set()
+    measured: list[Any] = []
 
     @hypothesis_seed(ctx.seed)
     @settings(
@@ -155,6 +180,9 @@ def property_check(
     )
     @given(strategy)
     def prop(example: Any) -> None:
+        measured.append(example)
+        if isinstance(example, tuple) and example and _is_shape(example[0]):
+            seen.add(example[0])
         res, tol = measure(example)
         ratio = res / tol if tol > 0 else (0.0 if res == 0 else np.inf)
         if not ratio <= worst["ratio"]:
@@ -169,11 +197,19 @@ def property_check(
     except AssertionError:
         passed = False
     verdict = "no counterexample" if passed else "counterexample"
+    ran = {
+        **(exercised or {}),
+        "examples": f"{len(measured)} measured ({len(explicit)} explicit)",
+        "seeds": f"Hypothesis seed {ctx.seed}",
+    }
+    if seen:
+        ran["shapes"] = _shapes_text(seen)
     return Outcome(
         passed,
         float(worst["residual"]),
         float(worst["tolerance"]),
         f"{what}; {n} examples, {verdict}; worst example {worst['example']}",
+        exercised=ran,
     )
 
 

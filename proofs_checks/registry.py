@@ -45,7 +45,12 @@ class Outcome:
     tolerance: float | None
     detail: str
     crashed: bool = False
-    exercised: tuple[tuple[str, str], ...] = ()
+    #: Given as a mapping or as pairs; held as (what, value) pairs of strings.
+    exercised: Mapping[str, object] | tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        items = self.exercised.items() if isinstance(self.exercised, Mapping) else self.exercised
+        object.__setattr__(self, "exercised", tuple((str(k), str(v)) for k, v in items))
 
     @classmethod
     def bound(
@@ -56,9 +61,12 @@ class Outcome:
         exercised: Mapping[str, object] | None = None,
     ) -> Outcome:
         """Pass when residual ≤ tolerance (NaN never passes)."""
-        pairs = tuple((k, str(v)) for k, v in (exercised or {}).items())
         return cls(
-            bool(residual <= tolerance), float(residual), float(tolerance), detail, False, pairs
+            bool(residual <= tolerance),
+            float(residual),
+            float(tolerance),
+            detail,
+            exercised=exercised or {},
         )
 
 

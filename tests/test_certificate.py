@@ -233,7 +233,7 @@ def test_the_latex_compiles_with_pdflatex_alone_and_in_a_paper(tmp_path: Path) -
 
 #: The propositions whose every check records what it exercised (the rest print "not recorded"
 #: or how many of their checks record it).
-RECORDS_EXERCISED = [pid for pid in REGISTRY if pid.startswith(("GEO-", "PORT-"))]
+RECORDS_EXERCISED = [pid for pid in REGISTRY if pid.startswith(("GEO-", "PORT-", "REF-"))]
 
 
 @pytest.mark.parametrize("pid", RECORDS_EXERCISED)

@@ -29,16 +29,20 @@ SIZE_D, SIZE_R, STEPS = 6, 3, 4
 #: Working precision of the transcription: its own rounding is far below float64's.
 DIGITS = 50
 #: (trust radius, moment, reduction, eps, first entry) of the runs; lr·√(d·r) ≤ 1/2 as the
-#: tolerance assumes. A first entry (not None) starts from W_0 = [I; 0] with a first gradient
-#: tangent there, P_W(G) = G, whose entry (r, 0) is that value: 1e-12, below ε, where the
-#: elementwise √v̂ + ε is ε's (the ratio m̂/(√v̂ + ε) ≈ 1e-4, neither 0 nor 1); 0 with ε = 0,
-#: where the ratio is 0/0 := 0.
+#: tolerance assumes. Every option set: Δ ∈ {none, 0.01 (binding)}, either moment, either
+#: reduction, ε ∈ {0, 1e-3} (1e-3 is of the size of the sum reduction's √v̂ here, so ε
+#: matters). Then two corners: a first entry (not None) starts from W_0 = [I; 0] with a first
+#: gradient tangent there, P_W(G) = G, whose entry (r, 0) is that value: 1e-12, below ε, where
+#: the elementwise √v̂ + ε is ε's (the ratio m̂/(√v̂ + ε) ≈ 1e-4, neither 0 nor 1); 0 with ε =
+#: 0, where the ratio is 0/0 := 0.
 OPTIONS = (
-    (None, "frame", "mean", 0.0, None),
-    (None, "frame", "mean", 1e-8, None),
-    (0.01, "frame", "mean", 1e-8, None),
-    (None, "frame", "sum", 1e-3, None),
-    (None, "elementwise", "mean", 1e-8, None),
+    *(
+        (radius, moment, reduction, eps, None)
+        for radius in (None, 0.01)
+        for moment in ("frame", "elementwise")
+        for reduction in ("mean", "sum")
+        for eps in (0.0, 1e-3)
+    ),
     (None, "elementwise", "mean", 1e-8, 1e-12),
     (None, "elementwise", "mean", 0.0, 0.0),
 )
@@ -160,10 +164,19 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
                     dev = float(mp.frobenius(mp.to_mp(a) - b))
                     if dev > worst:
                         worst, where = dev, f"{label}, t={t}"
+        exercised = {
+            "sizes": f"St({SIZE_D}, {SIZE_R})",
+            "steps": STEPS,
+            "options": f"{len(OPTIONS) - 2} option sets (Δ ∈ {{none, 0.01}} × frame/elementwise"
+            " × mean/sum × ε ∈ {0, 1e-3}), 2 corners at W = [I; 0], " + ", ".join(DEFAULT_RUNS),
+            "dtypes": f"float64 against mpmath at {DIGITS} digits",
+            "seeds": ctx.seed,
+        }
         return Outcome.bound(
             worst,
             trajectory_tolerance(SIZE_D, SIZE_R, STEPS),
             f"max_t ‖W_t − W_t^mp‖ over {len(runs)} runs; worst at {where}",
+            exercised,
         )
 
     return run
@@ -174,8 +187,9 @@ register(
         id="REF-1",
         title="The reference's Riemannian Adam is its rule, to float64 rounding",
         statement=(
-            r"For every option set (trust radius $\Delta$, frame or elementwise moment, mean or "
-            r"sum reduction, $\varepsilon$), $T$ steps of \texttt{reference.optim.riemannian\_adam}"
+            r"For every combination of its options (trust radius $\Delta\in\{\text{none},"
+            r"0.01\}$, frame or elementwise moment, mean or sum reduction, $\varepsilon\in"
+            r"\{0,10^{-3}\}$), $T=4$ steps of \texttt{reference.optim.riemannian\_adam}"
             r" from $W_0$ along gradients $G_1,\dots,G_T$ stay within the float64 trajectory "
             r"bound of the exact rule: $m_t=\beta_1m_{t-1}+(1-\beta_1)g_t$, "
             r"$v_t=\beta_2v_{t-1}+(1-\beta_2)s(g_t)$, "

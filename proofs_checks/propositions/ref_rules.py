@@ -202,8 +202,19 @@ def rule_check(rule: str, name: str, variant: Callable) -> Callable[[Context, bo
                         for a, b in zip(points, exact, strict=True)
                     ),
                 )
+        exercised = {
+            "sizes": repr(geometry),
+            "steps": len(grads),
+            "options": f"{rule}: {len(rule_.runs)} run(s); lr {LR}, β {BETA}, c {CAP}, "
+            f"Δ {RADIUS} where the rule takes them, the defaults where named",
+            "dtypes": f"float64 against mpmath at {DIGITS} digits",
+            "seeds": ctx.seed,
+        }
         return Outcome.bound(
-            worst, rule_.tolerance(problem), f"max_t ‖W_t − W_t^mp‖ over {rule}'s runs"
+            worst,
+            rule_.tolerance(problem),
+            f"max_t ‖W_t − W_t^mp‖ over {rule}'s runs",
+            exercised,
         )
 
     return run
