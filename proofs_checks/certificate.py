@@ -119,7 +119,7 @@ class Certificate:
                 lines.append(
                     f"| {c.kind} | {c.name} | {_fmt(c.outcome.residual)} | "
                     f"{_fmt(c.outcome.tolerance)} | {_yes(c.outcome.passed)} | {c.control} | "
-                    f"{_yes(c.control_rejected)} |"
+                    f"{_rejection(c)} |"
                 )
             lines.append("")
             for c in r.checks:
@@ -196,7 +196,7 @@ class Certificate:
                 out.append(
                     rf"{c.kind} & {latex.text(c.name)} & {latex.text(_fmt(c.outcome.residual))} & "
                     rf"{latex.text(_fmt(c.outcome.tolerance))} & {_yes(c.outcome.passed)} / "
-                    rf"{_yes(c.control_rejected)} \\"
+                    rf"{latex.text(_rejection(c))} \\"
                 )
             out.append(r"\hline\end{tabular}}")
         versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
@@ -372,6 +372,18 @@ def exercised_text(r: PropositionResult) -> str:
     if 0 < r.exercised_by < len(r.checks):
         text += f" (recorded by {r.exercised_by} of its {len(r.checks)} checks)"
     return text
+
+
+def _rejection(c: CheckResult) -> str:
+    """Whether the control was rejected, how far past its tolerance, and whether that makes it
+    a near miss: "yes (28×, near miss)"."""
+    if not c.control_rejected:
+        return _yes(False)
+    ratio = c.control_ratio
+    notes = [] if ratio is None else [f"{ratio:.2g}×" if math.isfinite(ratio) else "non-finite"]
+    if c.near_miss:
+        notes.append("near miss")
+    return _yes(True) + (f" ({', '.join(notes)})" if notes else "")
 
 
 def _fmt(x: float | None) -> str:

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import math
 import sys
 import time
 from collections import ChainMap
@@ -22,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 KINDS = ("symbolic", "float64", "mpmath", "property")
+#: A control rejected at no more than this multiple of its tolerance is a near miss: it shows
+#: that the check resolves errors of about the size its tolerance allows.
+NEAR_MISS_RATIO = 100.0
 
 
 @dataclass(frozen=True)
@@ -276,6 +280,27 @@ class CheckResult:
     def passed(self) -> bool:
         """The implementation passes and the deliberately wrong variant is rejected."""
         return self.outcome.passed and self.control_rejected
+
+    @property
+    def control_ratio(self) -> float | None:
+        """How far past its tolerance the control was rejected (residual/tolerance): the
+        resolution the control shows; None for an exact (tolerance 0) or crashed check."""
+        res, tol = self.control_outcome.residual, self.control_outcome.tolerance
+        if not tol:  # exact, or crashed
+            return None
+        return math.inf if res is None else res / tol
+
+    @property
+    def near_miss(self) -> bool:
+        """Its control is a near miss: rejected at no more than ``NEAR_MISS_RATIO`` × its
+        tolerance, or, for an exact check (tolerance 0, a count of wrong decisions), a control
+        named a near miss (a threshold moved by a small amount)."""
+        if not self.control_rejected:
+            return False
+        if self.control_outcome.tolerance == 0:
+            return self.control.startswith("near miss")
+        ratio = self.control_ratio
+        return ratio is not None and ratio <= NEAR_MISS_RATIO
 
 
 @dataclass

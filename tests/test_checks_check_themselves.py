@@ -299,7 +299,7 @@ def _shapes_drawn(
     corners: set = set()
     real = harness.property_check
 
-    def recording(ctx, strategy, measure, what, examples=40, explicit=()):
+    def recording(ctx, strategy, measure, what, examples=40, explicit=(), exercised=None):
         fixed = list(explicit)
 
         def measured(example):
@@ -309,7 +309,7 @@ def _shapes_drawn(
 
         if replace_strategy is not None:
             strategy = replace_strategy(strategy)
-        return real(ctx, strategy, measured, what, examples, explicit)
+        return real(ctx, strategy, measured, what, examples, explicit, exercised)
 
     monkeypatch.setattr(module, "property_check", recording)
     check.run(CTX, False)

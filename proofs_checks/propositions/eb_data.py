@@ -27,6 +27,7 @@ the upper part of that bulk as signal, a number unrelated to rank K.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 
@@ -79,9 +80,30 @@ def _static_attention(x: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.broadcast_to(k, (*np.shape(x)[:-2], *k.shape))
 
 
-def _verdict(found: list[int], what: str) -> Outcome:
+def _verdict(found: list[int], what: str, exercised: dict[str, object]) -> Outcome:
     hits = sum(1 for k in found if k == RSTAR)
-    return binomial.at_least(hits, f"{what}: r̂ = r* = {RSTAR} (r̂ found {binomial.tally(found)})")
+    outcome = binomial.at_least(hits, f"{what}: r̂ = r* = {RSTAR} (r̂ found {binomial.tally(found)})")
+    # binomial.at_least builds the Outcome; what the run exercised is attached here.
+    return dataclasses.replace(outcome, exercised=exercised)
+
+
+def _replicates_run(
+    ctx: Context, tag: int, count: int, sizes: str, options: str
+) -> dict[str, object]:
+    """What a statistical check of EB-4 ran: ``count`` replicates of default_rng([seed, tag,
+    i]) at ``sizes``, the estimator in ``options``."""
+    return {
+        "sizes": sizes,
+        "options": options,
+        "replicates": count,
+        "dtypes": "float64",
+        "seeds": f"default_rng([{ctx.seed}, {tag}, i]) for i = 0…{count - 1}",
+    }
+
+
+def _static_sizes() -> str:
+    """The sizes of (a), shared by the static count and the naive transfer."""
+    return f"S = {ST_S}, n = {ST_N}, d = {ST_D}, d_v = {ST_DV}, r* = {RSTAR}, noise σ = {NOISE:g}"
 
 
 def static_count(ctx: Context, wrong: bool) -> Outcome:
@@ -102,7 +124,17 @@ def static_count(ctx: Context, wrong: bool) -> Outcome:
                 ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=NOISE, spec=ST_SPEC
             )
             found.append(capacity.token_gram_count(task.y).rank)
-    return _verdict(found, "token-Gram count on static data")
+    return _verdict(
+        found,
+        "token-Gram count on static data",
+        _replicates_run(
+            ctx,
+            TAG_STATIC,
+            len(found),
+            _static_sizes() + f", σ(A*) spectrum {ST_SPEC!r}",
+            "static_task data; token_gram_count (Tracy–Widom threshold, σ̂² from the data)",
+        ),
+    )
 
 
 def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
@@ -121,8 +153,19 @@ def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
             task = capacity.linear_qk_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=NOISE)
             found.append(capacity.token_gram_count(task.y).rank)
     hits = sum(1 for k in found if k == RSTAR)
-    return binomial.at_most(
+    outcome = binomial.at_most(
         hits, f"token-Gram count on linear-QK data: r̂ = r* (r̂ found {binomial.tally(found)})"
+    )
+    # binomial.at_most builds the Outcome; what the run exercised is attached here.
+    return dataclasses.replace(
+        outcome,
+        exercised=_replicates_run(
+            ctx,
+            TAG_STATIC,
+            len(found),
+            _static_sizes(),
+            "linear_qk_task data at the sizes of (a); token_gram_count",
+        ),
     )
 
 
@@ -148,7 +191,19 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
             task = capacity.linear_qk_task(LQ_S, LQ_N, LQ_D, LQ_D, RSTAR, rng, noise=NOISE)
             reg = capacity.pooled_regression(task.x, task.y)
             found.append(floored_gap(np.linalg.svd(reg.coef, compute_uv=False), reg.stderr, LQ_N))
-    return _verdict(found, "floored gap of the pooled regression")
+    return _verdict(
+        found,
+        "floored gap of the pooled regression",
+        _replicates_run(
+            ctx,
+            TAG_LINEAR,
+            len(found),
+            f"S = {LQ_S}, n = {LQ_N}, d = d_v = {LQ_D}, r* = {RSTAR}, flat K = UVᵀ, "
+            f"noise σ = {NOISE:g}",
+            "linear_qk_task data, W_V unknown; pooled_regression, largest-gap rank floored "
+            "at max(SE, σ₁/n)",
+        ),
+    )
 
 
 def domains(ctx: Context, wrong: bool) -> Outcome:
@@ -173,6 +228,14 @@ def domains(ctx: Context, wrong: bool) -> Outcome:
         0.0,
         f"wrong decisions: {wrong_calls or 'none'} of {len(domain.EDGES)}; moved defaults: "
         f"{moved or 'none'} of {len(domain.DEFAULTS)}",
+        exercised={
+            "points": (
+                f"{len(domain.EDGES)} domain edges (accepted ends, refusals one past), "
+                f"{len(domain.DEFAULTS)} functions' defaults"
+            ),
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -201,6 +264,16 @@ def estimator_forms(ctx: Context, wrong: bool) -> Outcome:
         0.0,
         f"wrong values: {bad[:4] or 'none'} ({len(bad)}) of {len(found)}; the reals at "
         f"{worst:.2g} of their bounds at most",
+        exercised={
+            "sizes": (
+                f"{len(forms.spectra(ctx.seed))} spectra, {len(forms.EDGE_SIZES)} noise edges, "
+                f"{len(forms.GRAM_SIZES)} token-Gram tasks, {len(forms.STUDENT_SIZES)} trained "
+                f"students, {len(forms.MIXING_SIZES)} attention-map cases"
+            ),
+            "points": f"{len(found)} comparisons",
+            "dtypes": "float64 against exact rationals (Fraction) and mpmath",
+            "seeds": ctx.seed,
+        },
     )
 
 

@@ -31,6 +31,13 @@ MC_N, MC_D, MC_RSTAR, MC_S = 6, 8, 3, 20_000
 #: Pass criterion of the Monte Carlo check: T = ‖(I − Π)M̂‖²/v̂ ≤ CHI2_CUT for every functional.
 CHI2_CUT = 30.0
 TAG_EXACT, TAG_MC = 501, 502
+#: Permutations sampled per instance by ``exact_case`` (besides the transposition of the first
+#: and last tokens).
+SAMPLED_PERMS = 10
+#: The attention kinds of the float64 and property checks.
+KINDS = ("linear", "softmax")
+#: Property check: 2 ≤ n ≤ 5, 1 ≤ d ≤ 4 (d_v = d), β in PROP_BETA, m = PROP_M base sequences.
+PROP_N, PROP_D, PROP_BETA, PROP_M = (2, 5), (1, 4), (0.1, 4.0), 2
 CONTROL = (
     "a relative-position bias B_ij = (j − i)/n in both mixings of reference.capacity (added to "
     "softmax's logits, and as B/n to linear attention's A(X))"
@@ -194,7 +201,7 @@ def exact_case(
     k = capacity.planted_kernel(d, rstar, rng)
     w = capacity.orthonormal(d, d, rng)
     x = symmetrized(rng.standard_normal((m, n, d)))
-    perms = [rng.permutation(n) for _ in range(10)]
+    perms = [rng.permutation(n) for _ in range(SAMPLED_PERMS)]
     perms.append(np.r_[n - 1, np.arange(1, n - 1), 0])
     with positional_bias(wrong):
         return structure_ratio(functionals(x, k, w, kind, beta), np.array(perms))
@@ -211,7 +218,8 @@ def symbolic_commutant(ctx: Context, wrong: bool) -> Outcome:
     just the shifts): the commutant is the n-dimensional circulant algebra."""
     failures = []
     a, b, lam = sp.symbols("a b lambda")
-    for n in (3, 4, 5):
+    sizes = (3, 4, 5)
+    for n in sizes:
         cycle = sp.Matrix(n, n, lambda i, j, n=n: 1 if j == (i + 1) % n else 0)
         swap = sp.eye(n)
         swap[0, 0] = swap[1, 1] = 0
@@ -236,7 +244,16 @@ def symbolic_commutant(ctx: Context, wrong: bool) -> Outcome:
         if sp.expand(poly - (lam - a) ** (n - 1) * (lam - a - n * b)) != 0:
             failures.append(f"n = {n}: characteristic polynomial")
     return Outcome(
-        not failures, float(len(failures)), 0.0, "; ".join(failures) or "commutant = span{I, 11ᵀ}"
+        not failures,
+        float(len(failures)),
+        0.0,
+        "; ".join(failures) or "commutant = span{I, 11ᵀ}",
+        exercised={
+            "sizes": "n ∈ {" + ", ".join(map(str, sizes)) + "}",
+            "options": "generators: " + ("the n-cycle" if wrong else "(1 2) and the n-cycle"),
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (deterministic)",
+        },
     )
 
 
@@ -248,11 +265,25 @@ def float64_exact(ctx: Context, wrong: bool) -> Outcome:
     first and last tokens within 2τ, and have rank in
     {0, 1, n − 1, n}. Residual: worst ratio to the bound."""
     worst, rows = 0.0, []
-    for kind in ("linear", "softmax"):
+    for kind in KINDS:
         ratio, lines = exact_case(N, D, M, RSTAR, kind, BETA, ctx.seed, wrong, TAG_EXACT)
         worst = max(worst, ratio)
         rows.append(f"{kind}: " + "; ".join(lines))
-    return Outcome.bound(worst, 1.0, " | ".join(rows))
+    return Outcome.bound(
+        worst,
+        1.0,
+        " | ".join(rows),
+        {
+            "sizes": (
+                f"n = {N}, d = d_v = {D}, kernel rank {RSTAR}; m = {M} sequences × all "
+                f"{math.factorial(N)} row permutations"
+            ),
+            "options": f"{' and '.join(KINDS)} attention, β = {BETA:g}",
+            "points": f"{SAMPLED_PERMS} sampled permutations and the transposition (1 n)",
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG_EXACT}])",
+        },
+    )
 
 
 def monte_carlo(ctx: Context, wrong: bool) -> Outcome:
@@ -290,7 +321,18 @@ def monte_carlo(ctx: Context, wrong: bool) -> Outcome:
         rank = static_rank(a, b, n, math.sqrt(CHI2_CUT * v_total))
         worst = max(worst, math.sqrt(stat))
         rows.append(f"{name}: T = {stat:.2f}, a = {a:.3g}, b = {b:.3g}, naive static rank {rank}")
-    return Outcome.bound(worst, math.sqrt(CHI2_CUT), "; ".join(rows))
+    return Outcome.bound(
+        worst,
+        math.sqrt(CHI2_CUT),
+        "; ".join(rows),
+        {
+            "sizes": f"n = {MC_N}, d = d_v = {MC_D}, r* = {MC_RSTAR}",
+            "samples": f"S = {x.shape[0]} iid N(0, I_{MC_D}) sequences",
+            "options": f"{', '.join(samples)} (β = {BETA:g})",
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG_MC}])",
+        },
+    )
 
 
 def property_exact(ctx: Context, wrong: bool) -> Outcome:
@@ -301,16 +343,29 @@ def property_exact(ctx: Context, wrong: bool) -> Outcome:
 
     def measure(example) -> tuple[float, float]:
         (n, d), kind, beta, seed = example
-        ratio, _ = exact_case(n, d, 2, max(1, d // 2), kind, beta, seed, wrong, TAG_EXACT)
+        ratio, _ = exact_case(n, d, PROP_M, max(1, d // 2), kind, beta, seed, wrong, TAG_EXACT)
         return ratio, 1.0
 
     strategy = st.tuples(
-        st.tuples(st.integers(2, 5), st.integers(1, 4)),
-        st.sampled_from(("linear", "softmax")),
-        st.floats(0.1, 4.0),
+        st.tuples(st.integers(*PROP_N), st.integers(*PROP_D)),
+        st.sampled_from(KINDS),
+        st.floats(*PROP_BETA),
         seeds(),
     )
-    return property_check(ctx, strategy, measure, "distance to span{I, 11ᵀ} / rounding bound")
+    return property_check(
+        ctx,
+        strategy,
+        measure,
+        "distance to span{I, 11ᵀ} / rounding bound",
+        exercised={
+            "sizes": (
+                f"{PROP_N[0]} ≤ n ≤ {PROP_N[1]}, {PROP_D[0]} ≤ d ≤ {PROP_D[1]} (d_v = d), "
+                f"kernel rank max(1, ⌊d/2⌋), m = {PROP_M} sequences × n! row permutations"
+            ),
+            "options": f"{' or '.join(KINDS)} attention, β ∈ [{PROP_BETA[0]:g}, {PROP_BETA[1]:g}]",
+            "dtypes": "float64",
+        },
+    )
 
 
 register(

@@ -16,6 +16,7 @@ exactly against SymPy below).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -105,6 +106,29 @@ def rounding_allowance(kappa: float) -> float:
     return 5 * D**4 * FLOAT64_U * kappa
 
 
+def _exercised(ctx: Context, replicates: int, options: str) -> dict[str, object]:
+    """What a float64 check of EB-6 ran: the teacher's sizes, the ranks and students
+    (``options``), the GD steps, and the replicate streams it read."""
+    return {
+        "sizes": (
+            f"d = d_v = {D}, n = {N}, r* = {RSTAR}, noise σ = {NOISE:g}, S = {S_TRAIN} training "
+            f"+ S' = {S_TEST} held-out sequences"
+        ),
+        "options": options,
+        "steps": STEPS,
+        "replicates": replicates,
+        "dtypes": "float64",
+        "seeds": (
+            f"default_rng([{ctx.seed}, {TAG}, i]) for i = 0…{replicates - 1}, "
+            f"[{ctx.seed}, {TAG_INIT}, r] for the initial factors"
+        ),
+    }
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
 def deficiency(ctx: Context, wrong: bool) -> Outcome:
     """A theorem checked on data: on the 100 replicates (default_rng([seed, 601, i])) of d = d_v =
     8, n = 32, r* = 3 (flat K* = UVᵀ), noise 0.1, S = 400 training and 400 held-out sequences, every
@@ -153,6 +177,11 @@ def deficiency(ctx: Context, wrong: bool) -> Outcome:
         + f"; κ(𝓗') ∈ [{kappa.min():.3f}, {kappa.max():.3f}]; "
         + "; ".join(rows)
         + f"; rounding allowance 5d⁴uκ_max = {tol - 1.0:.1e} (d⁴ = {D**4})",
+        _exercised(
+            ctx,
+            len(kernels),
+            f"r ∈ {{{_ranks(DEFICIENT)}}}: GD-trained K̂_r (α = {INIT:g}, η = {LR:g}) and [K*]_r",
+        ),
     )
 
 
@@ -169,7 +198,8 @@ def achievability(ctx: Context, wrong: bool) -> Outcome:
     floor = capacity.quadratic_form(flat.reshape(REPLICATES, D, D) - kernels, hess_test)
     q0 = capacity.quadratic_form(kernels, hess_test)
     fewest, rows = REPLICATES, []
-    for r in (RSTAR - 1,) if wrong else ACHIEVING:
+    ranks = (RSTAR - 1,) if wrong else ACHIEVING
+    for r in ranks:
         excess = capacity.quadratic_form(students(ctx.seed, r) - kernels, hess_test)
         ratio = excess / floor
         hits = int(np.sum(ratio <= 1.0))
@@ -179,11 +209,14 @@ def achievability(ctx: Context, wrong: bool) -> Outcome:
             f"ℰ(K̂_r)/ℰ(K_LS) ∈ [{ratio.min():.3g}, {ratio.max():.3g}], "
             f"ℰ_rel(K̂_r) ≤ {np.max(excess / q0):.2e}"
         )
-    return binomial.at_least(
+    outcome = binomial.at_least(
         fewest,
         "; ".join(rows) + f"; ℰ_rel(K_LS) ≤ {np.max(floor / q0):.2e}; dof ratio r*(2d − r*)/d² = "
         f"{RSTAR * (2 * D - RSTAR) / D**2:.3f}; the fewest",
     )
+    # binomial.at_least builds the Outcome; what this run exercised is attached here.
+    options = f"r ∈ {{{_ranks(ranks)}}}: GD-trained K̂_r (α = {INIT:g}, η = {LR:g}) against K_LS"
+    return dataclasses.replace(outcome, exercised=_exercised(ctx, len(kernels), options))
 
 
 def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
@@ -197,8 +230,10 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
     (``common.factorised_gradient_check``). Residual: number of nonzero differences (0)."""
     s, n, d, r = 2, 2, 2, 2
     q, k = symbol_matrix("q", d, r), symbol_matrix("k", d, r)
+    draws = []
 
     def draw(rng: np.random.Generator):
+        draws.append(rng)
         x = rng.integers(-2, 3, (s, n, d)).astype(float)
         y = rng.integers(-2, 3, (s, n, d)).astype(float)
         w = rng.integers(-2, 3, (d, d)).astype(float)
@@ -221,13 +256,28 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
         linear = sum(sp.Matrix(b).multiply_elementwise(sp.Matrix(k)))
         return capacity.quadratic_form(k, hess) / 2 - linear + sp.Rational(stats.c) / 2
 
-    return factorised_gradient_check(
+    outcome = factorised_gradient_check(
         q,
         k,
         raw_risk,
         closed_risk,
         lambda k: capacity.linear_qk_gradient(k, hess, b),
         wrong,
+    )
+    # common.factorised_gradient_check builds the Outcome; what it exercised is attached here.
+    seeds = f"default_rng([{ctx.seed}, {TAG_SYM}])"
+    if len(draws) > 1:
+        seeds += (
+            f", then [{ctx.seed}, {TAG_SYM}, a] for a = 1…{len(draws) - 1} "
+            "(symmetric draws redrawn)"
+        )
+    return dataclasses.replace(
+        outcome,
+        exercised={
+            "sizes": f"S = {s}, n = {n}, d = d_v = {d}, QK rank r = {r} (symbolic W_Q, W_K)",
+            "dtypes": "exact (SymPy)",
+            "seeds": seeds,
+        },
     )
 
 

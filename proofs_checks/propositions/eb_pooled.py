@@ -29,6 +29,9 @@ CHI2_CUT = 30.0
 SP_D, SP_RSTAR = 10, 2
 SP_NS = (1, 2, 4, 16, 64, 256, 1024, 2**14, 2**20)
 TAG_MC, TAG_SPEC = 701, 702
+#: Property check: d in PROP_D (d_v = d), 1 ≤ r* ≤ (d − 1)/3, 1 ≤ n ≤ PROP_N_MAX, the scale of K
+#: 10^PROP_SCALE.
+PROP_D, PROP_N_MAX, PROP_SCALE = (4, 12), 10**6, (-3, 3)
 
 CONTROL_TRACE = "the tr(K)·I term dropped: C = W_Vᵀ[Kᵀ + K/n]"
 CONTROL_SELF = "the j = i term dropped: C = W_Vᵀ Kᵀ (n − 1)/n"
@@ -61,10 +64,13 @@ def symbolic_isserlis(ctx: Context, wrong: bool) -> Outcome:
     trace_term = sp.zeros(d, d) if wrong else k.trace() * sp.eye(d)
     moment = gaussian_expectation(x * x.T * k * x * x.T, list(x))
     left.append(moment - (k + k.T + trace_term))
+    sizes = [f"d = {d} (Isserlis step)"]
     d = 2
     k = sp.Matrix(d, d, sp.symbols(f"k0:{d * d}", real=True))
     w = sp.Matrix(d, d, sp.symbols(f"w0:{d * d}", real=True))
-    for n in (2, 3):
+    ns = (2, 3)
+    sizes.append(f"d = d_v = {d}, n ∈ {{{', '.join(map(str, ns))}}} (identity)")
+    for n in ns:
         xs = [sp.Matrix(sp.symbols(f"x{j}_0:{d}", real=True)) for j in range(n)]
         y = w.T * sum(((xs[0].T * k * xj)[0, 0] / n * xj for xj in xs), sp.zeros(d, 1))
         coef = gaussian_expectation(y * xs[0].T, [v for xj in xs for v in xj])
@@ -76,6 +82,12 @@ def symbolic_isserlis(ctx: Context, wrong: bool) -> Outcome:
         float(nonzero),
         0.0,
         f"{nonzero} of 3 identities left nonzero (d = 4; n = 2, 3)",
+        exercised={
+            "sizes": "; ".join(sizes),
+            "options": "symbolic K and W_V, exact Gaussian moments",
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (deterministic)",
+        },
     )
 
 
@@ -104,6 +116,12 @@ def monte_carlo(ctx: Context, wrong: bool) -> Outcome:
         math.sqrt(CHI2_CUT),
         f"√T = ‖Ĉ − C‖/SE with ‖Ĉ − C‖ = {dist:.3g}, SE = {math.sqrt(v):.3g}; tr K = "
         f"{np.trace(task.kernel):.3g}; the j = i term moves C by {gap:.3g}",
+        {
+            "sizes": f"n = {MC_N}, d = d_v = {MC_D}, r* = {MC_RSTAR}, noise σ = {MC_NOISE:g}",
+            "samples": f"S = {z.shape[0]} sequences",
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG_MC}])",
+        },
     )
 
 
@@ -179,14 +197,24 @@ def float64_spectrum(ctx: Context, wrong: bool) -> Outcome:
         tails.append(
             f"{'PSD' if psd else 'UVᵀ'}: 1024·σ_(r*+1)(C_1024) = {1024 * sv[SP_RSTAR]:.3f}"
         )
-    k = counterexample(16, SP_D)
-    sv = np.linalg.svd(claimed(k, w, 16), compute_uv=False)
-    worst = max(worst, sv[-1] / coefficient_tolerance(k, w, 16))
+    n_cex = 16
+    k = counterexample(n_cex, SP_D)
+    sv = np.linalg.svd(claimed(k, w, n_cex), compute_uv=False)
+    worst = max(worst, sv[-1] / coefficient_tolerance(k, w, n_cex))
     return Outcome.bound(
         worst,
         1.0,
         f"worst violation/tolerance of (a)–(e); {'; '.join(tails)}; "
         f"counterexample σ_min(C_16) = {sv[-1]:.1e} with tr K = {np.trace(k):.3f}",
+        {
+            "sizes": (f"d = d_v = {SP_D}, r* = {SP_RSTAR}, n ∈ {{{', '.join(map(str, SP_NS))}}}"),
+            "options": (
+                f"K flat non-symmetric and decaying PSD ({len(kernels)} kernels); the "
+                f"rank-one counterexample at n = {n_cex}"
+            ),
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG_SPEC}])",
+        },
     )
 
 
@@ -205,13 +233,27 @@ def property_spectrum(ctx: Context, wrong: bool) -> Outcome:
         return max(spectrum_ratio(k, w, rstar, n, psd, wrong), 0.0), 1.0
 
     strategy = st.tuples(
-        st.integers(4, 12).flatmap(lambda d: st.tuples(st.just(d), st.integers(1, (d - 1) // 3))),
-        st.integers(1, 10**6),
+        st.integers(*PROP_D).flatmap(lambda d: st.tuples(st.just(d), st.integers(1, (d - 1) // 3))),
+        st.integers(1, PROP_N_MAX),
         st.booleans(),
-        st.floats(-3, 3),
+        st.floats(*PROP_SCALE),
         seeds(),
     )
-    return property_check(ctx, strategy, measure, "violation/tolerance of the tail bounds")
+    return property_check(
+        ctx,
+        strategy,
+        measure,
+        "violation/tolerance of the tail bounds",
+        exercised={
+            "sizes": (
+                f"{PROP_D[0]} ≤ d ≤ {PROP_D[1]} (d_v = d), 1 ≤ r* ≤ (d − 1)/3, 1 ≤ n ≤ {PROP_N_MAX}"
+            ),
+            "options": (
+                f"K flat non-symmetric or decaying PSD, scale 10^[{PROP_SCALE[0]}, {PROP_SCALE[1]}]"
+            ),
+            "dtypes": "float64",
+        },
+    )
 
 
 register(

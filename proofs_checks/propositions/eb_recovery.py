@@ -13,6 +13,8 @@ checked exactly against SymPy below).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import sympy as sp
 
@@ -84,7 +86,8 @@ def gd_recovery(ctx: Context, wrong: bool) -> Outcome:
     which the noise directions are not suppressed: by T they approach (do not reach) the
     empirical minimiser's level ≈ 2σ√(n/(S d_v)) ≈ 0.008, well above τσ₁ = 0.002."""
     h, b, mixers, values = replicate_statistics(ctx.seed)
-    a = train(h, b, CONTROL_INIT if wrong else INIT, ctx.seed)
+    init = CONTROL_INIT if wrong else INIT
+    a = train(h, b, init, ctx.seed)
     misses, tails, ratios, ranks = 0, [], [], []
     for i in range(REPLICATES):
         sv = np.linalg.svd(a[i], compute_uv=False)
@@ -98,13 +101,35 @@ def gd_recovery(ctx: Context, wrong: bool) -> Outcome:
         tails.append(sv[RSTAR] / sv[0])
         ratios.append(excess / floor)
         ranks.append(rank)
-    return binomial.at_least(
+    outcome = binomial.at_least(
         REPLICATES - misses,
         f"recover r* = {RSTAR} (α = {CONTROL_INIT if wrong else INIT:g}; numerical ranks "
         f"{binomial.tally(ranks)}; "
         f"σ_(r*+1)/σ₁ ∈ [{min(tails):.1e}, {max(tails):.1e}] (τ = {TAU:g}); "
         f"ℰ(Â)/ℰ(BH⁻¹) ∈ [{min(ratios):.3f}, {max(ratios):.3f}] "
         f"; dof ratio r*(2n − r*)/n² = {RSTAR * (2 * N - RSTAR) / N**2:.3f})",
+    )
+    spec = ", ".join(f"{v:g}" for v in SPEC)
+    # binomial.at_least builds the Outcome; what this run exercised is attached here.
+    return dataclasses.replace(
+        outcome,
+        exercised={
+            "sizes": (
+                f"n = {N}, d = d_v = {D}, r* = {RSTAR}, σ(A*) = ({spec}), noise σ = {NOISE:g}, "
+                f"S = {S}"
+            ),
+            "options": (
+                f"width m = {WIDTH}, α = {init:g}, η = {LR:g}; τ = {TAU:g}, "
+                f"η_E ∈ {{{', '.join(f'{e:g}' for e in ETAS)}}}"
+            ),
+            "steps": STEPS,
+            "replicates": len(ranks),
+            "dtypes": "float64",
+            "seeds": (
+                f"default_rng([{ctx.seed}, {TAG}, i]) for i = 0…{len(ranks) - 1}, "
+                f"[{ctx.seed}, {TAG_INIT}] for the initial factors"
+            ),
+        },
     )
 
 
@@ -120,8 +145,10 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
     s, n, m = 2, 2, 2
     w = np.array([[1.0, 1.0], [1.0, -1.0]])
     u, v = symbol_matrix("u", n, m), symbol_matrix("v", n, m)
+    draws = []
 
     def draw(rng: np.random.Generator):
+        draws.append(rng)
         x = rng.integers(-3, 4, (s, n, n)).astype(float)
         y = rng.integers(-3, 4, (s, n, n)).astype(float)
         stats = capacity.static_statistics(x, y, w)
@@ -142,7 +169,7 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
         linear = sp.Matrix(b).multiply_elementwise(sp.Matrix(a))
         return sum(quad) / 2 - sum(linear) + sp.Rational(stats.c) / 2
 
-    return factorised_gradient_check(
+    outcome = factorised_gradient_check(
         u,
         v,
         raw_risk,
@@ -150,6 +177,23 @@ def symbolic_gradient(ctx: Context, wrong: bool) -> Outcome:
         lambda a: capacity.static_gradient(a, h, b),
         wrong,
     )
+    # common.factorised_gradient_check builds the Outcome; what it exercised is attached here.
+    return dataclasses.replace(
+        outcome,
+        exercised={
+            "sizes": f"S = {s}, n = d = d_v = {n}, width m = {m} (symbolic U, V)",
+            "dtypes": "exact (SymPy)",
+            "seeds": _draw_seeds(ctx.seed, TAG_SYM, len(draws)),
+        },
+    )
+
+
+def _draw_seeds(seed: int, tag: int, draws: int) -> str:
+    """The streams ``common.asymmetric_draw`` drew from: [seed, tag], then [seed, tag, a]."""
+    text = f"default_rng([{seed}, {tag}])"
+    if draws > 1:
+        text += f", then [{seed}, {tag}, a] for a = 1…{draws - 1} (symmetric draws redrawn)"
+    return text
 
 
 register(

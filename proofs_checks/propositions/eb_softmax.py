@@ -12,6 +12,7 @@ floored gap still returns r*. That is the "partial" recovery of the abstract, me
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -75,12 +76,30 @@ def estimates(seed: int, psd: bool) -> tuple[tuple[int, int, int, float], ...]:
     return tuple(out)
 
 
-def _outcome(rows: tuple[tuple[int, int, int, float], ...], hits: int, what: str) -> Outcome:
-    return binomial.at_least(
+def _outcome(
+    rows: tuple[tuple[int, int, int, float], ...], hits: int, what: str, ctx: Context, kernel: str
+) -> Outcome:
+    outcome = binomial.at_least(
         hits,
         f"{what} (floored gap {binomial.tally(r[0] for r in rows)}; r_0.9 "
         f"{binomial.tally(r[1] for r in rows)}; r_0.99 {binomial.tally(r[2] for r in rows)}; "
         f"σ_(r*+1)/floor ∈ [{min(r[3] for r in rows):.2f}, {max(r[3] for r in rows):.2f}])",
+    )
+    # binomial.at_least builds the Outcome; what the run exercised is attached here.
+    return dataclasses.replace(
+        outcome,
+        exercised={
+            "sizes": (
+                f"S = {S}, n = {N}, d = d_v = {D}, r* = {RSTAR}, flat spectrum, noise σ = {NOISE:g}"
+            ),
+            "options": (
+                f"{kernel}, β = {BETA:g}, W_V unknown; first_order_softmax, floored "
+                f"largest-gap rank and r_{ETA:g}"
+            ),
+            "replicates": len(rows),
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG}, i]) for i = 0…{len(rows) - 1}",
+        },
     )
 
 
@@ -95,7 +114,7 @@ def full_recovery(ctx: Context, wrong: bool) -> Outcome:
         ctx.seed, False, ("energy_threshold_rank", _zero_based_energy) if wrong else None
     )
     hits = sum(1 for gap, r9, _, _ in rows if gap == RSTAR and r9 == RSTAR)
-    return _outcome(rows, hits, "gap = r_0.9 = r* for K = UVᵀ")
+    return _outcome(rows, hits, "gap = r_0.9 = r* for K = UVᵀ", ctx, "K = UVᵀ")
 
 
 def partial_recovery(ctx: Context, wrong: bool) -> Outcome:
@@ -106,7 +125,9 @@ def partial_recovery(ctx: Context, wrong: bool) -> Outcome:
     into ``reference.capacity``: the largest-gap rank's + 1 dropped."""
     rows = replicates(ctx.seed, True, ("largest_gap_rank", zero_based_gap) if wrong else None)
     hits = sum(1 for gap, r9, _, _ in rows if gap == RSTAR and r9 > RSTAR)
-    return _outcome(rows, hits, "gap = r* < r_0.9 for K = UUᵀ (partial recovery)")
+    return _outcome(
+        rows, hits, "gap = r* < r_0.9 for K = UUᵀ (partial recovery)", ctx, "K = UUᵀ (PSD)"
+    )
 
 
 register(

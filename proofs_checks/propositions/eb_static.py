@@ -36,6 +36,9 @@ LAMBDA_LO, LAMBDA_HI = 0.25, 0.75
 TAG_FLOAT, TAG_MP = 101, 102
 PERTURB = (1e-6, 1e-3, 1e-1)
 ALS_STEPS = 30
+#: Property checks: 1 ≤ n ≤ PROP_N (0 ≤ r*, r ≤ n), d and d_v in PROP_DIMS, the scale of A*
+#: 10^PROP_SCALE, and PROP_ALS alternating-least-squares iterates among the candidates.
+PROP_N, PROP_DIMS, PROP_SCALE, PROP_ALS = 10, (1, 6), (-3, 3), 5
 
 CONTROL_1 = "the bound computed from σ(A*), the token covariance C^{1/2} dropped (C ⪯ ¾I)"
 CONTROL_2 = "the wrong truncation [A*]_r (A* truncated without the whitening by C^{1/2})"
@@ -97,6 +100,22 @@ def _scale(a: np.ndarray, a_star: np.ndarray, ell: np.ndarray) -> float:
 def _kappa(ell: np.ndarray) -> float:
     s = np.linalg.svd(ell, compute_uv=False)
     return float(s[0] / s[-1])
+
+
+def _list(values) -> str:
+    """Numbers as the certificate prints them: "3, 2.5, 2"."""
+    return ", ".join(f"{v:g}" for v in values)
+
+
+def _sizes(n: int, d: int, dv: int, rstar: int) -> str:
+    """The "sizes" a check exercised."""
+    return f"n = {n}, d = {d}, d_v = {dv}, r* = {rstar}"
+
+
+def _candidate_count(als: int) -> int:
+    """How many mixers ``candidates`` returns for r ≥ 1: the truncation, one per ``PERTURB``
+    scale, the random mixer and ``als`` iterates."""
+    return 1 + len(PERTURB) + 1 + als
 
 
 def wrong_bound(a_star: np.ndarray, w: np.ndarray, r: int) -> float:
@@ -196,7 +215,16 @@ def symbolic_risk(ctx: Context, wrong: bool) -> Outcome:
     left = sp.expand(excess - claim)
     terms = len(sp.Add.make_args(left)) if left != 0 else 0
     return Outcome(
-        left == 0, float(terms), 0.0, f"E‖DXW − E‖² − E‖E‖² − claim: {terms} monomials left"
+        left == 0,
+        float(terms),
+        0.0,
+        f"E‖DXW − E‖² − E‖E‖² − claim: {terms} monomials left",
+        exercised={
+            "sizes": f"n = d = d_v = {dm.rows} (symbolic D, lower-triangular L, W*, σ)",
+            "options": f"exact Gaussian moments of {len(variables)} standard normal variables",
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (deterministic)",
+        },
     )
 
 
@@ -211,7 +239,8 @@ def float64_deficiency(ctx: Context, wrong: bool) -> Outcome:
     a_star, c, w = static_problem(N, D, DV, RSTAR, ctx.seed, TAG_FLOAT, SPEC)
     rng = np.random.default_rng([ctx.seed, TAG_FLOAT, 1])
     worst, tights = -np.inf, []
-    for r in range(1, RSTAR + 3):
+    ranks = range(1, RSTAR + 3)
+    for r in ranks:
         ratio, tight = deficiency_ratio(a_star, c, w, r, rng, wrong, ALS_STEPS)
         worst = max(worst, ratio, positivity_ratio(a_star, c, w, r, RSTAR))
         if r < RSTAR:
@@ -221,6 +250,17 @@ def float64_deficiency(ctx: Context, wrong: bool) -> Outcome:
         1.0,
         f"max over r = 1…{RSTAR + 2} and candidates of (b_r − ℰ(A))/tol and of the positivity "
         f"test; least ℰ/b_r found for r < r*: {', '.join(tights)}",
+        {
+            "sizes": _sizes(N, D, DV, RSTAR) + f", σ(A*) = ({_list(SPEC)})",
+            "options": f"r = {ranks[0]}…{ranks[-1]}",
+            "points": (
+                f"{_candidate_count(ALS_STEPS)} candidates per r: the truncation, "
+                f"{len(PERTURB)} perturbed (ε ∈ {{{_list(PERTURB)}}}), 1 random, "
+                f"{ALS_STEPS} ALS iterates"
+            ),
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG_FLOAT}]) and [{ctx.seed}, {TAG_FLOAT}, 1]",
+        },
     )
 
 
@@ -263,11 +303,17 @@ def _mp_problem(ctx: Context):
     return a_star, c, w, noise, _kappa(ell), m
 
 
+def _mp_seeds(ctx: Context) -> str:
+    """The streams ``_mp_problem`` draws from."""
+    return f"default_rng([{ctx.seed}, {TAG_MP}]) and [{ctx.seed}, {TAG_MP}, 1]"
+
+
 def mpmath_deficiency(ctx: Context, wrong: bool) -> Outcome:
     """n = 6, r* = 3, seed [ctx.seed, 102], at 30 and 60 digits: for r = 1, 2, 3, the
     truncation A_r and (I + εG)[A*L]_r L^{-1} for ε = 1e-3, 1e-1 (G Gaussian, rank ≤ r) satisfy
     (b_r − ℰ(A))₊ ≤ ``excess_tolerance`` at the working precision, m the largest candidate."""
     a_star, c, w, noise, kappa, m = _mp_problem(ctx)
+    ranks = (1, 2, 3)
 
     def measure(dps: int) -> float:
         am, ell = _mp_matrix(a_star), mpmath.cholesky(_mp_matrix(c))
@@ -275,7 +321,7 @@ def mpmath_deficiency(ctx: Context, wrong: bool) -> Outcome:
         b_star = am * (1 if wrong else ell)
         _, s, _ = mpmath.svd_r(b_star)
         worst = mpmath.mpf(0)
-        for r in (1, 2, 3):
+        for r in ranks:
             bound = w2 * mpmath.fsum(s[i] ** 2 for i in range(r, MP_N))
             base = _mp_truncate(am * ell, r)
             for eps in MP_PERTURB:
@@ -288,6 +334,16 @@ def mpmath_deficiency(ctx: Context, wrong: bool) -> Outcome:
         measure,
         lambda u: excess_tolerance(MP_N, m, kappa, float(np.sum(w * w)), w.size, u),
         "(b_r − ℰ(A))₊ over r and candidates",
+        exercised={
+            "sizes": _sizes(MP_N, MP_D, MP_DV, MP_RSTAR),
+            "options": f"r ∈ {{{_list(ranks)}}}",
+            "points": (
+                f"{len(MP_PERTURB)} candidates per r: (I + εG)[A*L]_r L⁻¹, "
+                f"ε ∈ {{{_list(MP_PERTURB)}}}"
+            ),
+            "dtypes": "mpmath",
+            "seeds": _mp_seeds(ctx),
+        },
     )
 
 
@@ -304,21 +360,39 @@ def property_deficiency(ctx: Context, wrong: bool) -> Outcome:
         rng = np.random.default_rng([seed, 1])
         worst = 0.0
         for rank in sorted({r, max(rstar - 1, 0)}):
-            ratio, _ = deficiency_ratio(a_star, c, w, rank, rng, wrong, 5)
+            ratio, _ = deficiency_ratio(a_star, c, w, rank, rng, wrong, PROP_ALS)
             worst = max(worst, ratio, positivity_ratio(a_star, c, w, rank, rstar))
         return worst, 1.0
 
-    strategy = st.tuples(
-        _ranks(), st.tuples(st.integers(1, 6), st.integers(1, 6)), st.floats(-3, 3), seeds()
-    )
-    return property_check(ctx, strategy, measure, "violation/tolerance of ℰ ≥ b_r and b_r > 0")
+    exercised = {
+        "sizes": _property_sizes(),
+        "options": (
+            f"scale of A* 10^[{PROP_SCALE[0]}, {PROP_SCALE[1]}]; at r and r* − 1; "
+            f"{_candidate_count(PROP_ALS)} candidates per rank ({PROP_ALS} ALS iterates)"
+        ),
+        "dtypes": "float64",
+    }
+    what = "violation/tolerance of ℰ ≥ b_r and b_r > 0"
+    return property_check(ctx, _property_strategy(), measure, what, exercised=exercised)
 
 
-def _ranks(max_n: int = 10):
+def _ranks(max_n: int = PROP_N):
     """(n, r*, r) with 0 ≤ r*, r ≤ n."""
     return st.integers(1, max_n).flatmap(
         lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(0, n))
     )
+
+
+def _property_strategy():
+    """((n, r*, r), (d, d_v), scale exponent, seed) of the property checks of EB-1 and EB-2."""
+    dims = st.integers(*PROP_DIMS)
+    return st.tuples(_ranks(), st.tuples(dims, dims), st.floats(*PROP_SCALE), seeds())
+
+
+def _property_sizes() -> str:
+    """The domain the property checks search (the shapes measured are reported beside it)."""
+    lo, hi = PROP_DIMS
+    return f"1 ≤ n ≤ {PROP_N}, 0 ≤ r*, r ≤ n, {lo} ≤ d, d_v ≤ {hi}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,13 +427,20 @@ def float64_achievability(ctx: Context, wrong: bool) -> Outcome:
     truncation A_r has rank ≤ r and |ℰ̂(A_r) − b̂_r| ≤ ``excess_tolerance``; in particular
     ℰ(A_r) = 0 (to rounding) for every r ≥ r*. Residual: worst ratio to tolerance."""
     a_star, c, w = static_problem(N, D, DV, RSTAR, ctx.seed, TAG_FLOAT, SPEC)
-    ratios = [achievability_ratio(a_star, c, w, r, wrong) for r in range(N + 1)]
+    ranks = range(N + 1)
+    ratios = [achievability_ratio(a_star, c, w, r, wrong) for r in ranks]
     at_rstar = frobenius(capacity.truncated_mixer(a_star, RSTAR, c) - a_star)
     return Outcome.bound(
         max(ratios),
         1.0,
         f"max over r = 0…{N} of |ℰ(A_r) − b_r|/tol and σ_(r+1)(A_r)/tol; "
         f"‖A_(r*) − A*‖ = {at_rstar:.1e}",
+        {
+            "sizes": _sizes(N, D, DV, RSTAR) + f", σ(A*) = ({_list(SPEC)})",
+            "options": f"r = {ranks[0]}…{ranks[-1]}",
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {TAG_FLOAT}])",
+        },
     )
 
 
@@ -368,6 +449,7 @@ def mpmath_achievability(ctx: Context, wrong: bool) -> Outcome:
     |ℰ(A_r) − b_r| with A_r = [A*L]_r L^{-1} (mpmath Cholesky and SVD), under
     ``excess_tolerance`` at the working precision."""
     a_star, c, w, _, kappa, m = _mp_problem(ctx)
+    ranks = range(MP_N + 1)
 
     def measure(dps: int) -> float:
         am, ell = _mp_matrix(a_star), mpmath.cholesky(_mp_matrix(c))
@@ -375,7 +457,7 @@ def mpmath_achievability(ctx: Context, wrong: bool) -> Outcome:
         b_star = am * ell
         _, s, _ = mpmath.svd_r(b_star)
         worst = mpmath.mpf(0)
-        for r in range(MP_N + 1):
+        for r in ranks:
             a_r = _mp_truncate(am, r) if wrong else _mp_truncate(b_star, r) * ell**-1
             excess = w2 * _mp_frob2((a_r - am) * ell)
             bound = w2 * mpmath.fsum(s[i] ** 2 for i in range(r, MP_N))
@@ -386,6 +468,12 @@ def mpmath_achievability(ctx: Context, wrong: bool) -> Outcome:
         measure,
         lambda u: excess_tolerance(MP_N, m, kappa, float(np.sum(w * w)), w.size, u),
         "max_r |ℰ(A_r) − b_r|",
+        exercised={
+            "sizes": _sizes(MP_N, MP_D, MP_DV, MP_RSTAR),
+            "options": f"r = {ranks[0]}…{ranks[-1]}",
+            "dtypes": "mpmath",
+            "seeds": _mp_seeds(ctx),
+        },
     )
 
 
@@ -399,10 +487,13 @@ def property_achievability(ctx: Context, wrong: bool) -> Outcome:
         a_star = a_star * 10.0**scale_exp
         return max(achievability_ratio(a_star, c, w, r, wrong) for r in range(n + 1)), 1.0
 
-    strategy = st.tuples(
-        _ranks(), st.tuples(st.integers(1, 6), st.integers(1, 6)), st.floats(-3, 3), seeds()
-    )
-    return property_check(ctx, strategy, measure, "|ℰ(A_r) − b_r|/tol and rank of A_r")
+    exercised = {
+        "sizes": _property_sizes(),
+        "options": f"scale of A* 10^[{PROP_SCALE[0]}, {PROP_SCALE[1]}]; every r = 0…n",
+        "dtypes": "float64",
+    }
+    what = "|ℰ(A_r) − b_r|/tol and rank of A_r"
+    return property_check(ctx, _property_strategy(), measure, what, exercised=exercised)
 
 
 HYPOTHESES = (

@@ -727,7 +727,7 @@ def _register(name: str) -> None:
                 "float64",
                 "validation: refused exactly beyond the stated thresholds",
                 check_validation(name),
-                "each threshold the cases test moved by ±0.5%",
+                "near miss: each threshold the cases test moved by ±0.5%",
             )
         )
     if name in cases.OPTIONS and name != "stiefel" and "retraction" in cases.OPTIONS[name][0]:

@@ -14,12 +14,16 @@ import contextlib
 import math
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 
+#: The near-miss controls' relative error of a step (PORT-3; PORT-4's ε: ten times it), and
+#: PORT-1's on float64 steps, whose bounds are a few u (30× the bound at 3e-12).
+NEAR_MISS, FLOAT64_NEAR_MISS = 1e-9, 3e-12
 #: Steps of every PORT-1 case (enough for the state carried between steps to be checked twice).
 AGREEMENT_STEPS = 3
 #: PORT-2: frames, steps and step size (large steps: a truncated inverse square root shows).
@@ -66,13 +70,34 @@ def _cases(quick: bool) -> list[tuple[str, str, str, str]]:
     ]
 
 
-def agreement(ctx: Context, wrong: bool) -> Outcome:
+def _float64_adam_cases(quick: bool) -> list[tuple[str, str, str, str]]:
+    """The float64 Adam case of each geometry's base problem (11 cases)."""
+    return [c for c in _cases(True) if c[3] == "float64" and c[2] == "riemannian_adam"]
+
+
+def _scale_stretched(k: float):
+    """``transforms.scale`` with its factor times k (a near miss for k = 1 + 3e-12: every
+    step 3e-12 relative longer)."""
+
+    def make(original):
+        return lambda factor: original(k * factor)
+
+    return make
+
+
+def agreement(
+    ctx: Context,
+    wrong: bool,
+    cases_of: Callable[[bool], list] = _cases,
+    control: tuple[str, Callable] = ("scale_by_adam", _bias_correction_one_step_ahead),
+) -> Outcome:
     """Every case (``_cases``): the port's trajectory of ``AGREEMENT_STEPS`` steps, recorded by
     ``torch_port.audit`` and replayed by ``rattn audit`` through ``reference.optim`` in float64;
     residual the largest deviation/bound of a step or of the state it carried into the next
     (bounds of ``proofs_checks.port_compare.audit``), tolerance 1; the first case past its
     bound decides, and the check stops there. Control: the port's Adam with its bias
-    corrections one step ahead, substituted into ``torch_port.optim.transforms``."""
+    corrections one step ahead, substituted into ``torch_port.optim.transforms`` (or the
+    transformation and variant of ``control``, on the cases of ``cases_of``)."""
     import torch
 
     from proofs_checks.port_compare import audit as replay
@@ -81,10 +106,14 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
     from torch_port import audit
     from torch_port.optim import transforms
 
-    cases = _cases(ctx.quick)
+    cases = cases_of(ctx.quick)
     worst, where, done = 0.0, "", 0
-    variant = _bias_correction_one_step_ahead(transforms.scale_by_adam)
-    patch = substituted(transforms, "scale_by_adam", variant) if wrong else contextlib.nullcontext()
+    name, make = control
+    patch = (
+        substituted(transforms, name, make(getattr(transforms, name)))
+        if wrong
+        else contextlib.nullcontext()
+    )
     with patch, tempfile.TemporaryDirectory() as tmp:
         for geometry, problem, rule, dtype in cases:
             prob = PROBLEMS[geometry][problem]
@@ -103,7 +132,11 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
             for row in rows:
                 ratio = replay.row_ratio(row)
                 if row["verdict"] == "fail":  # e.g. a point the port would not accept
-                    ratio = max(ratio, math.nextafter(1.0, 2.0))
+                    # a failed step's state is not compared (its ratio is then inf): where its
+                    # point is past the bound, that ratio is the step's, the resolution a near
+                    # miss shows
+                    point = row["deviation"] / row["bound"] if row["deviation"] else math.inf
+                    ratio = point if point > 1.0 else max(ratio, math.nextafter(1.0, 2.0))
                 if ratio > worst:
                     worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {row['step']}"
             done += 1
@@ -125,6 +158,14 @@ def agreement(ctx: Context, wrong: bool) -> Outcome:
         f"max deviation/bound over {done} of {len(cases)} cases; worst at {where}",
         exercised,
     )
+
+
+def agreement_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``agreement`` on the float64 Adam case of each geometry (``_float64_adam_cases``).
+    Control, a near miss: every step ``FLOAT64_NEAR_MISS`` relative longer (``transforms.scale``
+    stretched, substituted into the port)."""
+    stretched = ("scale", _scale_stretched(1 + FLOAT64_NEAR_MISS))
+    return agreement(ctx, wrong, cases_of=_float64_adam_cases, control=stretched)
 
 
 def drift(ctx: Context, wrong: bool) -> Outcome:
@@ -279,6 +320,13 @@ register(
                 agreement,
                 "Adam's bias corrections one step ahead (t + 1), substituted into the port",
             ),
+            Check(
+                "float64",
+                f"resolution: float64 Adam steps {FLOAT64_NEAR_MISS:g} relative too long are "
+                "caught",
+                agreement_resolution,
+                f"near miss: every step times 1 + {FLOAT64_NEAR_MISS:g}, substituted into the port",
+            ),
         ),
         requires=("torch",),
     )
@@ -398,7 +446,22 @@ def _count_one_ahead(original):
     return variant
 
 
-def capturable_trajectory(ctx: Context, wrong: bool) -> Outcome:
+def _radius_stretched(k: float):
+    """``capturable.adam_frames`` with the trust radius times k (a near miss for k = 1 + 1e-9:
+    the binding cap lets each step be 1e-9 relative longer)."""
+
+    def make(original):
+        def variant(*args, radius, **kw):
+            return original(*args, radius=k * radius, **kw)
+
+        return variant
+
+    return make
+
+
+def capturable_trajectory(
+    ctx: Context, wrong: bool, variant: Callable = _count_one_ahead
+) -> Outcome:
     """``CAPTURABLE_STEPS`` float64 steps of ``RiemannianAdam(capturable=True)`` (lr 1e-2,
     Δ = 0.05, binding) on one (16, 4) frame against ``reference.optim.riemannian_adam`` with
     the same hyperparameters along the same gradients (seed ``ctx.seed``): the largest
@@ -421,7 +484,7 @@ def capturable_trajectory(ctx: Context, wrong: bool) -> Outcome:
     rule = ref.optim.riemannian_adam(CAPTURABLE_LR, trust_radius=CAPTURABLE_RADIUS)
     geo = ref.Stiefel(SERIES_D, SERIES_R)
     state, worst = rule.init(geo, x), 0.0
-    ahead = substituted(capturable, "adam_frames", _count_one_ahead(capturable.adam_frames))
+    ahead = substituted(capturable, "adam_frames", variant(capturable.adam_frames))
     with ahead if wrong else contextlib.nullcontext():
         for _ in range(CAPTURABLE_STEPS):
             grad = torch.randn(SERIES_D, SERIES_R, generator=g, dtype=torch.float64)
@@ -441,6 +504,12 @@ def capturable_trajectory(ctx: Context, wrong: bool) -> Outcome:
             "seeds": ctx.seed,
         },
     )
+
+
+def capturable_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``capturable_trajectory``; control, a near miss: the binding trust radius ``NEAR_MISS``
+    relative larger (substituted into ``torch_port.optim.capturable``)."""
+    return capturable_trajectory(ctx, wrong, variant=_radius_stretched(1 + NEAR_MISS))
 
 
 register(
@@ -471,6 +540,12 @@ register(
                 "20 capturable steps against the reference",
                 capturable_trajectory,
                 "the bias corrections one step ahead, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "resolution: capturable steps 1e-9 relative too long are caught",
+                capturable_resolution,
+                f"near miss: the trust radius times 1 + {NEAR_MISS:g}, substituted into the port",
             ),
         ),
         requires=("torch",),
@@ -622,14 +697,24 @@ PORT_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8}
 DEFAULTS_SCALE = 1e-8
 
 
-def _eps_default_doubled(original):
-    def variant(b1=0.9, b2=0.999, eps=2e-8, moment="frame", reduction="mean"):
-        return original(b1, b2, eps, moment, reduction)
+def _eps_default_times(k: float):
+    """``scale_by_adam`` whose default ε is k·1e-8 (k = 2: doubled; k = 1 + 1e-8: a near miss
+    that moves steps along gradients of RMS 1e-8 by about 1e-8/2 relative)."""
 
-    return variant
+    def make(original):
+        def variant(b1=0.9, b2=0.999, eps=k * 1e-8, moment="frame", reduction="mean"):
+            return original(b1, b2, eps, moment, reduction)
+
+        return variant
+
+    return make
 
 
-def defaults(ctx: Context, wrong: bool) -> Outcome:
+#: PORT-4's gross control of the defaults: the default ε doubled.
+EPS_DOUBLED = _eps_default_times(2.0)
+
+
+def defaults(ctx: Context, wrong: bool, variant: Callable = EPS_DOUBLED) -> Outcome:
     """``RiemannianAdam(params)`` and a ``ChainOptimizer`` of ``chain(scale_by_adam(),
     scale(−1e-3))``, both with their defaults, 4 float64 steps on a (16, 4) frame stack along
     gradients of size 1e-8 (where ε matters), against ``reference.optim.riemannian_adam`` at
@@ -666,7 +751,7 @@ def defaults(ctx: Context, wrong: bool) -> Outcome:
             ),
         ),
     }
-    eps_2 = substituted(transforms, "scale_by_adam", _eps_default_doubled(transforms.scale_by_adam))
+    eps_2 = substituted(transforms, "scale_by_adam", variant(transforms.scale_by_adam))
     worst = 0.0
     with eps_2 if wrong else contextlib.nullcontext():
         for build in builders.values():
@@ -688,6 +773,12 @@ def defaults(ctx: Context, wrong: bool) -> Outcome:
             "seeds": ctx.seed,
         },
     )
+
+
+def defaults_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``defaults``; control, a near miss: the default ε 10·``NEAR_MISS`` relative larger
+    (substituted into ``torch_port.optim.transforms``)."""
+    return defaults(ctx, wrong, variant=_eps_default_times(1 + 10 * NEAR_MISS))
 
 
 register(
@@ -725,6 +816,12 @@ register(
                 "the defaults",
                 defaults,
                 "scale_by_adam's default ε doubled, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "resolution: a default ε 1e-8 relative off is caught",
+                defaults_resolution,
+                f"near miss: scale_by_adam's default ε times 1 + {10 * NEAR_MISS:g}",
             ),
         ),
         requires=("torch",),

@@ -562,8 +562,8 @@ register(
                 "float64",
                 "validation as the stated thresholds",
                 validation,
-                "each threshold of the port moved by ±0.5% (atol, R2's limit, R1's and the "
-                "polar factor's rank tests)",
+                "near miss: each threshold of the port moved by ±0.5% (atol, R2's limit, R1's "
+                "and the polar factor's rank tests)",
             ),
         ),
         requires=("torch",),

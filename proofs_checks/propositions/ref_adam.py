@@ -46,6 +46,8 @@ OPTIONS = (
     (None, "elementwise", "mean", 1e-8, 1e-12),
     (None, "elementwise", "mean", 0.0, 0.0),
 )
+#: The near-miss control's relative error of the step (``_direction_scaled``).
+NEAR_MISS = 1e-9
 #: DESIGN §5's defaults, written here and not read from the code.
 DEFAULT_BETAS, DEFAULT_EPS = (0.9, 0.999), 1e-8
 #: The runs with the defaults take gradients of this size, where RMS(g) and ε are alike: a
@@ -71,6 +73,26 @@ def _shifted_count(shift: int) -> Callable:
             def update(geometry, x, g, state):
                 d, new = inner.update(geometry, x, g, state._replace(count=state.count + shift))
                 return d, new._replace(count=new.count - shift)
+
+            return inner._replace(update=update)
+
+        return variant
+
+    return make
+
+
+def _direction_scaled(k: float) -> Callable:
+    """The update m̂/(√v̂ + ε) multiplied by k: a near miss for k = 1 + 1e-9, a step longer
+    by 1e-9 relative, which the trajectories resolve (the bound is ~1e-12 absolute on steps of
+    length ≤ 0.42)."""
+
+    def make(original):
+        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+            inner = original(b1, b2, eps, moment, reduction)
+
+            def update(geometry, x, g, state):
+                d, new = inner.update(geometry, x, g, state)
+                return ro.tree_map(lambda p: k * p, d), new
 
             return inner._replace(update=update)
 
@@ -228,6 +250,12 @@ register(
                 "the reduction of s(g)",
                 schedule_check(_sum_for_mean),
                 "the sum ‖g‖² where the mean is asked (and the reverse)",
+            ),
+            Check(
+                "float64",
+                "resolution: steps 1e-9 relative too long are caught",
+                schedule_check(_direction_scaled(1 + NEAR_MISS)),
+                f"near miss: the direction m̂/(√v̂ + ε) times 1 + {NEAR_MISS:g}",
             ),
         ),
     )

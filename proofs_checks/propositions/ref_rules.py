@@ -153,6 +153,13 @@ CONTROLS = (
         "the momentum not transported to the new point",
     ),
     ("the fixed step", "rsgd", "scale", _times(1.01), "the step 1% longer"),
+    (
+        "resolution: steps 1e-10 relative too long are caught",
+        "rsgd",
+        "scale",
+        _times(1 + 1e-10),
+        "near miss: the step 1e-10 relative longer",
+    ),
     ("the trust radius", "rsgd with Δ", "trust_region", _times(2.0), "the trust radius doubled"),
     (
         "the RMS's count",
