@@ -10,6 +10,7 @@ B = A C^{1/2}. Every computation uses the Cholesky factor L of C in place of C^{
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import mpmath
@@ -18,7 +19,13 @@ import sympy as sp
 from hypothesis import strategies as st
 
 from proofs_checks.bounds import FLOAT64_U, gamma
-from proofs_checks.harness import gaussian_expectation, ladder, property_check, seeds
+from proofs_checks.harness import (
+    gaussian_expectation,
+    ladder,
+    property_check,
+    seeds,
+    substituted,
+)
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 from reference.linalg import frobenius, haar_orthogonal
@@ -264,6 +271,32 @@ def float64_deficiency(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+#: The near misses of EB-1 and EB-2: the library's bound b_r this much relative too large (the
+#: truncation then misses it by δ·b_r, rejected at about 40× and 20× the tolerances).
+EB1_NEAR_MISS, EB2_NEAR_MISS = 1e-9, 1e-10
+
+
+def _bound_raised(delta: float):
+    def make(original):
+        return lambda *args, **kwargs: (1 + delta) * original(*args, **kwargs)
+
+    return make
+
+
+def _with_bound_raised(check, delta: float, ctx: Context, wrong: bool) -> Outcome:
+    """``check`` on the implementation; its control, a near miss: ``capacity.deficiency_bound``
+    times 1 + ``delta``, substituted into the library."""
+    raised = _bound_raised(delta)(capacity.deficiency_bound)
+    with substituted(capacity, "deficiency_bound", raised) if wrong else contextlib.nullcontext():
+        return check(ctx, False)
+
+
+def deficiency_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_deficiency``; control, a near miss: the bound ``EB1_NEAR_MISS`` relative too
+    large (``_with_bound_raised``)."""
+    return _with_bound_raised(float64_deficiency, EB1_NEAR_MISS, ctx, wrong)
+
+
 def _mp_matrix(a: np.ndarray) -> mpmath.matrix:
     return mpmath.matrix(np.asarray(a, dtype=np.float64).tolist())
 
@@ -444,6 +477,12 @@ def float64_achievability(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def achievability_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_achievability``; control, a near miss: the bound ``EB2_NEAR_MISS`` relative too
+    large (``_with_bound_raised``)."""
+    return _with_bound_raised(float64_achievability, EB2_NEAR_MISS, ctx, wrong)
+
+
 def mpmath_achievability(ctx: Context, wrong: bool) -> Outcome:
     """n = 6, r* = 3, seed [ctx.seed, 102], at 30 and 60 digits: max over r = 0…6 of
     |ℰ(A_r) − b_r| with A_r = [A*L]_r L^{-1} (mpmath Cholesky and SVD), under
@@ -523,6 +562,12 @@ register(
                 "C^{1/2} dropped from the claimed identity",
             ),
             Check("float64", "no rank-r candidate beats the bound", float64_deficiency, CONTROL_1),
+            Check(
+                "float64",
+                f"resolution: a bound {EB1_NEAR_MISS:g} relative too large is caught",
+                deficiency_resolution,
+                f"near miss: capacity.deficiency_bound times 1 + {EB1_NEAR_MISS:g}, substituted",
+            ),
             Check("mpmath", "bound holds as precision grows", mpmath_deficiency, CONTROL_1),
             Check("property", "bound over shapes, ranks, scales", property_deficiency, CONTROL_1),
         ),
@@ -546,6 +591,12 @@ register(
         hypotheses=HYPOTHESES,
         checks=(
             Check("float64", "A_r attains the bound, rank ≤ r", float64_achievability, CONTROL_2),
+            Check(
+                "float64",
+                f"resolution: a bound {EB2_NEAR_MISS:g} relative too large is caught",
+                achievability_resolution,
+                f"near miss: capacity.deficiency_bound times 1 + {EB2_NEAR_MISS:g}, substituted",
+            ),
             Check("mpmath", "equality falls with precision", mpmath_achievability, CONTROL_2),
             Check("property", "equality over shapes and ranks", property_achievability, CONTROL_2),
         ),
