@@ -36,15 +36,23 @@ def symbolic_orthogonality(ctx: Context, wrong: bool) -> Outcome:
     """⟨W sym(WᵀG), ξ⟩ = tr(S·Wᵀξ) = tr(SΩ) = 0 for S symmetric and Ω = Wᵀξ skew, so
     ⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ on T_W St and Cauchy–Schwarz gives the maximiser −P_W(G)/‖P_W(G)‖.
     SymPy expands tr(SΩ) with symbolic entries for r = 1…5. Control: Ω not skew."""
-    leftovers = []
-    for r in range(1, 6):
+    leftovers, rs = [], range(1, 6)
+    for r in rs:
         s = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"s{min(i, j)}{max(i, j)}"))
         o = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"o{i}{j}"))
         omega = o if wrong else (o - o.T) / 2
         leftovers.append(sp.expand((s * omega).trace()))
     nonzero = sum(1 for e in leftovers if e != 0)
     return Outcome(
-        nonzero == 0, float(nonzero), 0.0, f"tr(SΩ) expanded for r = 1…5: {nonzero} nonzero"
+        nonzero == 0,
+        float(nonzero),
+        0.0,
+        f"tr(SΩ) expanded for r = 1…5: {nonzero} nonzero",
+        exercised={
+            "sizes": f"r = {rs[0]}…{rs[-1]} (symbolic r×r S symmetric, Ω)",
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (exact)",
+        },
     )
 
 
@@ -53,15 +61,24 @@ def float64_direction(ctx: Context, wrong: bool) -> Outcome:
     and ξ_t = −c_t·P_W(G_t) (β1 = 0). Residual max |1 − cos|; bound ``cosine_tolerance(d·r)``."""
     moment = "elementwise" if wrong else "frame"
     prob = frame_problem(D, R, STEPS, ctx.seed)
-    res = 0.0
-    for beta1 in (BETAS[0], 0.0):
+    res, beta1s = 0.0, (BETAS[0], 0.0)
+    for beta1 in beta1s:
         steps, _ = trajectory(adam(moment, beta1=beta1), prob.geometry, prob.w0, prob.grads)
         for s, g in zip(steps, prob.grads, strict=True):
             target = m_hat(s) if beta1 else prob.geometry.proj(s.w, g)
             res = max(res, cos_residual(s.xi, -target))
     capped = sum(frobenius(s.xi) >= RADIUS * (1 - 1e-12) for s in steps)
     return Outcome.bound(
-        res, cosine_tolerance(D * R), f"max |1 − cos(ξ, −m̂)| over {STEPS} steps, {capped} capped"
+        res,
+        cosine_tolerance(D * R),
+        f"max |1 − cos(ξ, −m̂)| over {STEPS} steps, {capped} capped",
+        {
+            "sizes": f"St({D}, {R})",
+            "steps": STEPS,
+            "options": f"β1 ∈ {{{', '.join(map(str, beta1s))}}}, trust radius {RADIUS}",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -74,16 +91,28 @@ def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
     geometry = prob.geometry
     steps, _ = trajectory(adam(moment, beta1=0.0), geometry, prob.w0, prob.grads)
     rng = np.random.default_rng(ctx.seed + 1)
-    res, tol = 0.0, np.inf
+    res, tol, tangents = 0.0, np.inf, 256 if ctx.quick else 1024
     for s, g in zip(steps, prob.grads, strict=True):
         best = frobenius(geometry.proj(s.w, g))
         eta = s.xi / frobenius(s.xi)
         res = max(res, abs(float(np.vdot(-g, eta)) - best) / best)
-        nu = geometry.proj(s.w, rng.standard_normal((256 if ctx.quick else 1024, D, R)))
+        nu = geometry.proj(s.w, rng.standard_normal((tangents, D, R)))
         nu /= np.linalg.norm(nu, axis=(1, 2), keepdims=True)
         res = max(res, (float(np.max(np.einsum("kij,ij->k", nu, -g))) - best) / best)
         tol = min(tol, (cosine_tolerance(D * R) + tangent_error(D, R, 1.0)) * frobenius(g) / best)
-    return Outcome.bound(res, tol, "β1 = 0: |⟨−G, ξ/‖ξ‖⟩ − ‖P_W G‖| and random tangents' excess")
+    return Outcome.bound(
+        res,
+        tol,
+        "β1 = 0: |⟨−G, ξ/‖ξ‖⟩ − ‖P_W G‖| and random tangents' excess",
+        {
+            "sizes": f"St({D}, {R})",
+            "steps": STEPS,
+            "options": f"β1 = 0, trust radius {RADIUS}",
+            "tangents": f"{tangents} random unit tangents per step",
+            "dtypes": "float64",
+            "seeds": f"{ctx.seed} (frame, gradients), {ctx.seed + 1} (tangents)",
+        },
+    )
 
 
 def mp_cos_residual(a: np.ndarray, b: np.ndarray) -> mpmath.mpf:
@@ -96,35 +125,58 @@ def mpmath_direction(ctx: Context, wrong: bool) -> Outcome:
     at 30 and 60 digits, under ``cosine_tolerance(d·r, u)`` at each precision."""
     prob = frame_problem(MP_D, MP_R, MP_STEPS, ctx.seed)
     moment = "elementwise" if wrong else "frame"
+    lr, eps, radius = 0.05, 1e-8, 0.05
 
     def measure(dps: int) -> float:
-        tr = mp.adam_trajectory(prob.w0, prob.grads, 0.05, BETAS, 1e-8, 0.05, moment)
+        tr = mp.adam_trajectory(prob.w0, prob.grads, lr, BETAS, eps, radius, moment)
         return max(mp_cos_residual(x, -m) for x, m in zip(tr.steps, tr.m_hats, strict=True))
 
-    return ladder(measure, lambda u: cosine_tolerance(MP_D * MP_R, u), "max |1 − cos(ξ, −m̂)|")
+    return ladder(
+        measure,
+        lambda u: cosine_tolerance(MP_D * MP_R, u),
+        "max |1 − cos(ξ, −m̂)|",
+        exercised={
+            "sizes": f"St({MP_D}, {MP_R})",
+            "steps": MP_STEPS,
+            "options": f"lr {lr}, β = {BETAS}, ε {eps:g}, trust radius {radius}",
+            "dtypes": "mpmath",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 def property_direction(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds, gradient RMS 10^[-8, 8], β1 ∈ {0, 0.9} and cap
     on/off: max |1 − cos(ξ, −m̂)| over 3 steps ≤ ``cosine_tolerance(d·r)``."""
     moment = "elementwise" if wrong else "frame"
+    steps_run, max_d, rms_exp, beta1s, radii = 3, 64, (-8, 8), [0.0, BETAS[0]], [None, RADIUS]
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed, exponent, beta1, radius = example
-        prob = frame_problem(d, r, 3, seed, grad_rms=10.0**exponent)
+        prob = frame_problem(d, r, steps_run, seed, grad_rms=10.0**exponent)
         opt = adam(moment, beta1=beta1, radius=radius)
         steps, _ = trajectory(opt, prob.geometry, prob.w0, prob.grads)
         return max(cos_residual(s.xi, -m_hat(s)) for s in steps), cosine_tolerance(d * r)
 
     strategy = st.tuples(
-        shapes(),
+        shapes(max_d),
         seeds(),
-        st.floats(-8, 8),
-        st.sampled_from([0.0, BETAS[0]]),
-        st.sampled_from([None, RADIUS]),
+        st.floats(*rms_exp),
+        st.sampled_from(beta1s),
+        st.sampled_from(radii),
     )
-    corners = shape_corners(0, 0.0, BETAS[0], RADIUS)
-    return property_check(ctx, strategy, measure, "max |1 − cos(ξ, −m̂)|", explicit=corners)
+    corners = shape_corners(0, 0.0, BETAS[0], RADIUS, max_d=max_d)
+    radius_names = ", ".join("none" if r is None else str(r) for r in radii)
+    exercised = {
+        "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}",
+        "steps": steps_run,
+        "options": f"gradient RMS 10^[{rms_exp[0]}, {rms_exp[1]}], "
+        f"β1 ∈ {{{', '.join(map(str, beta1s))}}}, trust radius ∈ {{{radius_names}}}",
+        "dtypes": "float64",
+    }
+    return property_check(
+        ctx, strategy, measure, "max |1 − cos(ξ, −m̂)|", explicit=corners, exercised=exercised
+    )
 
 
 register(

@@ -61,7 +61,18 @@ def symbolic_homogeneity(ctx: Context, wrong: bool) -> Outcome:
     m1c, v1c, xic = step(c * m, c**2 * v, c * g, c**2 * s)
     residuals += [sp.simplify(m1c - c * m1), sp.simplify(v1c - c**2 * v1), sp.simplify(xic - xi)]
     nonzero = sum(1 for e in residuals if e != 0)
-    return Outcome(nonzero == 0, float(nonzero), 0.0, f"{nonzero} of 4 identities left nonzero")
+    return Outcome(
+        nonzero == 0,
+        float(nonzero),
+        0.0,
+        f"{nonzero} of 4 identities left nonzero",
+        exercised={
+            "sizes": f"{len(gs)} symbolic gradient entries; one step of symbolic (m, v, g, s)",
+            "options": f"{'ε > 0' if wrong else 'ε = 0'}, c > 0, β1, β2, lr, t symbolic",
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (exact)",
+        },
+    )
 
 
 def scaled_paths(prob, c: float, eps: float):
@@ -69,6 +80,16 @@ def scaled_paths(prob, c: float, eps: float):
     base = [s.w for s in trajectory(opt, prob.geometry, prob.w0, prob.grads)[0]]
     scaled = [s.w for s in trajectory(opt, prob.geometry, prob.w0, [c * g for g in prob.grads])[0]]
     return base, scaled
+
+
+def _powers(values) -> str:
+    """Numbers as a set, in %g form: {1e-08, 1, 1e+08}."""
+    return "{" + ", ".join(f"{v:g}" for v in values) + "}"
+
+
+def _seed_range(ctx: Context, count: int) -> str:
+    """The seeds ctx.seed … ctx.seed + count − 1 of ``count`` problems."""
+    return f"{ctx.seed}…{ctx.seed + count - 1}" if count > 1 else str(ctx.seed)
 
 
 def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
@@ -84,6 +105,14 @@ def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
         res,
         trajectory_tolerance(D, R, STEPS),
         "max_t ‖W_t(cG) − W_t(G)‖, ε = 0, c·RMS ∈ [1e-158, 1e158]",
+        {
+            "sizes": f"St({D}, {R})",
+            "steps": STEPS,
+            "options": f"c ∈ {_powers(SCALES)}, base gradient RMS ∈ {_powers(BASE_RMS)}, "
+            f"ε = {EPS if wrong else 0:g}, trust radius {RADIUS}",
+            "dtypes": "float64",
+            "seeds": _seed_range(ctx, len(BASE_RMS)),
+        },
     )
 
 
@@ -107,6 +136,17 @@ def _eps_steps(ctx: Context):
             yield prob.geometry, s, g, sqrt_v_hat
 
 
+def _eps_exercised(ctx: Context, cap: str) -> dict[str, object]:
+    """What a check over ``_eps_steps`` ran, with the trust region(s) ``cap``."""
+    return {
+        "sizes": f"St({D}, {R})",
+        "steps": f"{STEPS} per trajectory, {len(EPS_RMS)} trajectories",
+        "options": f"ε ∈ {{0, {EPS:g}}}, gradient RMS ∈ {_powers(EPS_RMS)}, {cap}",
+        "dtypes": "float64",
+        "seeds": _seed_range(ctx, len(EPS_RMS)),
+    }
+
+
 def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
     """Without the trust region, ε > 0, from the same state: ‖ξ_ε − ξ_0‖ = ‖ξ_0‖·ε/(√v̂ + ε),
     along the trajectories of ``_eps_steps`` (ε/(√v̂ + ε) from ~1 to ~1e-8), relative to
@@ -124,7 +164,10 @@ def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
         n0 = frobenius(xi0)
         res = max(res, abs(frobenius(xie - xi0) - n0 * EPS / (sqrt_v_hat + EPS)) / n0)
     return Outcome.bound(
-        res, eps_identity_tolerance(D, R), "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖, no cap"
+        res,
+        eps_identity_tolerance(D, R),
+        "|‖ξ_ε − ξ_0‖ − ‖ξ_0‖ε/(√v̂ + ε)|/‖ξ_0‖, no cap",
+        _eps_exercised(ctx, "no trust region"),
     )
 
 
@@ -161,6 +204,7 @@ def float64_eps_capped(ctx: Context, wrong: bool) -> Outcome:
         eps_identity_tolerance(D, R),
         "|‖ξ_ε^Δ − ξ_0^Δ‖ − (min(‖ξ_0‖, Δ) − min(‖ξ_0‖√v̂/(√v̂ + ε), Δ))|/min(‖ξ_0‖, Δ); "
         f"steps capped: {regimes}",
+        _eps_exercised(ctx, f"trust radius Δ ∈ {_powers(EPS_RADII)}"),
     )
 
 
@@ -169,13 +213,14 @@ def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:
     30 and 60 digits, under ``trajectory_tolerance(6, 3, 3, u)``."""
     prob = frame_problem(MP_D, MP_R, MP_STEPS, ctx.seed)
     eps = EPS if wrong else 0.0
+    radius, scales = 0.01, (1e-150, 1e150)
 
     def measure(dps: int) -> float:
-        base = mp.adam_trajectory(prob.w0, prob.grads, LR, BETAS, eps, 0.01).points
+        base = mp.adam_trajectory(prob.w0, prob.grads, LR, BETAS, eps, radius).points
         worst = mpmath.mpf(0)
-        for c in (1e-150, 1e150):
+        for c in scales:
             grads = [mp.to_mp(g) * mpmath.mpf(c) for g in prob.grads]
-            scaled = mp.adam_trajectory(prob.w0, grads, LR, BETAS, eps, 0.01).points
+            scaled = mp.adam_trajectory(prob.w0, grads, LR, BETAS, eps, radius).points
             worst = max([worst] + [mp.frobenius(a - b) for a, b in zip(base, scaled, strict=True)])
         return worst
 
@@ -183,6 +228,13 @@ def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:
         measure,
         lambda u: trajectory_tolerance(MP_D, MP_R, MP_STEPS, u),
         "max_t ‖W_t(cG) − W_t(G)‖, c = 1e±150",
+        exercised={
+            "sizes": f"St({MP_D}, {MP_R})",
+            "steps": MP_STEPS,
+            "options": f"c ∈ {_powers(scales)}, ε = {eps:g}, lr {LR}, trust radius {radius}",
+            "dtypes": "mpmath",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -191,18 +243,35 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
     (its corners always among the examples): 3-step trajectories agree within
     ``trajectory_tolerance(d, r, 3)``."""
 
+    steps_run, max_d, c_range, rms_range = 3, 64, (-150, 150), (-8, 8)
+
     def measure(example) -> tuple[float, float]:
         (d, r), seed, c_exp, rms_exp = example
-        prob = frame_problem(d, r, 3, seed, grad_rms=10.0**rms_exp)
+        prob = frame_problem(d, r, steps_run, seed, grad_rms=10.0**rms_exp)
         base, scaled = scaled_paths(prob, 10.0**c_exp, EPS if wrong else 0.0)
-        return max_distance(base, scaled), trajectory_tolerance(d, r, 3)
+        return max_distance(base, scaled), trajectory_tolerance(d, r, steps_run)
 
-    strategy = st.tuples(shapes(), seeds(), st.floats(-150, 150), st.floats(-8, 8))
+    strategy = st.tuples(shapes(max_d), seeds(), st.floats(*c_range), st.floats(*rms_range))
     # the corners, on every seed: r = 1 and r = d at the largest scales, and the smallest
     # gradient (c·RMS = 1e-158), where ε > 0 dominates the denominator and the control must fail
     corners = [((8, 1), 0, 150.0, 8.0), ((6, 6), 1, -150.0, 0.0), ((16, 4), 2, -150.0, -8.0)]
-    corners += shape_corners(3, 0.0, 0.0)
-    return property_check(ctx, strategy, measure, "max_t ‖W_t(cG) − W_t(G)‖", explicit=corners)
+    corners += shape_corners(3, 0.0, 0.0, max_d=max_d)
+    exercised = {
+        "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}",
+        "steps": steps_run,
+        "options": f"c = 10^[{c_range[0]}, {c_range[1]}], "
+        f"base gradient RMS 10^[{rms_range[0]}, {rms_range[1]}], ε = {EPS if wrong else 0:g}, "
+        f"trust radius {RADIUS}",
+        "dtypes": "float64",
+    }
+    return property_check(
+        ctx,
+        strategy,
+        measure,
+        "max_t ‖W_t(cG) − W_t(G)‖",
+        explicit=corners,
+        exercised=exercised,
+    )
 
 
 register(

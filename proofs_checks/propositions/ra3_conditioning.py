@@ -26,6 +26,8 @@ from reference.linalg import frobenius
 CONTROL = "a non-tangent step ξ − ½‖ξ‖·W (a normal component added)"
 #: The trust radius of these checks: large, so that κ(W + ξ) is visibly above 1.
 DELTA = 0.4
+#: The learning rate of the rule's steps (``rule_steps``): large enough that the cap Δ acts.
+RULE_LR = 0.05
 
 
 def corrupt(w: np.ndarray, xi: np.ndarray) -> np.ndarray:
@@ -52,7 +54,17 @@ def symbolic_gram(ctx: Context, wrong: bool) -> Outcome:
     gap = sp.factor(sp.simplify((s**2 - (2 - 2 * k)).subs(s, sp.sqrt(uu**2 - 1))))
     left.append(gap - (uu - 1) ** 2 * (uu + 2) / uu)
     nonzero = sum(1 for e in left if not vanishes(e))
-    return Outcome(nonzero == 0, float(nonzero), 0.0, f"{nonzero} of 3 identities left nonzero")
+    return Outcome(
+        nonzero == 0,
+        float(nonzero),
+        0.0,
+        f"{nonzero} of 3 identities left nonzero",
+        exercised={
+            "sizes": f"{w.shape[0]}×{w.shape[1]} matrix symbols W, ξ (d, r symbolic); scalar s, u",
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (exact)",
+        },
+    )
 
 
 def gram_residual(w: np.ndarray, xi: np.ndarray) -> float:
@@ -78,9 +90,20 @@ def bound_violation(w: np.ndarray, xi: np.ndarray, delta: float) -> float:
 def rule_steps(ctx: Context, wrong: bool):
     """Steps of the full rule (lr = 0.05, so the cap Δ = 0.4 is active) at St(64, 16)."""
     prob = frame_problem(D, R, STEPS, ctx.seed)
-    opt = ref.optim.riemannian_adam(lr=0.05, trust_radius=DELTA)
+    opt = ref.optim.riemannian_adam(lr=RULE_LR, trust_radius=DELTA)
     for s in trajectory(opt, prob.geometry, prob.w0, prob.grads)[0]:
         yield s.w, corrupt(s.w, s.xi) if wrong else s.xi
+
+
+def rule_exercised(ctx: Context) -> dict[str, object]:
+    """What a check over ``rule_steps`` ran."""
+    return {
+        "sizes": f"St({D}, {R})",
+        "steps": STEPS,
+        "options": f"riemannian_adam lr {RULE_LR}, trust radius Δ = {DELTA}",
+        "dtypes": "float64",
+        "seeds": ctx.seed,
+    }
 
 
 def float64_gram(ctx: Context, wrong: bool) -> Outcome:
@@ -89,7 +112,12 @@ def float64_gram(ctx: Context, wrong: bool) -> Outcome:
     for w, xi in rule_steps(ctx, wrong):
         res = max(res, gram_residual(w, xi))
         tol = min(tol, gram_tolerance(D, R, frobenius(xi)))
-    return Outcome.bound(res, tol, f"max ‖(W + ξ)ᵀ(W + ξ) − I − ξᵀξ‖ over {STEPS} capped steps")
+    return Outcome.bound(
+        res,
+        tol,
+        f"max ‖(W + ξ)ᵀ(W + ξ) − I − ξᵀξ‖ over {STEPS} capped steps",
+        rule_exercised(ctx),
+    )
 
 
 def float64_bounds(ctx: Context, wrong: bool) -> Outcome:
@@ -100,6 +128,7 @@ def float64_bounds(ctx: Context, wrong: bool) -> Outcome:
         res,
         1.0,
         "positive part of the worst violation / tolerance of σ_min ≥ 1, κ ≤ √(1+Δ²), ‖R − W‖ ≤ ‖ξ‖",
+        rule_exercised(ctx),
     )
 
 
@@ -119,7 +148,16 @@ def mpmath_gram(ctx: Context, wrong: bool) -> Outcome:
         return mp.frobenius(a.T @ a - mp.eye(MP_R) - xi.T @ xi)
 
     return ladder(
-        measure, lambda u: gram_tolerance(MP_D, MP_R, DELTA, u), "‖(W+ξ)ᵀ(W+ξ) − I − ξᵀξ‖"
+        measure,
+        lambda u: gram_tolerance(MP_D, MP_R, DELTA, u),
+        "‖(W+ξ)ᵀ(W+ξ) − I − ξᵀξ‖",
+        exercised={
+            "sizes": f"St({MP_D}, {MP_R})",
+            "points": "1 random point (polar of a Gaussian)",
+            "tangents": f"1 random tangent of norm Δ = {DELTA}",
+            "dtypes": "mpmath",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -140,9 +178,19 @@ def property_conditioning(ctx: Context, wrong: bool) -> Outcome:
         return max(gram, bound_violation(w, xi, delta)), 1.0
 
     # St(1, 1) has only the zero tangent vector, where every claim is trivial: start at d = 2.
-    strategy = st.tuples(shapes().filter(lambda s: s[0] > 1), seeds(), st.floats(-3, 1))
+    min_d, max_d, delta_range = 2, 64, (-3, 1)
+    strategy = st.tuples(
+        shapes(max_d).filter(lambda s: s[0] >= min_d), seeds(), st.floats(*delta_range)
+    )
     what = "violation / tolerance, Gram identity and bounds"
-    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0, 0.0))
+    exercised = {
+        "sizes": f"St(d, r), {min_d} ≤ d ≤ {max_d}, 1 ≤ r ≤ d",
+        "options": f"‖ξ‖ = Δ ∈ 10^[{delta_range[0]}, {delta_range[1]}]",
+        "tangents": "1 random tangent per example",
+        "dtypes": "float64",
+    }
+    corners = shape_corners(0, 0.0, max_d=max_d)
+    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
 
 
 register(

@@ -60,7 +60,16 @@ def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
     q = haar_orthogonal(D, np.random.default_rng(ctx.seed + 1))
     res = equivariance_gap(prob, q, "elementwise" if wrong else "frame")
     return Outcome.bound(
-        res, tolerance(D, R, STEPS), f"max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖, {STEPS} steps"
+        res,
+        tolerance(D, R, STEPS),
+        f"max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖, {STEPS} steps",
+        {
+            "sizes": f"St({D}, {R}), Q ∈ O({D}) Haar",
+            "steps": STEPS,
+            "options": f"lr {LR}, β = {BETAS}, trust radius {RADIUS}",
+            "dtypes": "float64",
+            "seeds": f"{ctx.seed} (frame, gradients), {ctx.seed + 1} (Q)",
+        },
     )
 
 
@@ -71,18 +80,26 @@ def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:
     prob = frame_problem(MP_D, MP_R, SHORT, ctx.seed)
     q0 = haar_orthogonal(MP_D, np.random.default_rng(ctx.seed + 1))
     moment = "elementwise" if wrong else "frame"
+    eps, radius = 0.0, RADIUS / 5
 
     def measure(dps: int) -> float:
         q = mp.polar(mp.to_mp(q0))
-        base = mp.adam_trajectory(prob.w0, prob.grads, LR, BETAS, 0.0, RADIUS / 5, moment).points
+        base = mp.adam_trajectory(prob.w0, prob.grads, LR, BETAS, eps, radius, moment).points
         grads = [q @ mp.to_mp(g) for g in prob.grads]
-        turned = mp.adam_trajectory(
-            q @ mp.to_mp(prob.w0), grads, LR, BETAS, 0.0, RADIUS / 5, moment
-        )
+        turned = mp.adam_trajectory(q @ mp.to_mp(prob.w0), grads, LR, BETAS, eps, radius, moment)
         return max(mp.frobenius(b - q @ a) for a, b in zip(base, turned.points, strict=True))
 
     return ladder(
-        measure, lambda u: tolerance(MP_D, MP_R, SHORT, u), "max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖"
+        measure,
+        lambda u: tolerance(MP_D, MP_R, SHORT, u),
+        "max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖",
+        exercised={
+            "sizes": f"St({MP_D}, {MP_R}), Q = polar of a Haar Q ∈ O({MP_D})",
+            "steps": SHORT,
+            "options": f"lr {LR}, β = {BETAS}, ε = {eps:g}, trust radius {radius:g}",
+            "dtypes": "mpmath",
+            "seeds": f"{ctx.seed} (frame, gradients), {ctx.seed + 1} (Q)",
+        },
     )
 
 
@@ -90,20 +107,28 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64 and seeds: the 5-step gap ≤ ``tolerance(d, r, 5)``, with
     the trust radius ½·lr·√(d·r), half the uncapped step, so the cap is active at every size."""
 
+    max_d, fraction = 64, 0.5
+
     def measure(example) -> tuple[float, float]:
         (d, r), seed = example
         prob = frame_problem(d, r, SHORT, seed)
         q = haar_orthogonal(d, np.random.default_rng(seed + 1))
         moment = "elementwise" if wrong else "frame"
-        gap = equivariance_gap(prob, q, moment, radius=0.5 * LR * np.sqrt(d * r))
+        gap = equivariance_gap(prob, q, moment, radius=fraction * LR * np.sqrt(d * r))
         return gap, tolerance(d, r, SHORT)
 
     return property_check(
         ctx,
-        st.tuples(shapes(), seeds()),
+        st.tuples(shapes(max_d), seeds()),
         measure,
         "max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖",
-        explicit=shape_corners(0),
+        explicit=shape_corners(0, max_d=max_d),
+        exercised={
+            "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}, Q ∈ O(d) Haar",
+            "steps": SHORT,
+            "options": f"lr {LR}, β = {BETAS}, trust radius {fraction:g}·lr·√(d·r)",
+            "dtypes": "float64",
+        },
     )
 
 

@@ -30,6 +30,8 @@ from reference.optim import FrameDecayWarning
 #: The decay rate of the corollary checks (lr·λ = 0.05 < 1).
 LAMBDA = 10.0
 OFF = 1.1  # the negative control's point c·W, off the manifold for c ≠ 1
+#: The trust radius of the decay trajectories (``decay_path``).
+DECAY_RADIUS = 0.05
 
 
 def normal_tolerance(d: int, r: int, u: float | None = None) -> float:
@@ -54,7 +56,17 @@ def symbolic_normal(ctx: Context, wrong: bool) -> Outcome:
         (1 - a) * w + xi - (1 - a) * (w + xi / (1 - a)),
     ]
     nonzero = sum(1 for e in left if not vanishes(e))
-    return Outcome(nonzero == 0, float(nonzero), 0.0, f"{nonzero} of 3 identities left nonzero")
+    return Outcome(
+        nonzero == 0,
+        float(nonzero),
+        0.0,
+        f"{nonzero} of 3 identities left nonzero",
+        exercised={
+            "sizes": f"{w.shape[0]}×{w.shape[1]} matrix symbols W, ξ (d, r symbolic); scalar c, a",
+            "dtypes": "exact (SymPy)",
+            "seeds": "none (exact)",
+        },
+    )
 
 
 def float64_normal(ctx: Context, wrong: bool) -> Outcome:
@@ -63,13 +75,25 @@ def float64_normal(ctx: Context, wrong: bool) -> Outcome:
     steps, _ = trajectory(ref.optim.riemannian_adam(lr=LR), prob.geometry, prob.w0, prob.grads)
     scale = OFF if wrong else 1.0
     res = max(frobenius(prob.geometry.proj(scale * s.w, scale * s.w)) for s in steps)
-    return Outcome.bound(res, normal_tolerance(D, R), "max_t ‖P_W(W)‖ along the trajectory")
+    return Outcome.bound(
+        res,
+        normal_tolerance(D, R),
+        "max_t ‖P_W(W)‖ along the trajectory",
+        {
+            "sizes": f"St({D}, {R})",
+            "steps": STEPS,
+            "points": f"{len(steps)} trajectory points",
+            "options": f"riemannian_adam lr {LR}",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 def decay_path(prob, decay: str | None, weight_decay: float = LAMBDA):
     opt = ref.optim.riemannian_adam(
         lr=LR,
-        trust_radius=0.05,
+        trust_radius=DECAY_RADIUS,
         weight_decay=0.0 if decay is None else weight_decay,
         decay=decay or "coupled",
     )
@@ -95,8 +119,8 @@ def float64_corollaries(ctx: Context, wrong: bool) -> Outcome:
     retraction without the re-projection, i.e. a decay that would really shrink a frame."""
     prob = frame_problem(D, R, STEPS, ctx.seed)
     _, _, plain = decay_path(prob, None)
-    ratios = []
-    for mode in ("coupled", "after"):
+    ratios, modes = [], ("coupled", "after")
+    for mode in modes:
         path = unprojected_after(prob) if wrong and mode == "after" else decay_path(prob, mode)[2]
         ratios.append(max_distance(plain[: len(path)], path) / trajectory_tolerance(D, R, STEPS))
     _, steps, fused = decay_path(prob, "fused")
@@ -111,6 +135,14 @@ def float64_corollaries(ctx: Context, wrong: bool) -> Outcome:
         1.0,
         "worst of coupled, after, fused distance / bound; fused steps move up to "
         f"{inflation:.2e} further than undecayed ones",
+        {
+            "sizes": f"St({D}, {R})",
+            "steps": STEPS,
+            "options": f"decay ∈ {{none, {', '.join(modes)}, fused}}, λ = {LAMBDA:g}, "
+            f"lr·λ = {LR * LAMBDA:g}, trust radius {DECAY_RADIUS}",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -123,7 +155,17 @@ def mpmath_normal(ctx: Context, wrong: bool) -> Outcome:
         w = mp.polar(mp.to_mp(a)) * (OFF if wrong else 1)
         return mp.frobenius(mp.proj(w, w))
 
-    return ladder(measure, lambda u: normal_tolerance(MP_D, MP_R, u), "‖P_W(W)‖")
+    return ladder(
+        measure,
+        lambda u: normal_tolerance(MP_D, MP_R, u),
+        "‖P_W(W)‖",
+        exercised={
+            "sizes": f"St({MP_D}, {MP_R})",
+            "points": "1 random point (polar of a Gaussian)",
+            "dtypes": "mpmath",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 def property_coupled(ctx: Context, wrong: bool) -> Outcome:
@@ -133,9 +175,11 @@ def property_coupled(ctx: Context, wrong: bool) -> Outcome:
     normalisation); residual the worst ratio to its bound (tolerance 1). Control: W off the
     manifold."""
 
+    steps_run, max_d, lam_range = 1, 64, (-4, 2)
+
     def measure(example) -> tuple[float, float]:
         (d, r), seed, lam_exp = example
-        prob = frame_problem(d, r, 1, seed)
+        prob = frame_problem(d, r, steps_run, seed)
         if wrong:
             prob.w0 = OFF * prob.w0
         normal = frobenius(prob.geometry.proj(prob.w0, prob.w0)) / normal_tolerance(d, r)
@@ -146,9 +190,17 @@ def property_coupled(ctx: Context, wrong: bool) -> Outcome:
         bound = (1 + 10.0**lam_exp) * step_error(d, r)
         return max(normal, max_distance(plain, decayed) / bound), 1.0
 
-    strategy = st.tuples(shapes(), seeds(), st.floats(-4, 2))
+    strategy = st.tuples(shapes(max_d), seeds(), st.floats(*lam_range))
     what = "‖P_W(W)‖ and the coupled-decay step"
-    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0, 0.0))
+    exercised = {
+        "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}",
+        "steps": steps_run,
+        "options": f"coupled decay λ = 10^[{lam_range[0]}, {lam_range[1]}] vs none, "
+        f"lr {LR}, trust radius {DECAY_RADIUS}",
+        "dtypes": "float64",
+    }
+    corners = shape_corners(0, 0.0, max_d=max_d)
+    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
 
 
 register(

@@ -28,6 +28,8 @@ TOKENS = 8
 #: the derivative carries no truncation error.
 STEP = 2.0**-600
 CONTROL = "the closed form with a dropped transpose, G_K = H W_Q"
+#: The Adam hyperparameters of the step checks (``vertical_parts``): β1 = 0, so m̂ = g.
+VERTICAL_BETAS, VERTICAL_EPS = (0.0, 0.999), 1e-8
 Array = np.ndarray
 
 
@@ -195,6 +197,11 @@ def gauge_ratios(wq: Array, wk: Array, x: Array, seed: int, wrong: bool) -> dict
     }
 
 
+def _log2(h: float) -> str:
+    """A power of two as 2^k."""
+    return f"2^{np.log2(h):.0f}"
+
+
 def float64_gauge(ctx: Context, wrong: bool) -> Outcome:
     """At St(64, 16) for the log-cosh attention-logit loss (``loss``), each measurement of
     ``gauge_ratios`` within its rounding bound: L(W_Q Q, W_K Q) = L for a Haar Q;
@@ -206,7 +213,18 @@ def float64_gauge(ctx: Context, wrong: bool) -> Outcome:
     wq, wk, x = head_problem(D, R, ctx.seed)
     ratios = gauge_ratios(wq, wk, x, ctx.seed, wrong)
     detail = ", ".join(f"{k} {v:.1e}" for k, v in ratios.items())
-    return Outcome.bound(max(ratios.values()), 1.0, f"measurement/bound: {detail}")
+    return Outcome.bound(
+        max(ratios.values()),
+        1.0,
+        f"measurement/bound: {detail}",
+        {
+            "sizes": f"St({D}, {R}) × St({D}, {R}), {len(x)} tokens in R^{x.shape[1]}",
+            "options": f"log-cosh loss, complex step h = {_log2(STEP)}, Haar Q ∈ O({R})",
+            "samples": f"{wq.size + wk.size} complex-step loss evaluations",
+            "dtypes": "float64 (complex128 for the complex step)",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 def frame_scalar(
@@ -243,15 +261,15 @@ def vertical_parts(
     for the prediction's product."""
     wq, wk, x = head_problem(D, R, ctx.seed)
     pair = ref.Product(ref.Stiefel(D, R), ref.Stiefel(D, R), shared_moment=shared)
-    eps = 1e-8
-    opt = ref.optim.riemannian_adam(lr=LR, betas=(0.0, 0.999), eps=eps, trust_radius=radius)
+    eps = VERTICAL_EPS
+    opt = ref.optim.riemannian_adam(lr=LR, betas=VERTICAL_BETAS, eps=eps, trust_radius=radius)
     point, state = (wq, wk), opt.init(pair, (wq, wk))
     worst, smallest = 0.0, np.inf
     for _ in range(STEPS):
         h, gq, gk = closed_form_gradient(x, *point, wrong=wrong)
         xi, new_state = opt.update(pair, point, (gq, gk), state)
         adam_state = new_state[0]
-        c2 = np.sqrt(1 - 0.999**adam_state.count)
+        c2 = np.sqrt(1 - VERTICAL_BETAS[1] ** adam_state.count)
         rg = (_proj(point[0], gq), _proj(point[1], gk))
         if shared:
             scalars = (frame_scalar(rg, adam_state.sqrt_v[0] / c2, eps, radius),) * 2
@@ -297,13 +315,27 @@ def float64_vertical_step(ctx: Context, wrong: bool) -> Outcome:
     reported), and with the cap the same with each frame's cap factor. Residual: the largest
     ratio, tolerance 1. Control: the steps taken with the closed-form gradient with a dropped
     transpose (G_K = H W_Q), which has a vertical part of its own."""
-    worst, details = 0.0, []
-    for shared in (True, False):
-        for radius in (None, RADIUS):
+    worst, details, moments, radii = 0.0, [], (True, False), (None, RADIUS)
+    for shared in moments:
+        for radius in radii:
             res, _, detail = vertical_parts(ctx, shared, radius, wrong)
             worst = max(worst, res)
             details.append(detail)
-    return Outcome.bound(worst, 1.0, "‖Ω − Ω_pred‖/bound over 6 steps; " + "; ".join(details))
+    moment_names = ", ".join("shared" if m else "per frame" for m in moments)
+    radius_names = ", ".join("none" if r is None else str(r) for r in radii)
+    return Outcome.bound(
+        worst,
+        1.0,
+        "‖Ω − Ω_pred‖/bound over 6 steps; " + "; ".join(details),
+        {
+            "sizes": f"St({D}, {R}) × St({D}, {R}), {TOKENS} tokens",
+            "steps": f"{STEPS} per run, {len(moments) * len(radii)} runs",
+            "options": f"moment ∈ {{{moment_names}}}, trust radius ∈ {{{radius_names}}}, "
+            f"lr {LR}, β = {VERTICAL_BETAS}, ε {VERTICAL_EPS:g}",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 def mpmath_gauge(ctx: Context, wrong: bool) -> Outcome:
@@ -328,6 +360,13 @@ def mpmath_gauge(ctx: Context, wrong: bool) -> Outcome:
         measure,
         lambda u: Scales.of(x0, wq0, wk0, u).gauge(wq0, wk0, cq, ck),
         "‖skew(W_QᵀG_Q + W_KᵀG_K)‖ of the complex-step gradient",
+        exercised={
+            "sizes": f"St({MP_D}, {MP_R}) × St({MP_D}, {MP_R}), {len(x0)} tokens",
+            "options": "log-cosh loss, complex step in mpmath (h = 10^(−3·dps))",
+            "samples": f"{wq0.size + wk0.size} complex-step loss evaluations per precision",
+            "dtypes": "mpmath",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -343,9 +382,16 @@ def property_gauge(ctx: Context, wrong: bool) -> Outcome:
         return max(gauge_ratios(wq, wk, x, seed, wrong).values()), 1.0
 
     # d = 1: H is 1×1, so the dropped transpose changes nothing; start at d = 2.
-    strategy = st.tuples(shapes().filter(lambda s: s[0] > 1), seeds())
+    min_d, max_d = 2, 64
+    strategy = st.tuples(shapes(max_d).filter(lambda s: s[0] >= min_d), seeds())
     what = "largest measurement/bound of gauge_ratios"
-    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0))
+    exercised = {
+        "sizes": f"St(d, r) × St(d, r), {min_d} ≤ d ≤ {max_d}, 1 ≤ r ≤ d, {TOKENS} tokens",
+        "options": f"log-cosh loss, complex step h = {_log2(STEP)}, Haar Q ∈ O(r)",
+        "dtypes": "float64 (complex128 for the complex step)",
+    }
+    corners = shape_corners(0, max_d=max_d)
+    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
 
 
 register(

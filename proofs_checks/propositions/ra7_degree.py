@@ -142,6 +142,15 @@ def symbolic_degree(ctx: Context, wrong: bool) -> Outcome:
         gap,
         TRANSCRIPTION_TOL,
         f"identities left nonzero: {left or 'none'}; transcription vs library {gap:.2e}",
+        exercised={
+            "sizes": f"{len(g)} symbolic gradient entries (ℝ^{len(g)})",
+            "options": f"rules {', '.join(steps)}; c > 0, lr, β1, β2 symbolic; "
+            f"library at lr {LR}, β = {BETAS}",
+            "points": f"{len(LIBRARY_POINTS)} gradients on ℝ^{len(g)} for the transcription",
+            "steps": "1 from a fresh state",
+            "dtypes": "exact (SymPy); float64 for the transcription against the library",
+            "seeds": "none (exact)",
+        },
     )
 
 
@@ -171,11 +180,24 @@ def degree_gap(d: int, r: int, seed: int, c: float) -> tuple[float, str]:
 def float64_degree(ctx: Context, wrong: bool) -> Outcome:
     """At St(64, 16), c = 1e3 and 1e-3: relative gap ≤ ``relative_tolerance(d, r)``. Control
     (a near miss): ``EPS_DROPPED`` substituted into ``reference.optim``, the claim unchanged."""
+    scales = (1e3, 1e-3)
     with eps_dropped(wrong):
-        results = [degree_gap(D, R, ctx.seed, c) for c in (1e3, 1e-3)]
+        results = [degree_gap(D, R, ctx.seed, c) for c in scales]
     res = max(r for r, _ in results)
     tol = relative_tolerance(D, R, spread(frame_problem(D, R, 1, ctx.seed)))
-    return Outcome.bound(res, tol, f"measured degrees at c = 1e3: {results[0][1]}")
+    return Outcome.bound(
+        res,
+        tol,
+        f"measured degrees at c = 1e3: {results[0][1]}",
+        {
+            "sizes": f"St({D}, {R})",
+            "steps": "1 from a fresh state",
+            "options": f"c ∈ {{{', '.join(f'{c:g}' for c in scales)}}}, "
+            f"rules {', '.join(RULES)} (lr {LR}, Adam ε = 0)",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
 
 
 def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
@@ -184,9 +206,10 @@ def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
     ``EPS_DROPPED`` substituted into ``reference.mp`` (the gap then stays ≈ 1e-8 at every
     precision)."""
     prob = frame_problem(MP_D, MP_R, 1, ctx.seed)
+    scale = 1000
 
     def measure(dps: int) -> float:
-        c, w, g = mpmath.mpf(1000), mp.to_mp(prob.w0), mp.to_mp(prob.grads[0])
+        c, w, g = mpmath.mpf(scale), mp.to_mp(prob.w0), mp.to_mp(prob.grads[0])
         pairs = {
             "rsgd": (-LR * mp.proj(w, g), -LR * mp.proj(w, c * g)),
             "riemannian_adam": tuple(
@@ -203,6 +226,13 @@ def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
             measure,
             lambda u: relative_tolerance(MP_D, MP_R, spread(prob), u),
             "relative gap ξ(cG) vs c^k ξ(G)",
+            exercised={
+                "sizes": f"St({MP_D}, {MP_R})",
+                "steps": "1 from a fresh state",
+                "options": f"c = {scale}, rules rsgd, riemannian_adam (lr {LR}, ε = 0)",
+                "dtypes": "mpmath",
+                "seeds": ctx.seed,
+            },
         )
 
 
@@ -269,6 +299,11 @@ def subnormal_grid(rule: str, g: np.ndarray, c: float) -> float:
     return grid / (1 - grid)  # |δ/(1 + δ)| for |δ| ≤ grid
 
 
+def _pow2(c: float) -> str:
+    """A power of two as 2^k."""
+    return f"2^{np.log2(c):.0f}"
+
+
 def subnormal_degree(ctx: Context, wrong: bool) -> Outcome:
     """One step of each degree-zero rule at W_0 = [I; 0] on G' = fl(2^-1060·G)/2^-1060 (exactly
     the gradient whose 2^-1060 multiple is the subnormal fl(2^-1060·G)) and on that subnormal
@@ -294,6 +329,15 @@ def subnormal_degree(ctx: Context, wrong: bool) -> Outcome:
         float(ratios[worst]) if np.isfinite(ratios[worst]) else np.inf,
         1.0,
         f"gap / bound: {', '.join(f'{k} {v:.3e}' for k, v in ratios.items())}",
+        {
+            "sizes": f"St({END_D}, {END_R})",
+            "points": "W_0 = [I; 0]",
+            "steps": "1 from a fresh state",
+            "options": f"gradient scale {_pow2(SUBNORMAL)} (subnormal entries), "
+            f"rules {', '.join(ZERO_DEGREE)} (lr {LR}, Adam ε = 0)",
+            "dtypes": "float64, subnormal range",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -314,7 +358,18 @@ def apart_degree(ctx: Context, wrong: bool) -> Outcome:
         for make in ZERO_DEGREE.values():
             worst = max(worst, _frame_gaps(make, geometry, (x0, x0), g, g_apart))
     return Outcome.bound(
-        worst, relative_tolerance(END_D, END_R, 0.0), "per-frame gap at scales 2^1000, 2^-100"
+        worst,
+        relative_tolerance(END_D, END_R, 0.0),
+        "per-frame gap at scales 2^1000, 2^-100",
+        {
+            "sizes": f"St({END_D}, {END_R}) × St({END_D}, {END_R})",
+            "points": "([I; 0], [I; 0])",
+            "steps": "1 from a fresh state",
+            "options": f"frame gradient scales {', '.join(map(_pow2, APART))}, "
+            f"rules {', '.join(ZERO_DEGREE)} (lr {LR}, Adam ε = 0)",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
     )
 
 
@@ -339,13 +394,22 @@ def property_degree(ctx: Context, wrong: bool) -> Outcome:
         with eps_dropped(wrong):
             return degree_gap(d, r, seed, 10.0**c_exp)[0], tol
 
+    min_d, max_d, c_range, c_gap = 2, 64, (-100, 100), 0.5
     strategy = st.tuples(
-        shapes().filter(lambda s: s[0] > 1),
+        shapes(max_d).filter(lambda s: s[0] >= min_d),
         seeds(),
-        st.floats(-100, 100).filter(lambda e: abs(e) > 0.5),
+        st.floats(*c_range).filter(lambda e: abs(e) > c_gap),
     )
     what = "relative gap ξ(cG) vs c^k ξ(G)"
-    return property_check(ctx, strategy, measure, what, explicit=shape_corners(0, 3.0))
+    exercised = {
+        "sizes": f"St(d, r), {min_d} ≤ d ≤ {max_d}, 1 ≤ r ≤ d",
+        "steps": "1 from a fresh state",
+        "options": f"c = 10^e, e ∈ [{c_range[0]}, {c_range[1]}], |e| > {c_gap}, "
+        f"rules {', '.join(RULES)} (lr {LR}, Adam ε = 0)",
+        "dtypes": "float64",
+    }
+    corners = shape_corners(0, 3.0, max_d=max_d)
+    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
 
 
 register(
