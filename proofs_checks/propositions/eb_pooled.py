@@ -275,14 +275,17 @@ register(
             r"$\operatorname{rank}M_n\ge d-2r^*>r^*$ at every finite $n$. $M_n$ is nonsingular "
             r"for every $n$ when $K\succeq0$, $K\ne0$, and for generic $K$, but not for every $K$ "
             r"with $\operatorname{tr}K\ne0$ ($K=uv^\top$, $u^\top v=\sqrt{n/(2(n+1))}$). As "
-            r"$n\to\infty$, $C_n\to W_V^\top K^\top$, of rank $r^*$ when $W_V$ has full row "
-            r"rank. For $W_V$ with full row rank $d$, "
-            r"$\sigma_{\min}(W_V)\sigma_i(M_n)\le\sigma_i(C_n)\le\|W_V\|_2\sigma_i(M_n)$."
+            r"$n\to\infty$, $C_n\to W_V^\top K^\top$, of rank $r^*$ for orthogonal $W_V$."
         ),
         hypotheses=(
             "tokens iid N(0, I_d), independent across positions and sequences",
             "linear QK attention A(X) = X K Xᵀ/n, noise (if any) independent with mean zero",
-            "the tail bounds: d ≥ 3r* + 1 and tr K ≠ 0; W_V orthogonal in the checks",
+            "the tail bounds: d ≥ 3r* + 1 and tr K ≠ 0; W_V orthogonal",
+        ),
+        remarks=(
+            "For W_V of full row rank d, Ostrowski's theorem gives σ_min(W_V)σ_i(M_n) ≤ "
+            "σ_i(C_n) ≤ ‖W_V‖₂σ_i(M_n), so the order-1/n tail and the rank carry over; the "
+            "checks run orthogonal W_V only.",
         ),
         checks=(
             Check(

@@ -789,8 +789,9 @@ register(
             r"One step of the port's Riemannian Adam ($\varepsilon=0$) and normalised rule, "
             r"both of degree zero in the gradient, is the same along $cG$ as along $G$ when "
             r"$\|cG\|$ and $W^\top cG$ overflow float32 ($c=2^{127}$) and when the entries of "
-            r"$cG$ are float64 subnormals ($c=2^{-1060}$), to the rounding of the step and of "
-            r"the subnormal values; and \texttt{RiemannianAdam} and "
+            r"$cG$ are float64 subnormals ($c=2^{-1060}$, at $W=[I;0]$ with $G$ tangent "
+            r"there), to the rounding of the step and of the subnormal values; and "
+            r"\texttt{RiemannianAdam} and "
             r"\texttt{scale\_by\_adam} with their defaults are the rule with "
             r"$\eta=10^{-3}$, $\beta=(0.9,0.999)$, $\varepsilon=10^{-8}$."
         ),
