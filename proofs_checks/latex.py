@@ -56,6 +56,7 @@ SYMBOLS: dict[str, str] = {
     "∩": r"\cap",
     "∝": r"\propto",
     "𝓗": r"\mathcal{H}",
+    "ℰ": r"\mathcal{E}",
     "Ŷ": r"\hat{Y}",
     "…": r"\ldots",
     **{d: f"^{{{i}}}" for i, d in enumerate("⁰¹²³⁴⁵⁶⁷⁸⁹")},

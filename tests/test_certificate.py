@@ -231,9 +231,9 @@ def test_the_latex_compiles_with_pdflatex_alone_and_in_a_paper(tmp_path: Path) -
     assert "Overfull" in _pdflatex(tmp_path, "certificate")
 
 
-#: The propositions whose every check records what it exercised and that have a near-miss
-#: control (the rest print "not recorded", or how many of their checks record it).
-REFEREED = [pid for pid in REGISTRY if pid.startswith(("GEO-", "PORT-", "REF-"))]
+#: The propositions held to the referee's reading: every check records what it exercised, and
+#: at least one control is a near miss.
+REFEREED = list(REGISTRY)
 
 
 @pytest.fixture(scope="module")
@@ -251,8 +251,7 @@ def test_every_check_records_what_it_exercised(refereed, pid) -> None:
     assert result.passed and result.exercised_by == len(result.checks)
     for c in result.checks:
         ran = dict(c.outcome.exercised)
-        assert "3" in ran["seeds"] and "dtypes" in ran, (c.name, ran)
-        assert any(k in ran for k in ("instances", "sizes", "geometries")), (c.name, ran)
+        assert ran.get("seeds") and ran.get("dtypes") and len(ran) >= 3, (c.name, ran)
     cert = Certificate([result], seed=3, quick=True)
     doc = json.loads(cert.to_json())["propositions"][0]
     assert doc["exercised"] == result.exercised and all(c["exercised"] for c in doc["checks"])

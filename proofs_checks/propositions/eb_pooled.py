@@ -283,9 +283,10 @@ register(
             "the tail bounds: d ≥ 3r* + 1 and tr K ≠ 0; W_V orthogonal",
         ),
         remarks=(
-            "For W_V of full row rank d, Ostrowski's theorem gives σ_min(W_V)σ_i(M_n) ≤ "
-            "σ_i(C_n) ≤ ‖W_V‖₂σ_i(M_n), so the order-1/n tail and the rank carry over; the "
-            "checks run orthogonal W_V only.",
+            r"For $W_V$ of full row rank $d$, Ostrowski's theorem gives "
+            r"$\sigma_{\min}(W_V)\sigma_i(M_n)\le\sigma_i(C_n)\le\|W_V\|_2\sigma_i(M_n)$, "
+            r"so the order-$1/n$ tail and the rank carry over; the checks run orthogonal $W_V$ "
+            r"only.",
         ),
         checks=(
             Check(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import mpmath
 import numpy as np
 import sympy as sp
@@ -16,14 +19,22 @@ from proofs_checks.harness import (
     seeds,
     shape_corners,
     shapes,
+    substituted,
     trajectory,
 )
 from proofs_checks.propositions.common import BETAS, MP_D, MP_R, MP_STEPS, RADIUS, STEPS, D, R, adam
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
+from reference import optim as ro
 from reference.linalg import frobenius
 
-CONTROL = "elementwise second moment (one √v per entry, then projected)"
+CONTROL = (
+    "elementwise second moment (one √v per entry, then projected) (breaks the hypothesis: "
+    "one scalar second moment per frame, not the code)"
+)
+#: The near miss of ``direction_resolution``: the Adam direction times 1 ± NEAR_MISS per entry.
+#: |1 − cos(ξ, −m̂)| grows like NEAR_MISS²/2 = 8e-12, about 18 × ``cosine_tolerance(64·16)``.
+NEAR_MISS = 4e-6
 
 
 def m_hat(step) -> np.ndarray:
@@ -115,6 +126,41 @@ def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def _checkerboard(p: np.ndarray) -> np.ndarray:
+    """+1 and −1 in a fixed checkerboard over the entries of ``p`` (whatever the seed)."""
+    return np.where(np.indices(np.shape(p)).sum(axis=0) % 2 == 0, 1.0, -1.0)
+
+
+def _entrywise_scaled(delta: float) -> Callable:
+    """``scale_by_adam`` whose direction m̂/(√v̂ + ε) is multiplied entry by entry by
+    1 + delta·s, s = ±1 in a checkerboard (``_checkerboard``): a per-entry second moment that
+    differs from the frame's scalar one by a relative ∓delta, a moment not quite scalar."""
+
+    def make(original):
+        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+            inner = original(b1, b2, eps, moment, reduction)
+
+            def update(geometry, x, g, state):
+                d, new = inner.update(geometry, x, g, state)
+                return ro.tree_map(lambda p: p * (1.0 + delta * _checkerboard(p)), d), new
+
+            return inner._replace(update=update)
+
+        return variant
+
+    return make
+
+
+def direction_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_direction`` (max |1 − cos(ξ, −m̂)| over 6 steps at St(64, 16), bound
+    ``cosine_tolerance(d·r)``); control, a near miss: the Adam direction times 1 ± ``NEAR_MISS``
+    per entry (``_entrywise_scaled``), substituted into ``reference.optim``, which turns ξ off
+    −m̂ by |1 − cos| ≈ NEAR_MISS²/2."""
+    variant = _entrywise_scaled(NEAR_MISS)(ro.scale_by_adam)
+    with substituted(ro, "scale_by_adam", variant) if wrong else contextlib.nullcontext():
+        return float64_direction(ctx, False)
+
+
 def mp_cos_residual(a: np.ndarray, b: np.ndarray) -> mpmath.mpf:
     dot = mpmath.fsum(x * y for x, y in zip(np.ravel(a), np.ravel(b), strict=True))
     return abs(1 - dot / (mp.frobenius(a) * mp.frobenius(b)))
@@ -201,9 +247,16 @@ register(
                 "symbolic",
                 "tr(SΩ) = 0: the normal part of G is orthogonal to T_W",
                 symbolic_orthogonality,
-                "Ω not skew",
+                "Ω not skew (breaks the hypothesis: ξ ∈ T_W St, i.e. Wᵀξ skew, not the code)",
             ),
             Check("float64", "ξ is a positive multiple of −m̂", float64_direction, CONTROL),
+            Check(
+                "float64",
+                f"resolution: a step off −m̂ by a relative ±{NEAR_MISS:g} per entry is caught",
+                direction_resolution,
+                f"near miss: the Adam direction times 1 ± {NEAR_MISS:g} per entry (a checkerboard "
+                "of signs: a second moment not quite scalar), substituted into reference.optim",
+            ),
             Check("float64", "the step attains the maximum ‖P_W G‖", float64_maximum, CONTROL),
             Check("mpmath", "direction residual falls with precision", mpmath_direction, CONTROL),
             Check("property", "ξ ∥ −m̂ over shapes, seeds and scales", property_direction, CONTROL),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import mpmath
 import numpy as np
 import sympy as sp
@@ -16,6 +18,7 @@ from proofs_checks.harness import (
     seeds,
     shape_corners,
     shapes,
+    substituted,
     trajectory,
 )
 from proofs_checks.propositions.common import (
@@ -32,12 +35,21 @@ from proofs_checks.propositions.common import (
 )
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
+from reference import optim as ro
 from reference.linalg import frobenius
 
 SCALES = (1e-150, 1e-100, 1e-50, 1e-8, 1e8, 1e50, 1e100, 1e150)
 BASE_RMS = (1e-8, 1.0, 1e8)
 EPS = 1e-8
-CONTROL = f"ε = {EPS:g} instead of 0 (the ε floor at small gradient scales)"
+CONTROL = (
+    f"ε = {EPS:g} instead of 0 (the ε floor at small gradient scales) (breaks the hypothesis: "
+    "ε = 0, not the code)"
+)
+#: The near miss of ``eps_floor_resolution``: ε = 0 floored to this value inside the library.
+#: The ε identity then misses by EPS_FLOOR/(√v̂ + ε) ≈ 1e-11 at gradient RMS 1e-12, about 17 ×
+#: ``eps_identity_tolerance(64, 16)``. (The trajectory checks cannot see it: every one of their
+#: steps is capped, and the cap restores the length that a scalar ε takes off.)
+EPS_FLOOR = 1e-19
 
 
 def symbolic_homogeneity(ctx: Context, wrong: bool) -> Outcome:
@@ -171,6 +183,27 @@ def float64_eps_identity(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def _scale_by_adam_floored(original):
+    """``scale_by_adam`` with ε = max(ε, ``EPS_FLOOR``): a guard against 0/0 that makes the ε = 0
+    asked for a tiny positive ε."""
+
+    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+        return original(b1, b2, max(eps, EPS_FLOOR), moment, reduction)
+
+    return variant
+
+
+def eps_floor_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_eps_identity`` (‖ξ_ε − ξ_0‖ = ‖ξ_0‖·ε/(√v̂ + ε) without the cap, relative to
+    ‖ξ_0‖, bound ``eps_identity_tolerance(64, 16)``); control, a near miss: the ε = 0 of ξ_0
+    floored to ``EPS_FLOOR`` (``_scale_by_adam_floored``), substituted into
+    ``reference.optim``, so ξ_0 is not the ε = 0 step: the identity misses by
+    EPS_FLOOR/(√v̂ + ε) ≈ 1e-11 at gradient RMS 1e-12."""
+    variant = _scale_by_adam_floored(ro.scale_by_adam)
+    with substituted(ro, "scale_by_adam", variant) if wrong else contextlib.nullcontext():
+        return float64_eps_identity(ctx, False)
+
+
 def capped_gap(n0: float, q: float, radius: float) -> float:
     """‖ξ_ε^Δ − ξ_0^Δ‖ predicted from the uncapped ‖ξ_0‖ = n0 and q = √v̂/(√v̂ + ε): both
     capped steps are positive multiples of m̂ (the cap only shortens), of norms min(n0, Δ) and
@@ -301,7 +334,7 @@ register(
                 "symbolic",
                 "one step is homogeneous of degree (1, 2, 0) in (m, v, ξ)",
                 symbolic_homogeneity,
-                "ε > 0",
+                "ε > 0 (breaks the hypothesis: ε = 0, not the code)",
             ),
             Check(
                 "float64", "trajectories agree for c = 1e-150…1e150", float64_trajectory, CONTROL
@@ -311,6 +344,13 @@ register(
                 "the ε deviation identity without the trust region",
                 float64_eps_identity,
                 "ε inside the square root",
+            ),
+            Check(
+                "float64",
+                f"resolution: ε = {EPS_FLOOR:g} where 0 is asked for is caught",
+                eps_floor_resolution,
+                f"near miss: Adam's ε = 0 floored to {EPS_FLOOR:g} (a 0/0 guard max(ε, "
+                f"{EPS_FLOOR:g})), substituted into reference.optim",
             ),
             Check(
                 "float64",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import sympy as sp
 from hypothesis import strategies as st
@@ -15,15 +17,22 @@ from proofs_checks.harness import (
     seeds,
     shape_corners,
     shapes,
+    substituted,
     trajectory,
     vanishes,
 )
 from proofs_checks.propositions.common import MP_D, MP_R, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
-from reference.linalg import frobenius
+from reference.linalg import frobenius, sym
 
-CONTROL = "a non-tangent step ξ − ½‖ξ‖·W (a normal component added)"
+#: What the controls of the tangency hypothesis break.
+TANGENCY = "breaks the hypothesis: Wᵀξ + ξᵀW = 0, not the code"
+CONTROL = f"a non-tangent step ξ − ½‖ξ‖·W (a normal component added) ({TANGENCY})"
+#: The near miss of ``gram_resolution``: a Tikhonov term τ in the polar retraction's inverse
+#: square root. Each point W_t = polar(W + ξ) then has ‖WᵀW − I‖ ≈ τ·‖(I + ξᵀξ)^{-1}‖ ≈ τ√r,
+#: about 21 × ``gram_tolerance(64, 16, Δ)``.
+POLAR_TIKHONOV = 2e-11
 #: The trust radius of these checks: large, so that κ(W + ξ) is visibly above 1.
 DELTA = 0.4
 #: The learning rate of the rule's steps (``rule_steps``): large enough that the cap Δ acts.
@@ -132,6 +141,22 @@ def float64_bounds(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def _tikhonov_polar(a: np.ndarray) -> np.ndarray:
+    """polar(A) computed as A(AᵀA + τI)^{-1/2} with τ = ``POLAR_TIKHONOV`` (a regularised
+    inverse square root, a guard against rank deficiency): columns short by ≈ τ/(2σ²)."""
+    lam, q = np.linalg.eigh(sym(a.T @ a))
+    return a @ (q * (lam + POLAR_TIKHONOV) ** -0.5) @ q.T
+
+
+def gram_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_gram`` ((W + ξ)ᵀ(W + ξ) = I + ξᵀξ at every step of the rule, bound
+    ``gram_tolerance``); control, a near miss: the polar retraction regularised by
+    ``POLAR_TIKHONOV`` (``_tikhonov_polar``), substituted into ``reference.linalg``, so the
+    rule's points leave St(d, r) by ‖WᵀW − I‖ ≈ τ√r and the identity fails by as much."""
+    with substituted(ref.linalg, "polar", _tikhonov_polar) if wrong else contextlib.nullcontext():
+        return float64_gram(ctx, False)
+
+
 def mpmath_gram(ctx: Context, wrong: bool) -> Outcome:
     """The Gram identity at St(6, 3) for a tangent step of norm Δ at 30 and 60 digits, under
     ``gram_tolerance(6, 3, Δ, u)``."""
@@ -207,9 +232,20 @@ register(
         hypotheses=("WᵀW = I_r", "Wᵀξ + ξᵀW = 0", "‖ξ‖ ≤ Δ (trust region) for the κ bound"),
         checks=(
             Check(
-                "symbolic", "Gram identity and the scalar bounds", symbolic_gram, "tangency dropped"
+                "symbolic",
+                "Gram identity and the scalar bounds",
+                symbolic_gram,
+                f"tangency dropped ({TANGENCY})",
             ),
             Check("float64", "Gram identity along the rule", float64_gram, CONTROL),
+            Check(
+                "float64",
+                f"resolution: points {POLAR_TIKHONOV:g}·√r off St(d, r) are caught",
+                gram_resolution,
+                f"near miss: the polar retraction computed as A(AᵀA + τI)^(-1/2) with "
+                f"τ = {POLAR_TIKHONOV:g} (a regularised inverse square root), substituted into "
+                "reference.linalg",
+            ),
             Check("float64", "σ_min, κ and displacement bounds", float64_bounds, CONTROL),
             Check("mpmath", "Gram residual falls with precision", mpmath_gram, CONTROL),
             Check(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -13,6 +16,7 @@ from proofs_checks.harness import (
     seeds,
     shape_corners,
     shapes,
+    substituted,
     trajectory,
 )
 from proofs_checks.propositions.common import (
@@ -28,9 +32,17 @@ from proofs_checks.propositions.common import (
 )
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
+from reference import optim as ro
 from reference.linalg import frobenius, haar_orthogonal
 
-CONTROL = "elementwise second moment (one √v per entry, then projected)"
+CONTROL = (
+    "elementwise second moment (one √v per entry, then projected) (breaks the hypothesis: "
+    "one scalar second moment per frame, not the code)"
+)
+#: The near miss of ``equivariance_resolution``: the Adam direction times 1 ± NEAR_MISS per
+#: entry in fixed coordinates, which QW does not rotate; the 6-step gap is then ≈ 0.3·NEAR_MISS,
+#: about 21 × ``tolerance(64, 16, 6)``.
+NEAR_MISS = 4e-8
 
 
 def tolerance(d: int, r: int, steps: int, u: float | None = None) -> float:
@@ -71,6 +83,42 @@ def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
             "seeds": f"{ctx.seed} (frame, gradients), {ctx.seed + 1} (Q)",
         },
     )
+
+
+def _checkerboard(p: np.ndarray) -> np.ndarray:
+    """+1 and −1 in a fixed checkerboard over the entries of ``p`` (whatever the seed)."""
+    return np.where(np.indices(np.shape(p)).sum(axis=0) % 2 == 0, 1.0, -1.0)
+
+
+def _entrywise_scaled(delta: float) -> Callable:
+    """``scale_by_adam`` whose direction m̂/(√v̂ + ε) is multiplied entry by entry by
+    1 + delta·s, s = ±1 in a checkerboard (``_checkerboard``): a per-entry second moment that
+    differs from the frame's scalar one by a relative ∓delta, fixed in the coordinates of ℝ^d
+    and so not turned by Q."""
+
+    def make(original):
+        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+            inner = original(b1, b2, eps, moment, reduction)
+
+            def update(geometry, x, g, state):
+                d, new = inner.update(geometry, x, g, state)
+                return ro.tree_map(lambda p: p * (1.0 + delta * _checkerboard(p)), d), new
+
+            return inner._replace(update=update)
+
+        return variant
+
+    return make
+
+
+def equivariance_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_trajectory`` (max_t ‖Φ_t(QW_0, {QG_s}) − QΦ_t(W_0, {G_s})‖ over 6 capped steps at
+    St(64, 16), bound ``tolerance(64, 16, 6)``); control, a near miss: the Adam direction times
+    1 ± ``NEAR_MISS`` per entry (``_entrywise_scaled``), substituted into ``reference.optim``:
+    a moment not quite scalar, and so not quite O(d)-equivariant."""
+    variant = _entrywise_scaled(NEAR_MISS)(ro.scale_by_adam)
+    with substituted(ro, "scale_by_adam", variant) if wrong else contextlib.nullcontext():
+        return float64_trajectory(ctx, False)
 
 
 def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:
@@ -148,6 +196,14 @@ register(
         checks=(
             Check(
                 "float64", "6-step trajectories, Haar Q, cap active", float64_trajectory, CONTROL
+            ),
+            Check(
+                "float64",
+                f"resolution: steps off by a relative ±{NEAR_MISS:g} per entry are caught",
+                equivariance_resolution,
+                f"near miss: the Adam direction times 1 ± {NEAR_MISS:g} per entry (a checkerboard "
+                "of signs fixed in ℝ^d: a second moment not quite scalar), substituted into "
+                "reference.optim",
             ),
             Check("mpmath", "equivariance gap falls with precision", mpmath_trajectory, CONTROL),
             Check("property", "equivariance over shapes and seeds", property_trajectory, CONTROL),

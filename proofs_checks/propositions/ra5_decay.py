@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -18,18 +19,25 @@ from proofs_checks.harness import (
     seeds,
     shape_corners,
     shapes,
+    substituted,
     trajectory,
     vanishes,
 )
 from proofs_checks.propositions.common import LR, MP_D, MP_R, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
-from reference.linalg import frobenius, polar_svd
+from reference.linalg import frobenius, polar_svd, sym
 from reference.optim import FrameDecayWarning
 
 #: The decay rate of the corollary checks (lr·λ = 0.05 < 1).
 LAMBDA = 10.0
 OFF = 1.1  # the negative control's point c·W, off the manifold for c ≠ 1
+#: What the controls that move W off the manifold break.
+OFF_MANIFOLD = "breaks the hypothesis: WᵀW = I_r, not the code"
+#: The near miss of ``normal_resolution``: the projection keeps this fraction of the normal
+#: part, so the decay's Riemannian gradient is λ·NORMAL_KEPT·W, not 0: ‖P_W(W)‖ = NORMAL_KEPT·√r,
+#: about 18 × ``normal_tolerance(64, 16)``.
+NORMAL_KEPT = 1e-11
 #: The trust radius of the decay trajectories (``decay_path``).
 DECAY_RADIUS = 0.05
 
@@ -88,6 +96,21 @@ def float64_normal(ctx: Context, wrong: bool) -> Outcome:
             "seeds": ctx.seed,
         },
     )
+
+
+def _leaky_proj(self, x: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """``Stiefel.proj`` that removes only 1 − ``NORMAL_KEPT`` of the normal part:
+    Z − (1 − δ)·W sym(WᵀZ), i.e. P_W(Z) + δ·W sym(WᵀZ) (a normal component kept)."""
+    return z - (1.0 - NORMAL_KEPT) * (x @ sym(x.T @ z))
+
+
+def normal_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_normal`` (‖P_W(W)‖ at every point of a 6-step trajectory at St(64, 16), bound
+    ``normal_tolerance``); control, a near miss: the projection keeps ``NORMAL_KEPT`` of the
+    normal part (``_leaky_proj``), substituted into ``reference.Stiefel``, so the decay's
+    Riemannian gradient P_W(λW) is λ·δ·W, of norm λ·δ·√r, instead of 0."""
+    with substituted(ref.Stiefel, "proj", _leaky_proj) if wrong else contextlib.nullcontext():
+        return float64_normal(ctx, False)
 
 
 def decay_path(prob, decay: str | None, weight_decay: float = LAMBDA):
@@ -222,21 +245,38 @@ register(
                 "symbolic",
                 "P_W(W) = 0 and the decay identities",
                 symbolic_normal,
-                "W off the manifold",
+                f"W off the manifold ({OFF_MANIFOLD})",
             ),
-            Check("float64", "P_W(W) = 0 along a trajectory", float64_normal, f"W scaled by {OFF}"),
+            Check(
+                "float64",
+                "P_W(W) = 0 along a trajectory",
+                float64_normal,
+                f"W scaled by {OFF} ({OFF_MANIFOLD})",
+            ),
+            Check(
+                "float64",
+                f"resolution: a decay gradient of λ·{NORMAL_KEPT:g}·W is caught",
+                normal_resolution,
+                f"near miss: the projection keeps {NORMAL_KEPT:g} of the normal part, "
+                f"Z − (1 − {NORMAL_KEPT:g})·W sym(WᵀZ), substituted into reference.Stiefel",
+            ),
             Check(
                 "float64",
                 "the three decay corollaries",
                 float64_corollaries,
                 "unprojected decay after the retraction",
             ),
-            Check("mpmath", "‖P_W(W)‖ falls with precision", mpmath_normal, f"W scaled by {OFF}"),
+            Check(
+                "mpmath",
+                "‖P_W(W)‖ falls with precision",
+                mpmath_normal,
+                f"W scaled by {OFF} ({OFF_MANIFOLD})",
+            ),
             Check(
                 "property",
                 "coupled decay over shapes, seeds, λ",
                 property_coupled,
-                f"W scaled by {OFF}",
+                f"W scaled by {OFF} ({OFF_MANIFOLD})",
             ),
         ),
     )

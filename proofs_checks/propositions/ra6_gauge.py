@@ -8,6 +8,7 @@ against that derivative, and is what the optimizer steps use.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,10 +18,18 @@ from hypothesis import strategies as st
 
 import reference as ref
 from proofs_checks.bounds import frame_error, gamma, unit_roundoff
-from proofs_checks.harness import ladder, property_check, seeds, shape_corners, shapes
+from proofs_checks.harness import (
+    ladder,
+    property_check,
+    seeds,
+    shape_corners,
+    shapes,
+    substituted,
+)
 from proofs_checks.propositions.common import LR, MP_D, MP_R, RADIUS, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
+from reference import optim as ro
 from reference.linalg import frobenius, skew
 
 TOKENS = 8
@@ -30,6 +39,10 @@ STEP = 2.0**-600
 CONTROL = "the closed form with a dropped transpose, G_K = H W_Q"
 #: The Adam hyperparameters of the step checks (``vertical_parts``): β1 = 0, so m̂ = g.
 VERTICAL_BETAS, VERTICAL_EPS = (0.0, 0.999), 1e-8
+#: The near miss of ``vertical_resolution``: W_K's Adam direction this much relative longer
+#: than W_Q's, so a_K = a_Q·(1 + δ) where one shared moment gives a_Q = a_K: a vertical part
+#: ½·δ·a·‖skew(W_KᵀG_K)‖, 16–21 × ``vertical_parts``' bound (seeds 0–2).
+SHARED_NEAR_MISS = 3e-10
 Array = np.ndarray
 
 
@@ -338,6 +351,35 @@ def float64_vertical_step(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def _second_frame_scaled(original):
+    """``scale_by_adam`` whose direction for the second frame of a pair (W_K) is
+    ``SHARED_NEAR_MISS`` relative longer than the first's: the shared √v̂ + ε divided by 1 + δ
+    for W_K alone, a moment not quite shared (frames with moments of their own are scaled the
+    same way, so the prediction from their √v̂ misses by as much)."""
+
+    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+        inner = original(b1, b2, eps, moment, reduction)
+
+        def update(geometry, x, g, state):
+            d, new = inner.update(geometry, x, g, state)
+            return (d[0], (1.0 + SHARED_NEAR_MISS) * d[1]), new
+
+        return inner._replace(update=update)
+
+    return variant
+
+
+def vertical_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_vertical_step`` (the step's vertical part ½skew(W_Qᵀξ_Q + W_Kᵀξ_K) against
+    −½(a_Q − a_K)·skew(W_QᵀG_Q), over its bound, tolerance 1); control, a near miss: W_K's
+    Adam direction ``SHARED_NEAR_MISS`` relative longer (``_second_frame_scaled``),
+    substituted into ``reference.optim``, so a_K ≠ a_Q where the moment is shared and the
+    vertical part is ½·δ·a_K·‖skew(W_KᵀG_K)‖ instead of 0."""
+    variant = _second_frame_scaled(ro.scale_by_adam)
+    with substituted(ro, "scale_by_adam", variant) if wrong else contextlib.nullcontext():
+        return float64_vertical_step(ctx, False)
+
+
 def mpmath_gauge(ctx: Context, wrong: bool) -> Outcome:
     """At St(6, 3) with frames, tokens and loss at 30 and 60 digits: the gauge residual of the
     gradient differentiated from L by the complex step in mpmath (``mp_complex_step_gradient``)
@@ -430,7 +472,15 @@ register(
                 "float64",
                 "the step's vertical part is −½(a_Q − a_K)·skew(W_QᵀG_Q)",
                 float64_vertical_step,
-                "steps with the dropped-transpose gradient",
+                "steps with the dropped-transpose gradient (breaks the hypothesis: G the "
+                "gradient of a loss f(W_Q W_Kᵀ), not the code)",
+            ),
+            Check(
+                "float64",
+                f"resolution: frame scalars {SHARED_NEAR_MISS:g} relative apart are caught",
+                vertical_resolution,
+                f"near miss: W_K's Adam direction times 1 + {SHARED_NEAR_MISS:g} (a moment not "
+                "quite shared by the pair), substituted into reference.optim",
             ),
             Check("mpmath", "gauge residual falls with precision", mpmath_gauge, CONTROL),
             Check("property", "gauge residual over shapes and seeds", property_gauge, CONTROL),

@@ -43,6 +43,11 @@ RULES = {
 EPS_DROPPED = "Adam's ε = 0 dropped by its builder (ε = 1e-8, optim's default, taken instead)"
 DROPPED_EPS = 1e-8
 
+#: The near miss of ``degree_resolution``: the normalised rule's denominator RMS(g) + τ (a
+#: guard against 0/0), so degree zero fails by (1 − c)·τ/(c·RMS + τ) ≈ τ/(c·RMS) = 3e-12 at
+#: c = 1e-3, about 20 × ``relative_tolerance(64, 16)``.
+RMS_GUARD = 3e-15
+
 _RIEMANNIAN_ADAM = ref.optim.riemannian_adam
 _ADAM_TRAJECTORY = mp.adam_trajectory
 
@@ -198,6 +203,27 @@ def float64_degree(ctx: Context, wrong: bool) -> Outcome:
             "seeds": ctx.seed,
         },
     )
+
+
+def _normalize_by_rms_guarded() -> ref.optim.Transform:
+    """``normalize_by_rms`` with the denominator RMS(g) + ``RMS_GUARD`` per frame: a tiny additive
+    constant where degree zero needs the scale to cancel exactly."""
+
+    def update(geometry, x, u):
+        dens = [s + RMS_GUARD for s in ref.optim._frame_rms(geometry, x, u)]
+        return ref.optim._scale_groups(geometry, u, [1.0] * len(dens), dens)
+
+    return ref.optim._stateless(update)
+
+
+def degree_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``float64_degree`` (‖ξ(cG) − c^k ξ(G)‖/‖c^k ξ(G)‖ at St(64, 16), c = 1e±3, bound
+    ``relative_tolerance(d, r)``); control, a near miss: the normalised rule's RMS(g) + τ,
+    τ = ``RMS_GUARD`` (``_normalize_by_rms_guarded``), substituted into ``reference.optim``:
+    its degree-zero gap is then ≈ τ/(c·RMS(P_W G)) = 3e-12 at c = 1e-3."""
+    guarded = substituted(ref.optim, "normalize_by_rms", _normalize_by_rms_guarded)
+    with guarded if wrong else contextlib.nullcontext():
+        return float64_degree(ctx, False)
 
 
 def mpmath_degree(ctx: Context, wrong: bool) -> Outcome:
@@ -433,6 +459,14 @@ register(
                 EPS_DROPPED,
             ),
             Check("float64", "measured degrees at c = 1e±3", float64_degree, EPS_DROPPED),
+            Check(
+                "float64",
+                f"resolution: a guard RMS(g) + {RMS_GUARD:g} in the normalised rule is caught",
+                degree_resolution,
+                f"near miss: the normalised rule's denominator RMS(g) + {RMS_GUARD:g} (a tiny "
+                "additive guard where degree zero needs exact cancellation), substituted into "
+                "reference.optim",
+            ),
             Check("mpmath", "degree gap falls with precision", mpmath_degree, EPS_DROPPED),
             Check("property", "degrees over shapes, seeds and c", property_degree, EPS_DROPPED),
             Check(
