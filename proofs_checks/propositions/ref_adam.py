@@ -11,6 +11,7 @@ builds its chain from it), each a near miss of one of the schedule's parts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 
@@ -139,6 +140,42 @@ def _at_the_corner(prob, entry: float):
     return w0, [first, *prob.grads[1:]]
 
 
+def _runs(seed: int) -> list[tuple[str, Callable, tuple]]:
+    """(label, the optimizer's maker, (W_0, gradients)) of each run of ``schedule_check``."""
+    prob = frame_problem(SIZE_D, SIZE_R, STEPS, seed)
+    return [
+        (
+            f"Δ={radius}, {moment}, {reduction}, ε={eps}, {entry}",
+            lambda r=radius, m=moment, red=reduction, e=eps: ro.riemannian_adam(
+                LR, BETAS, e, trust_radius=r, moment=m, reduction=red
+            ),
+            (prob.w0, prob.grads) if entry is None else _at_the_corner(prob, entry),
+        )
+        for radius, moment, reduction, eps, entry in OPTIONS
+    ] + [
+        (label, make, (prob.w0, [DEFAULT_SCALE * g for g in prob.grads]))
+        for label, make in DEFAULT_RUNS.items()
+    ]
+
+
+def _exact_args(k: int) -> tuple:
+    """The transcription's (betas, ε, Δ, moment, reduction) of run k of ``_runs``."""
+    if k < len(OPTIONS):
+        radius, moment, reduction, eps, _ = OPTIONS[k]
+        return BETAS, eps, radius, moment, reduction
+    return DEFAULT_BETAS, DEFAULT_EPS, None, "frame", "mean"
+
+
+@functools.lru_cache(maxsize=32)
+def _exact_points(seed: int, k: int) -> list:
+    """``mp.adam_trajectory``'s points after W_0 for run k at ``DIGITS`` digits: the same for
+    every check of REF-1 and for its controls (only the float64 side changes), so computed
+    once per seed and run."""
+    _, _, (w0, grads) = _runs(seed)[k]
+    with mpmath.workdps(DIGITS):
+        return mp.adam_trajectory(w0, grads, LR, *_exact_args(k)).points[1:]
+
+
 def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
     def run(ctx: Context, wrong: bool) -> Outcome:
         """For each of ``OPTIONS`` and ``DEFAULT_RUNS``: ``STEPS`` steps of the optimizer
@@ -150,26 +187,8 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
         into ``reference.optim``."""
         prob = frame_problem(SIZE_D, SIZE_R, STEPS, ctx.seed)
         worst, where = 0.0, ""
-        runs = [
-            (
-                f"Δ={radius}, {moment}, {reduction}, ε={eps}, {entry}",
-                lambda r=radius, m=moment, red=reduction, e=eps: ro.riemannian_adam(
-                    LR, BETAS, e, trust_radius=r, moment=m, reduction=red
-                ),
-                (prob.w0, prob.grads) if entry is None else _at_the_corner(prob, entry),
-                (BETAS, eps, radius, moment, reduction),
-            )
-            for radius, moment, reduction, eps, entry in OPTIONS
-        ] + [
-            (
-                label,
-                make,
-                (prob.w0, [DEFAULT_SCALE * g for g in prob.grads]),
-                (DEFAULT_BETAS, DEFAULT_EPS, None, "frame", "mean"),
-            )
-            for label, make in DEFAULT_RUNS.items()
-        ]
-        for label, make, (w0, grads), exact_args in runs:
+        runs = _runs(ctx.seed)
+        for k, (label, make, (w0, grads)) in enumerate(runs):
             with (
                 substituted(ro, "scale_by_adam", variant(ro.scale_by_adam))
                 if wrong
@@ -181,7 +200,7 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
                     w, state = opt.step(prob.geometry, w, g, state)
                     points.append(w)
             with mpmath.workdps(DIGITS):
-                exact = mp.adam_trajectory(w0, grads, LR, *exact_args).points[1:]
+                exact = _exact_points(ctx.seed, k)
                 for t, (a, b) in enumerate(zip(points, exact, strict=True), start=1):
                     dev = float(mp.frobenius(mp.to_mp(a) - b))
                     if dev > worst:
