@@ -228,6 +228,19 @@ def vanishes(expr: Any) -> bool:
     return False
 
 
+def identities(left: Sequence[Any], symbols: str) -> Outcome:
+    """Exact identities ``left`` = 0 (SymPy, ``vanishes``): residual the number left nonzero,
+    tolerance 0; ``symbols`` names what is symbolic (the check's "sizes")."""
+    nonzero = sum(1 for e in left if not vanishes(e))
+    return Outcome(
+        nonzero == 0,
+        float(nonzero),
+        0.0,
+        f"{nonzero} of {len(left)} identities left nonzero",
+        exercised={"sizes": symbols, "dtypes": "exact (SymPy)", "seeds": "none (exact)"},
+    )
+
+
 def gaussian_expectation(expr: Any, variables: Sequence[Any]) -> Any:
     """E[expr] for independent standard normal ``variables`` (a scalar or a SymPy matrix): expand
     into monomials and replace each z^k by its moment E[z^k] = (k − 1)!! for even k, 0 for odd

@@ -101,3 +101,29 @@ def factorised_gradient_check(
         0.0,
         f"{nonzero} of {len(diffs)} gradient entries and risk identity differ from SymPy",
     )
+
+
+def checkerboard(p: np.ndarray) -> np.ndarray:
+    """+1 and −1 in a fixed checkerboard over the entries of ``p`` (whatever the seed)."""
+    return np.where(np.indices(np.shape(p)).sum(axis=0) % 2 == 0, 1.0, -1.0)
+
+
+def adam_direction_times(factor: Callable[[np.ndarray], Any]) -> Callable:
+    """A maker of ``reference.optim.scale_by_adam`` variants whose direction m̂/(√v̂ + ε) is
+    multiplied by ``factor(direction)`` (a number: the step too long; an array per entry: a
+    second moment not quite scalar): the near-miss controls of REF-1, RA-1 and RA-4, each
+    substituted into ``reference.optim``."""
+
+    def make(original: Callable) -> Callable:
+        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+            inner = original(b1, b2, eps, moment, reduction)
+
+            def update(geometry, x, g, state):
+                d, new = inner.update(geometry, x, g, state)
+                return ref.optim.tree_map(lambda p: p * factor(p), d), new
+
+            return inner._replace(update=update)
+
+        return variant
+
+    return make

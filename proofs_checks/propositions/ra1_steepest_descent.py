@@ -22,7 +22,19 @@ from proofs_checks.harness import (
     substituted,
     trajectory,
 )
-from proofs_checks.propositions.common import BETAS, MP_D, MP_R, MP_STEPS, RADIUS, STEPS, D, R, adam
+from proofs_checks.propositions.common import (
+    BETAS,
+    MP_D,
+    MP_R,
+    MP_STEPS,
+    RADIUS,
+    STEPS,
+    D,
+    R,
+    adam,
+    adam_direction_times,
+    checkerboard,
+)
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference import optim as ro
@@ -126,29 +138,11 @@ def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
-def _checkerboard(p: np.ndarray) -> np.ndarray:
-    """+1 and −1 in a fixed checkerboard over the entries of ``p`` (whatever the seed)."""
-    return np.where(np.indices(np.shape(p)).sum(axis=0) % 2 == 0, 1.0, -1.0)
-
-
 def _entrywise_scaled(delta: float) -> Callable:
-    """``scale_by_adam`` whose direction m̂/(√v̂ + ε) is multiplied entry by entry by
-    1 + delta·s, s = ±1 in a checkerboard (``_checkerboard``): a per-entry second moment that
-    differs from the frame's scalar one by a relative ∓delta, a moment not quite scalar."""
-
-    def make(original):
-        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
-            inner = original(b1, b2, eps, moment, reduction)
-
-            def update(geometry, x, g, state):
-                d, new = inner.update(geometry, x, g, state)
-                return ro.tree_map(lambda p: p * (1.0 + delta * _checkerboard(p)), d), new
-
-            return inner._replace(update=update)
-
-        return variant
-
-    return make
+    """``scale_by_adam`` whose direction is multiplied entry by entry by 1 + delta·s, s = ±1 in
+    a checkerboard fixed in the coordinates: a per-entry second moment that differs from the
+    frame's scalar one by a relative ∓delta (``common.adam_direction_times``)."""
+    return adam_direction_times(lambda p: 1.0 + delta * checkerboard(p))
 
 
 def direction_resolution(ctx: Context, wrong: bool) -> Outcome:

@@ -13,6 +13,7 @@ import reference as ref
 from proofs_checks.bounds import frame_error, gamma, step_error, trajectory_tolerance
 from proofs_checks.harness import (
     frame_problem,
+    identities,
     ladder,
     max_distance,
     property_check,
@@ -21,7 +22,6 @@ from proofs_checks.harness import (
     shapes,
     substituted,
     trajectory,
-    vanishes,
 )
 from proofs_checks.propositions.common import LR, MP_D, MP_R, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
@@ -63,18 +63,8 @@ def symbolic_normal(ctx: Context, wrong: bool) -> Outcome:
         c * (c**2) ** sp.Rational(-1, 2) - 1,
         (1 - a) * w + xi - (1 - a) * (w + xi / (1 - a)),
     ]
-    nonzero = sum(1 for e in left if not vanishes(e))
-    return Outcome(
-        nonzero == 0,
-        float(nonzero),
-        0.0,
-        f"{nonzero} of 3 identities left nonzero",
-        exercised={
-            "sizes": f"{w.shape[0]}×{w.shape[1]} matrix symbols W, ξ (d, r symbolic); scalar c, a",
-            "dtypes": "exact (SymPy)",
-            "seeds": "none (exact)",
-        },
-    )
+    symbols = f"{w.shape[0]}×{w.shape[1]} matrix symbols W, ξ (d, r symbolic); scalar c, a"
+    return identities(left, symbols)
 
 
 def float64_normal(ctx: Context, wrong: bool) -> Outcome:

@@ -20,7 +20,7 @@ import numpy as np
 
 from proofs_checks.bounds import trajectory_tolerance
 from proofs_checks.harness import frame_problem, substituted
-from proofs_checks.propositions.common import BETAS, LR
+from proofs_checks.propositions.common import BETAS, LR, adam_direction_times
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference import optim as ro
@@ -86,20 +86,7 @@ def _direction_scaled(k: float) -> Callable:
     """The update m̂/(√v̂ + ε) multiplied by k: a near miss for k = 1 + 1e-9, a step longer
     by 1e-9 relative, which the trajectories resolve (the bound is ~1e-12 absolute on steps of
     length ≤ 0.42)."""
-
-    def make(original):
-        def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
-            inner = original(b1, b2, eps, moment, reduction)
-
-            def update(geometry, x, g, state):
-                d, new = inner.update(geometry, x, g, state)
-                return ro.tree_map(lambda p: k * p, d), new
-
-            return inner._replace(update=update)
-
-        return variant
-
-    return make
+    return adam_direction_times(lambda p: k)
 
 
 def _beta2_for_its_root(original):
