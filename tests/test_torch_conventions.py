@@ -116,6 +116,19 @@ def test_lr_zero_at_construction_is_a_warm_up_from_zero() -> None:
     assert not torch.equal(frame, start)
 
 
+@pytest.mark.parametrize("cls", ["RiemannianMomentum", "RSGD", "NormalizedRSGD"])
+def test_capturable_as_a_group_key_is_refused_by_name_where_there_is_no_capturable_step(
+    cls,
+) -> None:
+    """Only RiemannianAdam has a capturable step; the other classes refuse the group key by
+    name (their constructors have no such argument: torch's TypeError), and take it as False."""
+    with pytest.raises(ValueError, match="capturable=True: torch's capturable is not implemented"):
+        CLASSES[cls](_groups(capturable=True))
+    with pytest.raises(TypeError, match="capturable"):
+        CLASSES[cls](_groups(), capturable=True)
+    assert CLASSES[cls](_groups(capturable=False)).param_groups[0]["capturable"] is False
+
+
 def test_capturable_refuses_maximize_by_name() -> None:
     frame = torch.nn.Parameter(_frame().detach().float())
     with pytest.raises(ValueError, match="capturable=True supports maximize=False"):

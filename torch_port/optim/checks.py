@@ -63,15 +63,16 @@ def is_real(v: Any) -> bool:
 NOT_IMPLEMENTED = ("amsgrad", "fused", "differentiable")
 
 
-def torch_flags(group: dict[str, Any]) -> None:
+def torch_flags(group: dict[str, Any], capturable: bool = False) -> None:
     """torch.optim's own group keys: ``maximize`` a bool (honoured: the step ascends),
     ``foreach`` None or a bool (the plain groups' AdamW always takes torch's multi-tensor path,
-    bitwise the single-tensor one), and ``NOT_IMPLEMENTED`` None or False."""
+    bitwise the single-tensor one), and ``NOT_IMPLEMENTED`` None or False, with
+    ``capturable`` among them for an optimizer that has no capturable step."""
     for key in ("maximize", "foreach"):
         value = group.get(key)
         if not (isinstance(value, bool) or (key == "foreach" and value is None)):
             raise ValueError(f"{key} must be True or False, got {value!r}")
-    for key in NOT_IMPLEMENTED:
+    for key in NOT_IMPLEMENTED + (() if capturable else ("capturable",)):
         if group.get(key) not in (None, False):
             raise ValueError(
                 f"{key}={group[key]!r}: torch's {key} is not implemented by this optimizer; "

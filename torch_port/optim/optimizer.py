@@ -130,7 +130,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             checks.tensor_lr(group["lr"])
         else:
             checks.nonnegative("lr", group["lr"])  # 0: a warm-up from zero, as torch allows
-        checks.torch_flags(group)
+        checks.torch_flags(group, capturable="capturable" in self.defaults)
         checks.betas(group["betas"])
         checks.nonnegative("eps", group["eps"])
         checks.nonnegative("weight_decay", group["weight_decay"])
