@@ -274,7 +274,8 @@ register(
             r"$\operatorname{tr}K\ne0$ the tail is exactly of order $1/n$ and "
             r"$\operatorname{rank}M_n\ge d-2r^*>r^*$ at every finite $n$. $M_n$ is nonsingular "
             r"for every $n$ when $K\succeq0$, $K\ne0$, and for generic $K$, but not for every $K$ "
-            r"with $\operatorname{tr}K\ne0$ ($K=uv^\top$, $u^\top v=\sqrt{n/(2(n+1))}$). As "
+            r"with $\operatorname{tr}K\ne0$ ($K=uv^\top$ with unit $u$, $v$ and "
+            r"$u^\top v=\sqrt{n/(2(n+1))}$). As "
             r"$n\to\infty$, $C_n\to W_V^\top K^\top$, of rank $r^*$ for orthogonal $W_V$."
         ),
         hypotheses=(

@@ -780,7 +780,7 @@ def _register(name: str) -> None:
                     if geo.quotient
                     else ""
                 )
-                + r", and the constraints hold after 1000 steps from one of them."
+                + r", and the constraints hold after 1000 steps (200 quick) from one of them."
             ),
             hypotheses=(
                 f"sizes {_sizes(name)}",

@@ -229,11 +229,11 @@ register(
             r"$\xi\in T_W\mathrm{St}(d,r)$ with $\langle\xi,\eta\rangle=\operatorname{tr}"
             r"(\xi^\top\eta)$. Every step of the scalar-moment Riemannian Adam is "
             r"$\xi_t=-c_t\,\hat m_t$ with $c_t>0$, before and after the trust-region cap; "
-            r"when $\beta_1=0$ (or at $t=1$) $\xi_t=-c_t\,P_{W_t}(G_t)$."
+            r"when $\beta_1=0$ $\xi_t=-c_t\,P_{W_t}(G_t)$."
         ),
         hypotheses=(
             "embedded metric; P_W(Z) = Z − W sym(WᵀZ)",
-            "one scalar second moment per frame (moment='frame'), any reduction",
+            "one scalar second moment per frame (moment='frame'), reduction 'mean'",
             "trust region ξ ← ξ·min(1, Δ/‖ξ‖)",
         ),
         checks=(

@@ -444,7 +444,7 @@ register(
             r"If $L(W_Q,W_K)=f(W_QW_K^\top)$ then $L(W_QQ,W_KQ)=L$ for $Q\in O(r)$, and the "
             r"gradient is orthogonal to every vertical direction $(W_Q\Omega,W_K\Omega)$, "
             r"$\Omega^\top=-\Omega$: $\mathrm{skew}(W_Q^\top G_Q+W_K^\top G_K)=0$. With "
-            r"$\beta_1=0$ (or at $t=1$) the Riemannian Adam step "
+            r"$\beta_1=0$ the Riemannian Adam step "
             r"$\xi_F=-a_F P_{W_F}(G_F)$, $a_F=\mathrm{lr}\,c_F/(\sqrt{\hat v_F}+\varepsilon)$ "
             r"($c_F$ the trust-region factor of $F$'s moment group), has the vertical part "
             r"$\tfrac12\mathrm{skew}(W_Q^\top\xi_Q+W_K^\top\xi_K)="
