@@ -304,7 +304,7 @@ def _shapes_drawn(
         fixed = list(explicit)
 
         def measured(example):
-            if isinstance(example, tuple) and example and _is_shape(example[0]):
+            if isinstance(example, tuple) and example and harness._is_shape(example[0]):
                 (corners if example in fixed else generated).add(tuple(example[0]))
             return measure(example)
 
@@ -315,11 +315,6 @@ def _shapes_drawn(
     monkeypatch.setattr(module, "property_check", recording)
     check.run(CTX, False)
     return generated, corners
-
-
-def _is_shape(v) -> bool:
-    """(d, r) of a frame, or (n, r*, r) of the EB checks: a tuple of small integers."""
-    return isinstance(v, tuple) and len(v) in (2, 3) and all(isinstance(i, int) for i in v)
 
 
 SHAPE_PROPERTIES = _checks(lambda p, c: c.kind == "property" and "shapes" in c.name)

@@ -30,6 +30,7 @@ INPUTS = ADAMW.optim_inputs_func(device="cpu", dtype=torch.float64)
 ERRORS = ADAMW.optim_error_inputs_func(device="cpu", dtype=torch.float64)
 
 #: The error inputs this port answers otherwise (matched on torch's message), with the reason.
+#: An answer of ``None`` is acceptance; otherwise the exception type and this port's message.
 DEPARTURES = {
     "duplicate parameters": (ValueError, "lists the same parameter twice"),
     "lr as a Tensor is not supported": (
@@ -90,17 +91,17 @@ def test_torchs_adamw_error_inputs_raise_torchs_exception_types(cls, error) -> N
     inp = error.optimizer_error_input
     params = inp.params if inp.params is not None else _plain()
     kwargs = {"lr": 1e-3, **inp.kwargs}
-    expected = error.error_type
+    expected, message = error.error_type, None
     departure = _departure(error)
     if departure is not None:
-        expected = departure[0]
+        expected, message = departure
     if expected is None:  # accepted, and it steps
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _run(lambda p: CLASSES[cls](p, **kwargs), params)
         return
     assert error.error_on == common_optimizers.OptimizerErrorEnum.CONSTRUCTION_ERROR
-    with pytest.raises(expected), warnings.catch_warnings():
+    with pytest.raises(expected, match=message), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's base class warns of the duplicate first
         CLASSES[cls](params, **kwargs)
 

@@ -135,7 +135,8 @@ def agreement(
                     # a failed step's state is not compared (its ratio is then inf): where its
                     # point is past the bound, that ratio is the step's, the resolution a near
                     # miss shows
-                    point = row["deviation"] / row["bound"] if row["deviation"] else math.inf
+                    measured = row["deviation"] is not None and row["bound"]
+                    point = row["deviation"] / row["bound"] if measured else math.inf
                     ratio = point if point > 1.0 else max(ratio, math.nextafter(1.0, 2.0))
                 if ratio > worst:
                     worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {row['step']}"
@@ -302,7 +303,8 @@ register(
         statement=(
             r"For each case of \texttt{rattn compare} (every geometry, rule and option it "
             r"lists, in the dtypes it lists for it: float64 and float32, and bfloat16 for "
-            r"Stiefel frames under four rules), each of the first 3 steps $x\mapsto y$ the torch "
+            rf"Stiefel frames under four rules), each of the first {AGREEMENT_STEPS} steps "
+            r"$x\mapsto y$ the torch "
             r"port takes, from "
             r"the point, gradient, state and hyperparameters it had, lands within "
             r"$B=L\delta+Ku(\kappa(n+r+2\log_2 nr)\Delta+(r+4)s)$ of the float64 reference "

@@ -447,6 +447,7 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         """torch's AdamW on the plain parameters of a group that have a gradient, by
         ``torch.optim.adamw.adamw`` with ``foreach=True`` (its arithmetic equals the
         single-tensor path's bitwise; sharded and plain tensors in separate calls)."""
+        group = _in_force(group)
         for part in (
             [p for p in params if sharding.is_sharded(p)],
             [p for p in params if not sharding.is_sharded(p)],
@@ -460,7 +461,6 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             states = [self.state[p] for p in part]
-            group = _in_force(group)
             beta1, beta2 = group["betas"]
             torch_adamw(
                 part,
