@@ -3,6 +3,7 @@ cited by every check), and the exact symbolic-gradient harness of the EB trainer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -127,3 +128,20 @@ def adam_direction_times(factor: Callable[[np.ndarray], Any]) -> Callable:
         return variant
 
     return make
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte Carlo criterion of the population identities (EB-1, EB-4, EB-5, EB-7)
+# ---------------------------------------------------------------------------------------------
+#: Pass when T ≤ CHI2_CUT: by the CLT T ≈ Σ w_j χ²₁ with Σ w_j = 1, so P(T > 30) ≤ P(χ²₁ > 30)
+#: ≈ 4e-8 for a true identity (Székely & Bakirov 2003, for thresholds ≥ 1.54).
+CHI2_CUT = 30.0
+
+
+def root_chi2(z: np.ndarray, claimed: np.ndarray) -> tuple[float, float]:
+    """(√T, SE) for iid samples z_s (the leading axis) of a matrix whose mean is claimed:
+    T = ‖z̄ − claimed‖²/v̂, v̂ = Σ_s‖z_s − z̄‖²/(S(S − 1)) the variance of the mean."""
+    s = z.shape[0]
+    mean = z.mean(axis=0)
+    se = math.sqrt(float(np.sum((z - mean) ** 2)) / (s * (s - 1)))
+    return float(np.sqrt(np.sum((mean - claimed) ** 2))) / se, se

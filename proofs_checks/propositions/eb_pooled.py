@@ -17,14 +17,13 @@ from hypothesis import strategies as st
 
 from proofs_checks.bounds import FLOAT64_U, gamma
 from proofs_checks.harness import gaussian_expectation, property_check, seeds
+from proofs_checks.propositions.common import CHI2_CUT, root_chi2
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
 from reference.linalg import frobenius
 
 #: Monte Carlo: n = 4 tokens, d = d_v = 4, r* = 2, noise 0.1, S = 2^17 sequences.
 MC_N, MC_D, MC_RSTAR, MC_NOISE, MC_S = 4, 4, 2, 0.1, 2**17
-#: Pass criterion of the Monte Carlo check: T = ‖Ĉ − C‖_F²/v̂ ≤ CHI2_CUT.
-CHI2_CUT = 30.0
 #: Spectrum check: d = d_v = 10, r* = 2 (so d ≥ 4r* + 1), n from 1 to 2^20.
 SP_D, SP_RSTAR = 10, 2
 SP_NS = (1, 2, 4, 16, 64, 256, 1024, 2**14, 2**20)
@@ -104,17 +103,15 @@ def monte_carlo(ctx: Context, wrong: bool) -> Outcome:
     rng = np.random.default_rng([ctx.seed, TAG_MC])
     task = capacity.linear_qk_task(MC_S, MC_N, MC_D, MC_D, MC_RSTAR, rng, noise=MC_NOISE)
     z = np.swapaxes(task.y, 1, 2) @ task.x / MC_N
-    mean = z.mean(axis=0)
-    v = float(np.sum((z - mean) ** 2)) / (MC_S * (MC_S - 1))
     c = claimed(task.kernel, task.value, MC_N, "self" if wrong else None)
-    dist = frobenius(mean - c)
+    t, se = root_chi2(z, c)
     gap = frobenius(
         claimed(task.kernel, task.value, MC_N) - claimed(task.kernel, task.value, MC_N, "self")
     )
     return Outcome.bound(
-        dist / math.sqrt(v),
+        t,
         math.sqrt(CHI2_CUT),
-        f"√T = ‖Ĉ − C‖/SE with ‖Ĉ − C‖ = {dist:.3g}, SE = {math.sqrt(v):.3g}; tr K = "
+        f"√T = ‖Ĉ − C‖/SE with ‖Ĉ − C‖ = {t * se:.3g}, SE = {se:.3g}; tr K = "
         f"{np.trace(task.kernel):.3g}; the j = i term moves C by {gap:.3g}",
         {
             "sizes": f"n = {MC_N}, d = d_v = {MC_D}, r* = {MC_RSTAR}, noise σ = {MC_NOISE:g}",
@@ -282,6 +279,10 @@ register(
             "tokens iid N(0, I_d), independent across positions and sequences",
             "linear QK attention A(X) = X K Xᵀ/n, noise (if any) independent with mean zero",
             "the tail bounds: d ≥ 3r* + 1 and tr K ≠ 0; W_V orthogonal",
+            "checked: the Isserlis step symbolically at d = 4 (every coincidence pattern of the "
+            "four indices); the identity symbolically at d = d_v = 2, n = 2, 3 (symbolic K, W_V) "
+            "and by Monte Carlo at n = d = d_v = 4; the spectral claims at d = 10 for n = 1…2^20 "
+            "and at 4 ≤ d ≤ 12, n ≤ 10^6, with a flat non-symmetric and a decaying PSD K",
         ),
         remarks=(
             r"For $W_V$ of full row rank $d$, Ostrowski's theorem gives "

@@ -9,6 +9,7 @@ for St(d, r), the five plain geometries and the per-head views of their block va
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,10 @@ def _torch(v: Any) -> Any:
 def _numpy(v: Any) -> list[np.ndarray]:
     items = v if isinstance(v, tuple | list) else (v,)
     return [np.asarray(p.detach().numpy() if hasattr(p, "detach") else p) for p in items]
+
+
+#: Random points per geometry and option at which ``methods`` compares every method.
+POINTS = 3
 
 
 def _calls(rg: Any, x: Any, rng: np.random.Generator) -> list[tuple[str, tuple]]:
@@ -121,23 +126,24 @@ def _polar_control(wrong: bool) -> contextlib.AbstractContextManager:
 
 
 def methods(ctx: Context, wrong: bool) -> Outcome:
-    """St(7, 3) and the five plain geometries at (6, 5, 3), each with every option it is built
-    with (``geometry_cases.OPTIONS``): every method both sides have (``_calls``), on the same
-    float64 point, evaluated by the reference and by the port. Each side evaluates at most ten
-    products of inner dimension k ≤ (largest size) + 2r and factorisations of r×r or 2r×2r
-    matrices, so each is within ``law_tolerance`` (20·γ_k times the conditioning of R1's and
-    R2's r×r solves) of the exact value, relative to the output's size: residual
-    max ‖port − reference‖/(2·law_tolerance·max(1, ‖reference‖)), tolerance 1; and the block
-    variants' per-head views (``head_factors``, ``egrad_from_heads``) alike; the port's
-    ``Stiefel.frame_norm`` in both metrics on scaled tangents (``_frame_norm_ratio``); and the
-    scale of the random points, in distribution (``_draws_ratio``). Control: the port's polar
-    factor one Newton–Schulz step short, substituted into ``torch_port.linalg``."""
+    """St(7, 3) and the five plain geometries at (6, 5, 3), each with every option it is built with
+    (``geometry_cases.OPTIONS``): every method both sides have (``_calls``), on the same float64
+    points (``POINTS`` random ones per geometry and option, seeds [seed, 8, k]), evaluated by the
+    reference and by the port. Each side evaluates at most ten products of inner dimension k ≤
+    (largest size) + 2r and factorisations of r×r or 2r×2r matrices, so each is within
+    ``law_tolerance`` (20·γ_k times the conditioning of R1's and R2's r×r solves) of the exact
+    value, relative to the output's size: residual max ‖port − reference‖/(2·law_tolerance·max(1,
+    ‖reference‖)), tolerance 1; and the block variants' per-head views (``head_factors``,
+    ``egrad_from_heads``) alike; the port's ``Stiefel.frame_norm`` in both metrics on scaled
+    tangents (``_frame_norm_ratio``); and the scale of the random points, in distribution
+    (``_draws_ratio``). Control: the port's polar factor one Newton–Schulz step short, substituted
+    into ``torch_port.linalg``."""
     worst, where, count = 0.0, "", 0
     with _polar_control(wrong):
         for name in NAMES:
-            for option in cases.OPTIONS[name]:
+            for option, k in itertools.product(cases.OPTIONS[name], range(POINTS)):
                 rg, tg = _geometries(name, option)
-                rng = np.random.default_rng([ctx.seed, 8])
+                rng = np.random.default_rng([ctx.seed, 8, k])
                 x = rg.random_point(rng)
                 tol = 2 * law.law_tolerance(rg, x)
                 for method, args in _calls(rg, x, rng):
@@ -149,12 +155,12 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                     if (ratio := _ratio(want, got, tol)) > worst:
                         worst, where = ratio, f"{name} {option} {method}"
         for name in BLOCKS:
-            for options in BLOCK_OPTIONS:
+            for options, k in itertools.product(BLOCK_OPTIONS, range(POINTS)):
                 rg, tg = _block_geometries(name, options)
                 if [tuple(b) for b in tg.pattern] != [tuple(b) for b in rg.pattern]:
                     worst, where = np.inf, f"{name} {options}: pattern {tg.pattern}"
                     continue
-                rng = np.random.default_rng([ctx.seed, 8])
+                rng = np.random.default_rng([ctx.seed, 8, k])
                 x = rg.random_point(rng)
                 tol = 2 * law.law_tolerance(rg, x)
                 for method, want, got in _block_calls(rg, tg, x, rng):
@@ -175,7 +181,7 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
     exercised = {
         "geometries": f"{', '.join(NAMES)} with every option; {', '.join(BLOCKS)}",
         "sizes": f"St{cases.STIEFEL}, {cases.SIZES} (blocks as BLOCK_OPTIONS)",
-        "points": f"1 random per geometry and option ({count} method calls)",
+        "points": f"{POINTS} random per geometry and option ({count} method calls)",
         "dtypes": "float64",
         "seeds": ctx.seed,
     }
@@ -533,7 +539,8 @@ register(
             r"(projections, gradients, retractions, transports, metrics, matrices of points "
             r"and tangents, the group action and vertical vectors, and the block variants' "
             r"per-head factors and gradients) agrees with the "
-            r"reference's on the same float64 inputs within the rounding bound of "
+            r"reference's on the same float64 inputs (three random points per geometry and "
+            r"option, with their tangents) within the rounding bound of "
             r"\texttt{law\_tolerance}, every route of its polar factor agrees with the "
             r"reference's polar factor within $2\kappa$ times its orthonormality bound, and "
             r"the port's validators accept and refuse the points the stated thresholds do "

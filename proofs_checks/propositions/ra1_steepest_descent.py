@@ -58,11 +58,11 @@ def m_hat(step) -> np.ndarray:
 def symbolic_orthogonality(ctx: Context, wrong: bool) -> Outcome:
     """⟨W sym(WᵀG), ξ⟩ = tr(S·Wᵀξ) = tr(SΩ) = 0 for S symmetric and Ω = Wᵀξ skew, so
     ⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ on T_W St and Cauchy–Schwarz gives the maximiser −P_W(G)/‖P_W(G)‖.
-    SymPy expands tr(SΩ) with symbolic entries for r = 1…5. Control: Ω not skew."""
-    leftovers, rs = [], range(1, 6)
+    SymPy expands tr(SΩ) with symbolic entries for r = 1…12. Control: Ω not skew."""
+    leftovers, rs = [], range(1, 13)
     for r in rs:
-        s = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"s{min(i, j)}{max(i, j)}"))
-        o = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"o{i}{j}"))
+        s = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"s_{min(i, j)}_{max(i, j)}"))
+        o = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"o_{i}_{j}"))
         omega = o if wrong else (o - o.T) / 2
         leftovers.append(sp.expand((s * omega).trace()))
     nonzero = sum(1 for e in leftovers if e != 0)
@@ -70,7 +70,7 @@ def symbolic_orthogonality(ctx: Context, wrong: bool) -> Outcome:
         nonzero == 0,
         float(nonzero),
         0.0,
-        f"tr(SΩ) expanded for r = 1…5: {nonzero} nonzero",
+        f"tr(SΩ) expanded for r = {rs[0]}…{rs[-1]}: {nonzero} nonzero",
         exercised={
             "sizes": f"r = {rs[0]}…{rs[-1]} (symbolic r×r S symmetric, Ω)",
             "dtypes": "exact (SymPy)",
@@ -235,6 +235,8 @@ register(
             "embedded metric; P_W(Z) = Z − W sym(WᵀZ)",
             "one scalar second moment per frame (moment='frame'), reduction 'mean'",
             "trust region ξ ← ξ·min(1, Δ/‖ξ‖)",
+            "checked: tr(SΩ) = 0 symbolically for r = 1…12; the steps at St(64, 16), St(6, 3) "
+            "(mpmath) and 1 ≤ r ≤ d ≤ 64",
         ),
         checks=(
             Check(

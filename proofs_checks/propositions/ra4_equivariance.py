@@ -33,9 +33,9 @@ from proofs_checks.propositions.common import (
     checkerboard,
 )
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
-from reference import mp
+from reference import Stiefel, mp
 from reference import optim as ro
-from reference.linalg import frobenius, haar_orthogonal
+from reference.linalg import frobenius, haar_orthogonal, polar
 
 CONTROL = (
     "elementwise second moment (one √v per entry, then projected) (breaks the hypothesis: "
@@ -104,6 +104,54 @@ def equivariance_resolution(ctx: Context, wrong: bool) -> Outcome:
         return float64_trajectory(ctx, False)
 
 
+#: The step counts of the states ``one_step_from_states`` starts from: a fresh state, the first
+#: steps, and one where the bias corrections are ≈ 1.
+STATE_COUNTS = (0, 1, 10, 1000)
+
+
+def one_step_from_states(ctx: Context, wrong: bool) -> Outcome:
+    """The induction step and its lemmas at St(64, 16), Q Haar. From states (t, m, √v) with
+    t ∈ ``STATE_COUNTS``, m = P_W(Z) and √v ∈ [0.7, 1.4] random (not reached from a fresh start),
+    one capped step from (QW, (t, Qm, √v)) along QG lands at QW' and carries Qm'; and the lemmas
+    P_{QW}(QZ) = QP_W(Z), polar(QA) = Q polar(A) (A = W + 0.1·Z). Each gap against
+    ``tolerance(64, 16, 1)`` (two steps' rounding and forming QW, QG, Qm: it bounds the lemmas'
+    single products and polar factors too). Control: the Adam direction times 1 ± ``NEAR_MISS``
+    per entry (``_entrywise_scaled``), substituted into ``reference.optim``."""
+    rng = np.random.default_rng([ctx.seed, 4])
+    geometry, q = Stiefel(D, R), haar_orthogonal(D, rng)
+    variant = _entrywise_scaled(NEAR_MISS)(ro.scale_by_adam)
+    gaps = []
+    with substituted(ro, "scale_by_adam", variant) if wrong else contextlib.nullcontext():
+        opt = adam()
+        for count in STATE_COUNTS:
+            w = geometry.random_point(rng)
+            z, g = rng.standard_normal((D, R)), rng.standard_normal((D, R))
+            m, sqrt_v = geometry.proj_tangent(w, z), float(np.sqrt(rng.uniform(0.5, 2.0)))
+            rest = opt.init(geometry, w)[1:]
+            y, after = opt.step(geometry, w, g, (ro.AdamState(count, m, (sqrt_v,)), *rest))
+            qy, qafter = opt.step(
+                geometry, q @ w, q @ g, (ro.AdamState(count, q @ m, (sqrt_v,)), *rest)
+            )
+            gaps += [
+                frobenius(qy - q @ y),
+                frobenius(qafter[0].m - q @ after[0].m),
+                frobenius(geometry.proj_tangent(q @ w, q @ z) - q @ m),
+                frobenius(polar(q @ (w + 0.1 * z)) - q @ polar(w + 0.1 * z)),
+            ]
+    return Outcome.bound(
+        max(gaps),
+        tolerance(D, R, 1),
+        "max gap of one step from a state, its moment, P_W and polar under Q",
+        {
+            "sizes": f"St({D}, {R}), Q ∈ O({D}) Haar",
+            "states": f"step counts {STATE_COUNTS}, m tangent, √v ∈ [0.7, 1.4]",
+            "options": f"lr {LR}, β = {BETAS}, trust radius {RADIUS}",
+            "dtypes": "float64",
+            "seeds": f"[{ctx.seed}, 4]",
+        },
+    )
+
+
 def mpmath_trajectory(ctx: Context, wrong: bool) -> Outcome:
     """The same gap for the mpmath trajectory at St(6, 3) over 5 capped steps (Δ = 0.01, below
     the uncapped ≈ lr·√(d·r) = 0.021), with Q made orthogonal at the working precision (polar
@@ -169,12 +217,17 @@ register(
         title="Exact O(d)-equivariance",
         statement=(
             r"For every $Q\in O(d)$, the scalar-moment Riemannian Adam with trust region and polar "
-            r"retraction satisfies $\Phi_t(QW_0,\{QG_s\})=Q\,\Phi_t(W_0,\{G_s\})$ for all $t$."
+            r"retraction satisfies $\Phi_t(QW_0,\{QG_s\})=Q\,\Phi_t(W_0,\{G_s\})$ for all $t$: "
+            r"from every state $(W,m,\sqrt v,t)$ the step from $(QW,Qm,\sqrt v,t)$ along $QG$ "
+            r"lands at $QW'$ carrying $Qm'$, by $P_{QW}(QZ)=QP_W(Z)$ and "
+            r"$\operatorname{polar}(QA)=Q\operatorname{polar}(A)$."
         ),
         hypotheses=(
-            "P_{QW}(QZ) = Q P_W(Z); polar(QA) = Q polar(A)",
             "‖QZ‖ = ‖Z‖, so the scalar moment and the cap are invariant",
             "one scalar second moment per frame; projection transport",
+            "checked: trajectories of 6 steps at St(64, 16), 5 steps at St(6, 3) (mpmath) and "
+            "1 ≤ r ≤ d ≤ 64; the one-step induction and its lemmas from states of step count "
+            "0, 1, 10, 1000 at St(64, 16)",
         ),
         checks=(
             Check(
@@ -187,6 +240,13 @@ register(
                 f"near miss: the Adam direction times 1 ± {NEAR_MISS:g} per entry (a checkerboard "
                 "of signs fixed in ℝ^d: a second moment not quite scalar), substituted into "
                 "reference.optim",
+            ),
+            Check(
+                "float64",
+                "one step from a state, and the lemmas",
+                one_step_from_states,
+                f"the Adam direction times 1 ± {NEAR_MISS:g} per entry (a second moment not quite "
+                "scalar), substituted into reference.optim",
             ),
             Check("mpmath", "equivariance gap falls with precision", mpmath_trajectory, CONTROL),
             Check("property", "equivariance over shapes and seeds", property_trajectory, CONTROL),

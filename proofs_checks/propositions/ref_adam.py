@@ -29,23 +29,29 @@ from reference import optim as ro
 SIZE_D, SIZE_R, STEPS = 6, 3, 4
 #: Working precision of the transcription: its own rounding is far below float64's.
 DIGITS = 50
-#: (trust radius, moment, reduction, eps, first entry) of the runs; lr·√(d·r) ≤ 1/2 as the
-#: tolerance assumes. Every option set: Δ ∈ {none, 0.01 (binding)}, either moment, either
-#: reduction, ε ∈ {0, 1e-3} (1e-3 is of the size of the sum reduction's √v̂ here, so ε
-#: matters). Then two corners: a first entry (not None) starts from W_0 = [I; 0] with a first
-#: gradient tangent there, P_W(G) = G, whose entry (r, 0) is that value: 1e-12, below ε, where
-#: the elementwise √v̂ + ε is ε's (the ratio m̂/(√v̂ + ε) ≈ 1e-4, neither 0 nor 1); 0 with ε =
-#: 0, where the ratio is 0/0 := 0.
+#: (trust radius, moment, reduction, eps, first entry, lr, betas) of the runs; lr·√(d·r) ≤ 1/2
+#: as the tolerance assumes. Every option set at (LR, BETAS): Δ ∈ {none, 0.01 (binding)},
+#: either moment, either reduction, ε ∈ {0, 1e-3} (1e-3 is of the size of the sum reduction's
+#: √v̂ here, so ε matters). Then two other (lr, β): a long step with short memories, and β1 = 0
+#: (no first-moment average: 1 − β1^t = 1). Then two corners: a first entry (not None) starts
+#: from W_0 = [I; 0] with a first gradient tangent there, P_W(G) = G, whose entry (r, 0) is
+#: that value: 1e-12, below ε, where the elementwise √v̂ + ε is ε's (the ratio m̂/(√v̂ + ε) ≈
+#: 1e-4, neither 0 nor 1); 0 with ε = 0, where the ratio is 0/0 := 0.
+OTHER_HYPERPARAMETERS = (
+    (0.05, "frame", "mean", 1e-3, None, 0.05, (0.5, 0.9)),
+    (None, "elementwise", "sum", 0.0, None, 2e-3, (0.0, 0.99)),
+)
 OPTIONS = (
     *(
-        (radius, moment, reduction, eps, None)
+        (radius, moment, reduction, eps, None, LR, BETAS)
         for radius in (None, 0.01)
         for moment in ("frame", "elementwise")
         for reduction in ("mean", "sum")
         for eps in (0.0, 1e-3)
     ),
-    (None, "elementwise", "mean", 1e-8, 1e-12),
-    (None, "elementwise", "mean", 0.0, 0.0),
+    *OTHER_HYPERPARAMETERS,
+    (None, "elementwise", "mean", 1e-8, 1e-12, LR, BETAS),
+    (None, "elementwise", "mean", 0.0, 0.0, LR, BETAS),
 )
 #: The near-miss control's relative error of the step (``_direction_scaled``).
 NEAR_MISS = 1e-9
@@ -132,13 +138,13 @@ def _runs(seed: int) -> list[tuple[str, Callable, tuple]]:
     prob = frame_problem(SIZE_D, SIZE_R, STEPS, seed)
     return [
         (
-            f"Δ={radius}, {moment}, {reduction}, ε={eps}, {entry}",
-            lambda r=radius, m=moment, red=reduction, e=eps: ro.riemannian_adam(
-                LR, BETAS, e, trust_radius=r, moment=m, reduction=red
+            f"Δ={radius}, {moment}, {reduction}, ε={eps}, {entry}, lr={lr}, β={betas}",
+            lambda r=radius, m=moment, red=reduction, e=eps, lr=lr, b=betas: ro.riemannian_adam(
+                lr, b, e, trust_radius=r, moment=m, reduction=red
             ),
             (prob.w0, prob.grads) if entry is None else _at_the_corner(prob, entry),
         )
-        for radius, moment, reduction, eps, entry in OPTIONS
+        for radius, moment, reduction, eps, entry, lr, betas in OPTIONS
     ] + [
         (label, make, (prob.w0, [DEFAULT_SCALE * g for g in prob.grads]))
         for label, make in DEFAULT_RUNS.items()
@@ -146,11 +152,11 @@ def _runs(seed: int) -> list[tuple[str, Callable, tuple]]:
 
 
 def _exact_args(k: int) -> tuple:
-    """The transcription's (betas, ε, Δ, moment, reduction) of run k of ``_runs``."""
+    """The transcription's (lr, betas, ε, Δ, moment, reduction) of run k of ``_runs``."""
     if k < len(OPTIONS):
-        radius, moment, reduction, eps, _ = OPTIONS[k]
-        return BETAS, eps, radius, moment, reduction
-    return DEFAULT_BETAS, DEFAULT_EPS, None, "frame", "mean"
+        radius, moment, reduction, eps, _, lr, betas = OPTIONS[k]
+        return lr, betas, eps, radius, moment, reduction
+    return LR, DEFAULT_BETAS, DEFAULT_EPS, None, "frame", "mean"
 
 
 @functools.lru_cache(maxsize=32)
@@ -160,7 +166,7 @@ def _exact_points(seed: int, k: int) -> list:
     once per seed and run."""
     _, _, (w0, grads) = _runs(seed)[k]
     with mpmath.workdps(DIGITS):
-        return mp.adam_trajectory(w0, grads, LR, *_exact_args(k)).points[1:]
+        return mp.adam_trajectory(w0, grads, *_exact_args(k)).points[1:]
 
 
 def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
@@ -195,8 +201,14 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
         exercised = {
             "sizes": f"St({SIZE_D}, {SIZE_R})",
             "steps": STEPS,
-            "options": f"{len(OPTIONS) - 2} option sets (Δ ∈ {{none, 0.01}} × frame/elementwise"
-            " × mean/sum × ε ∈ {0, 1e-3}), 2 corners at W = [I; 0], " + ", ".join(DEFAULT_RUNS),
+            "options": f"{len(OPTIONS) - 4} option sets (Δ ∈ {{none, 0.01}} × frame/elementwise"
+            f" × mean/sum × ε ∈ {{0, 1e-3}}) at lr {LR}, β = {BETAS}; "
+            + "; ".join(
+                f"Δ={o[0]}, {o[1]}, {o[2]}, ε={o[3]} at lr {o[5]}, β = {o[6]}"
+                for o in OTHER_HYPERPARAMETERS
+            )
+            + "; 2 corners at W = [I; 0]; "
+            + ", ".join(DEFAULT_RUNS),
             "dtypes": f"float64 against mpmath at {DIGITS} digits",
             "seeds": ctx.seed,
         }
@@ -217,7 +229,11 @@ register(
         statement=(
             r"For every combination of its options (trust radius $\Delta\in\{\text{none},"
             r"0.01\}$, frame or elementwise moment, mean or sum reduction, $\varepsilon\in"
-            r"\{0,10^{-3}\}$), $T=4$ steps of \texttt{reference.optim.riemannian\_adam}"
+            r"\{0,10^{-3}\}$) at $\eta=5\cdot10^{-3}$, $\beta=(0.9,0.999)$, and for one option "
+            r"set each at $(\eta,\beta)=(0.05,(0.5,0.9))$ ($\Delta=0.05$, frame, mean, "
+            r"$\varepsilon=10^{-3}$) and $(2\cdot10^{-3},(0,0.99))$ (no $\Delta$, elementwise, "
+            r"sum, $\varepsilon=0$), $T=4$ steps of "
+            r"\texttt{reference.optim.riemannian\_adam}"
             r" from $W_0$ along gradients $G_1,\dots,G_T$ stay within the float64 trajectory "
             r"bound of the exact rule: $m_t=\beta_1m_{t-1}+(1-\beta_1)g_t$, "
             r"$v_t=\beta_2v_{t-1}+(1-\beta_2)s(g_t)$, "

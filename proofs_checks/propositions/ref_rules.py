@@ -35,6 +35,10 @@ LR = 0.05
 #: The momentum's β and cap (‖M‖ ≈ (1 − β)·sqrt(d·r) < c at first: both branches are taken);
 #: the trust radius binds (‖lr·g‖ ≈ 0.2 > Δ).
 BETA, CAP, RADIUS = 0.9, 0.5, 0.1
+#: A second run of each frame rule at other hyperparameters: a short momentum memory with a cap
+#: that does not bind, a shorter fixed step, a longer one under a tighter radius (lr·sqrt(d·r) =
+#: 0.42 ≤ 1/2).
+OTHER = {"lr": 0.02, "beta": 0.5, "c": 2.0, "lr_capped": 0.1, "radius": 0.03}
 DIGITS = 50
 #: The defaults the presets document: riemannian_momentum's (DESIGN §5) and torch's AdamW's.
 MOMENTUM_DEFAULTS = {"beta": 0.9, "c": 1.0}
@@ -88,18 +92,36 @@ RULES: dict[str, Rule] = {
             lambda w0, gs: mp.momentum_trajectory(w0, gs, LR, BETA, CAP),
         ),
         (
+            lambda: ro.riemannian_momentum(OTHER["lr"], OTHER["beta"], OTHER["c"]),
+            lambda w0, gs: mp.momentum_trajectory(w0, gs, OTHER["lr"], OTHER["beta"], OTHER["c"]),
+        ),
+        (
             lambda: ro.riemannian_momentum(LR),
             lambda w0, gs: mp.momentum_trajectory(w0, gs, LR, **MOMENTUM_DEFAULTS),
         ),
     ),
-    "rsgd": _on_frames((lambda: ro.rsgd(LR), lambda w0, gs: mp.rsgd_trajectory(w0, gs, LR))),
+    "rsgd": _on_frames(
+        *(
+            (lambda lr=lr: ro.rsgd(lr), lambda w0, gs, lr=lr: mp.rsgd_trajectory(w0, gs, lr))
+            for lr in (LR, OTHER["lr"])
+        )
+    ),
     "rsgd with Δ": _on_frames(
-        (lambda: ro.rsgd(LR, RADIUS), lambda w0, gs: mp.rsgd_trajectory(w0, gs, LR, RADIUS))
+        *(
+            (
+                lambda lr=lr, dr=dr: ro.rsgd(lr, dr),
+                lambda w0, gs, lr=lr, dr=dr: mp.rsgd_trajectory(w0, gs, lr, dr),
+            )
+            for lr, dr in ((LR, RADIUS), (OTHER["lr_capped"], OTHER["radius"]))
+        )
     ),
     "normalized_rsgd": _on_frames(
-        (
-            lambda: ro.normalized_rsgd(LR),
-            lambda w0, gs: mp.normalized_rsgd_trajectory(w0, gs, LR),
+        *(
+            (
+                lambda lr=lr: ro.normalized_rsgd(lr),
+                lambda w0, gs, lr=lr: mp.normalized_rsgd_trajectory(w0, gs, lr),
+            )
+            for lr in (LR, OTHER["lr"])
         )
     ),
     "adamw": Rule(
@@ -213,7 +235,8 @@ def rule_check(rule: str, name: str, variant: Callable) -> Callable[[Context, bo
             "sizes": repr(geometry),
             "steps": len(grads),
             "options": f"{rule}: {len(rule_.runs)} run(s); lr {LR}, β {BETA}, c {CAP}, "
-            f"Δ {RADIUS} where the rule takes them, the defaults where named",
+            f"Δ {RADIUS} where the rule takes them, and {OTHER} (frame rules), the defaults "
+            "where named",
             "dtypes": f"float64 against mpmath at {DIGITS} digits",
             "seeds": ctx.seed,
         }
@@ -238,7 +261,10 @@ register(
             r"$\Delta$) and \texttt{normalized\_rsgd} ($\xi_t=-\eta g_t/\mathrm{RMS}(g_t)$, "
             r"$\mathrm{RMS}(g)=\|g\|/\sqrt{dr}$), each with $W_t=\mathrm{polar}(W_{t-1}+\xi_t)$ "
             r"and $g_t=P_{W_{t-1}}(G_t)$, stay within the float64 trajectory bound of the exact "
-            r"rules; so do $T$ steps of \texttt{adamw} with its defaults on a plain array "
+            r"rules at $(\eta,\beta,c)\in\{(0.05,0.9,0.5),(0.02,0.5,2)\}$ (momentum), "
+            r"$\eta\in\{0.05,0.02\}$ (\texttt{rsgd}, \texttt{normalized\_rsgd}) and "
+            r"$(\eta,\Delta)\in\{(0.05,0.1),(0.1,0.03)\}$ (\texttt{rsgd} capped); so do $T$ "
+            r"steps of \texttt{adamw} with its defaults on a plain array "
             r"($x_t=(1-\eta\lambda)x_{t-1}-\eta\,\hat m_t/(\sqrt{\hat v_t}+\varepsilon)$, "
             r"per entry, $\eta=10^{-3}$, $\beta=(0.9,0.999)$, $\varepsilon=10^{-8}$, "
             r"$\lambda=10^{-2}$), and the momentum rule with its defaults $\beta=0.9$, $c=1$."
