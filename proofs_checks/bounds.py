@@ -128,6 +128,20 @@ def eps_identity_tolerance(d: int, r: int, u: float = FLOAT64_U) -> float:
     return 5 * gamma(d * r, u) + 38 * u
 
 
+def sqrt_v_tolerance(n: int, steps: int, u: float = FLOAT64_U) -> float:
+    """Bound on the relative error of the frame second moment √v_t after t steps, computed as
+    √v ← hypot(fl(√β2)·√v, fl(√(1 − β2))·RMS(g)) with RMS(g) = s·‖g/s‖/√n (s = max|g|), against
+    the exact recursion v_t = β2·v_{t−1} + (1 − β2)·‖g_t‖²/n on the same float64 β2 and g_t.
+
+    RMS(g) errs relatively by ≤ u (g/s) + γ_n/2 + u (the norm) + 2u (√n and the division) + u
+    (times s) ≤ γ_{n+6} =: η. 1 − β2 is exact (Sterbenz, β2 ≥ ½); each square root, product
+    and the hypot (< 1 ulp) adds ≤ 2u to its argument's relative error, and a square root of a
+    positive combination of two terms with relative errors a and b errs by ≤ max(a, b). So
+    δ_t ≤ max(δ_{t−1}, η) + 4u, δ_0 = 0, and δ_t ≤ η + 4tu ≤ γ_{n+6} + γ_{4t} (γ_k absorbs the
+    terms of second order)."""
+    return gamma(n + 6, u) + gamma(4 * steps, u)
+
+
 def adam_ratio_bound(steps: int, b2: float) -> float:
     """ρ_T = sqrt(T/β2^{T−1}) ≥ |m̂_t/(√v̂_t + ε)| for every entry and t ≤ T.
 

@@ -364,6 +364,7 @@ DEFAULTS = [
     Default(tasks, "static_excess_risk", _risk, {"c": np.eye(3)}),
     Default(tasks, "deficiency_bound", lambda rng: (*_risk(rng)[1:], 1), {"c": np.eye(3)}),
     Default(tasks, "truncated_mixer", lambda rng: (_risk(rng)[1], 1), {"c": np.eye(3)}),
+    Default(tasks, "gram_population", lambda rng: (*_risk(rng)[1:], 0.1), {"c": np.eye(3)}),
     Default(spectra, "numerical_rank", lambda rng: (SENSITIVE,), {"tau": 0.001}),
     Default(spectra, "energy_threshold_rank", lambda rng: (SENSITIVE,), {"eta": 0.9}),
     Default(spectra, "largest_gap_rank", lambda rng: (SENSITIVE,), {"floor": 0.0}),

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from proofs_checks import latex
+from proofs_checks import latex, machine_checked
 from proofs_checks.registry import REGISTRY, CheckResult, Context, PropositionResult, run_check
 from reference.environment import LIBRARIES as LIBRARIES  # re-exported
 from reference.environment import environment
@@ -51,7 +51,7 @@ def _ratio(residual: float | None, tolerance: float | None) -> float:
 def worst(result: PropositionResult) -> CheckResult | None:
     """The check whose residual is closest to (or furthest past) its tolerance."""
     return max(
-        result.checks,
+        result.ran,
         key=lambda c: _ratio(c.outcome.residual, c.outcome.tolerance),
         default=None,
     )
@@ -118,7 +118,7 @@ class Certificate:
             for c in r.checks:
                 lines.append(
                     f"| {c.kind} | {c.name} | {_fmt(c.outcome.residual)} | "
-                    f"{_fmt(c.outcome.tolerance)} | {_yes(c.outcome.passed)} | {c.control} | "
+                    f"{_fmt(c.outcome.tolerance)} | {_passed(c)} | {c.control} | "
                     f"{_rejection(c)} |"
                 )
             lines.append("")
@@ -195,7 +195,7 @@ class Certificate:
             for c in r.checks:
                 out.append(
                     rf"{c.kind} & {latex.text(c.name)} & {latex.text(_fmt(c.outcome.residual))} & "
-                    rf"{latex.text(_fmt(c.outcome.tolerance))} & {_yes(c.outcome.passed)} / "
+                    rf"{latex.text(_fmt(c.outcome.tolerance))} & {latex.text(_passed(c))} / "
                     rf"{latex.text(_rejection(c))} \\"
                 )
             out.append(r"\hline\end{tabular}}")
@@ -333,6 +333,7 @@ def _proposition_dict(r: PropositionResult) -> dict[str, Any]:
                 "kind": c.kind,
                 "name": c.name,
                 "passed": c.passed,
+                "not_run": c.not_run,
                 "residual": _number(c.outcome.residual),
                 "tolerance": _number(c.outcome.tolerance),
                 "detail": c.outcome.detail,
@@ -369,14 +370,21 @@ def exercised_text(r: PropositionResult) -> str:
     points 8 random"), and how many checks report it when not all do."""
     clauses = [f"{what} {', '.join(values)}" for what, values in r.exercised.items()]
     text = "; ".join(clauses) if clauses else "not recorded by its checks"
-    if 0 < r.exercised_by < len(r.checks):
-        text += f" (recorded by {r.exercised_by} of its {len(r.checks)} checks)"
+    if 0 < r.exercised_by < len(r.ran):
+        text += f" (recorded by {r.exercised_by} of the {len(r.ran)} checks that ran)"
     return text
+
+
+def _passed(c: CheckResult) -> str:
+    """Whether the check passed ("yes", "NO"), or "not run" (its program is missing here)."""
+    return "not run" if c.not_run else _yes(c.outcome.passed)
 
 
 def _rejection(c: CheckResult) -> str:
     """Whether the control was rejected, how far past its tolerance, and whether that makes it
-    a near miss: "yes (28×, near miss)"."""
+    a near miss: "yes (28×, near miss)"; "not run" for a check that was not run."""
+    if c.not_run:
+        return "not run"
     if not c.control_rejected:
         return _yes(False)
     ratio = c.control_ratio
@@ -434,4 +442,14 @@ def certify(
         for result, check in bar:
             bar.set_postfix_str(f"{result.proposition.id} {check.kind}")
             result.checks.append(run_check(check, ctx))
-    return Certificate(results, seed, quick, not_run=not_run)
+    return Certificate(results, seed, quick, environment=_environment(results), not_run=not_run)
+
+
+def _environment(results: Sequence[PropositionResult]) -> dict[str, Any]:
+    """``environment()`` with the versions of what the checks that ran used beyond the
+    package's requirements: the optional modules their propositions require (torch for the
+    PORT propositions) and, when a machine-checked check ran, Coq's and MathComp's (``tools``)."""
+    libraries = sorted({m for r in results for m in r.proposition.requires})
+    ran = {c.kind for r in results for c in r.ran}
+    extra = {"tools": machine_checked.coq_versions()} if "machine-checked" in ran else {}
+    return environment(*libraries, **extra)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KINDS = ("symbolic", "float64", "mpmath", "property")
+KINDS = ("symbolic", "float64", "mpmath", "property", "rigorous", "machine-checked")
 #: A control rejected at no more than this multiple of its tolerance is a near miss: it shows
 #: that the check resolves errors of about the size its tolerance allows.
 NEAR_MISS_RATIO = 100.0
@@ -80,10 +80,19 @@ class Check:
     name: str
     run: Callable[[Context, bool], Outcome]
     control: str  # the deliberately wrong variant that ``run(ctx, True)`` exercises
+    #: Why the check cannot run here (e.g. "needs coqc"), or None: a tool the check runs,
+    #: asked when it is about to run. A check that cannot run is listed as not run with the
+    #: reason; it neither passes nor fails.
+    unavailable: Callable[[], str | None] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown check kind {self.kind!r}; choose one of {KINDS}")
+
+    @property
+    def missing(self) -> str | None:
+        """Why the check cannot run here (``unavailable``), or None."""
+        return self.unavailable() if self.unavailable is not None else None
 
 
 @dataclass(frozen=True)
@@ -270,6 +279,8 @@ class CheckResult:
     control: str
     control_outcome: Outcome
     seconds: float = 0.0
+    #: Why the check was not run here (``Check.missing``), or None when it ran.
+    not_run: str | None = None
 
     @property
     def control_rejected(self) -> bool:
@@ -309,8 +320,14 @@ class PropositionResult:
     checks: list[CheckResult] = field(default_factory=list)
 
     @property
+    def ran(self) -> list[CheckResult]:
+        """The checks that ran (not those whose program is missing here)."""
+        return [c for c in self.checks if c.not_run is None]
+
+    @property
     def passed(self) -> bool:
-        return bool(self.checks) and all(c.passed for c in self.checks)
+        """At least one check ran, and every check that ran passed."""
+        return bool(self.ran) and all(c.passed for c in self.ran)
 
     @property
     def exercised(self) -> dict[str, list[str]]:
@@ -339,6 +356,9 @@ def _guarded(check: Check, ctx: Context, wrong: bool) -> Outcome:
 
 
 def run_check(check: Check, ctx: Context) -> CheckResult:
+    if (reason := check.missing) is not None:
+        skipped = Outcome(False, None, None, f"not run: {reason}")
+        return CheckResult(check.kind, check.name, skipped, check.control, skipped, not_run=reason)
     start = time.perf_counter()
     outcome = _guarded(check, ctx, False)
     control = _guarded(check, ctx, True)

@@ -9,7 +9,8 @@ the recorded one, field by field:
   ``exercised``, ``passed``, ``hash`` and ``implementation_hash``, equal as JSON values
   (``True`` is not ``1``);
 - its ``checks``: as many, and per check (``checks[k]``) ``kind``, ``name``, ``passed``,
-  ``exercised``,
+  ``not_run`` (the reason a check was not run, e.g. coqc missing; so a check not run where the
+  certificate was made and run here, or the reverse, is a difference), ``exercised``,
   ``control.variant`` and ``control.rejected`` equal; ``tolerance`` and ``control.tolerance``
   within TOLERANCE_RTOL relative; ``residual`` and ``control.residual`` by the residual rule
   below; null (a non-finite value) equals null only;
@@ -172,6 +173,7 @@ def _check_differences(k: int, rec: Any, now: dict[str, Any]) -> list[tuple[str,
         ("kind", rec.get("kind"), now["kind"], same),
         ("name", rec.get("name"), now["name"], same),
         ("passed", rec.get("passed"), now["passed"], same),
+        ("not_run", rec.get("not_run"), now["not_run"], same),
         ("exercised", rec.get("exercised"), now["exercised"], same),
         ("residual", rec.get("residual"), now["residual"], residual_at(now["tolerance"])),
         ("tolerance", rec.get("tolerance"), now["tolerance"], tolerance_matches),

@@ -693,3 +693,14 @@ def test_the_token_gram_count_is_scale_free() -> None:
         assert got.rank == base.rank
         assert got.noise == pytest.approx(c * c * base.noise, rel=1e-12)
         assert got.threshold == pytest.approx(c * c * base.threshold, rel=1e-12)
+
+
+def test_gram_population_is_the_expected_token_gram_by_hand() -> None:
+    """E[YYᵀ]/d_v = (‖W‖²/d_v)·A*CA*ᵀ + σ²I worked by hand: A* = I, C = diag(4, 1), W = (1, 1)ᵀ
+    (‖W‖² = 2, d_v = 1), σ = 0.5: 2·diag(4, 1) + 0.25·I; refusals name the bad value."""
+    got = cap.gram_population(np.eye(2), np.ones((2, 1)), 0.5, np.diag([4.0, 1.0]))
+    assert np.array_equal(got, np.diag([8.25, 2.25]))
+    with pytest.raises(ValueError, match=r"σ must be finite and ≥ 0, got -0\.1"):
+        cap.gram_population(np.eye(2), np.ones((2, 1)), -0.1)
+    with pytest.raises(ValueError, match="A\\* must be n×n, got \\(2, 3\\)"):
+        cap.gram_population(np.ones((2, 3)), np.ones((2, 1)), 0.1)

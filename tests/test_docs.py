@@ -1,9 +1,12 @@
 """Every Python block of README.md and docs/*.md runs as written: the blocks of one file in
-order, as one script in a fresh interpreter (a later block may use what an earlier one defined,
-as a reader would; nothing imported by other tests can help it)."""
+order, as one script file in a fresh interpreter (a later block may use what an earlier one
+defined, as a reader would; nothing imported by other tests can help it). A script file, not
+``python -c``, so that a block may start processes by ``spawn`` as a real training script does
+(the children import the file as ``__mp_main__``)."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -25,14 +28,25 @@ def python_blocks(path: Path) -> list[str]:
 @pytest.mark.parametrize(
     "path", [p for p in FILES if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
 )
-def test_python_blocks_run(path: Path) -> None:
+def test_python_blocks_run(path: Path, tmp_path: Path) -> None:
     text = path.read_text(encoding="utf-8")
     for package in ("torch", "transformers", "geoopt"):
         if f"import {package}" in text:
             pytest.importorskip(package)
-    script = "\n\n".join(python_blocks(path))
+    script = tmp_path / f"{path.stem}_blocks.py"
+    script.write_text("\n\n".join(python_blocks(path)), encoding="utf-8")
+    # the repository root first on the path, as for ``python -c`` run there
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, f"{path.relative_to(ROOT)}:\n{done.stderr[-3000:]}"
 

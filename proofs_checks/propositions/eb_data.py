@@ -213,22 +213,31 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
 GL_S, GL_NOISE, GL_VALUE_SCALE, TAG_GRAM = 2**14, 0.5, 0.5, 403
 
 
+def _noise_dropped(a_star: np.ndarray, w: np.ndarray, noise: float, c=None) -> np.ndarray:
+    """``gram_population`` without its σ²I: the near miss of ``gram_limit``."""
+    return tasks.gram_population(a_star, w, 0.0, c)
+
+
 def gram_limit(ctx: Context, wrong: bool) -> Outcome:
     """The token Gram's limit (a): S = 2^14 sequences of the static surrogate at n = d = 16,
     d_v = 8, r* = 3, σ(A*) = (1, 0.75, 0.5), with a generic W* (Gaussian × 1/2) and σ = 0.5
     (seed [ctx.seed, 403]). ``spectra.token_gram`` is the mean of the per-sequence
-    Z_s = Y_sY_sᵀ/d_v, whose expectation is claimed to be (‖W*‖_F²/d_v)A*A*ᵀ + σ²I;
-    pass √T ≤ √30 (``common.root_chi2``, T = ‖Ĝ − claimed‖²/v̂). Control (a near miss): the
-    claimed limit without σ²I."""
+    Z_s = Y_sY_sᵀ/d_v, whose expectation is ``capacity.gram_population`` = (‖W*‖_F²/d_v)A*A*ᵀ
+    + σ²I; pass √T ≤ √30 (``common.root_chi2``, T = ‖Ĝ − E G‖²/v̂). Control (a near miss):
+    ``gram_population`` without σ²I, substituted into the package namespace
+    ``reference.capacity``."""
     rng = np.random.default_rng([ctx.seed, TAG_GRAM])
     a_star = tasks.planted_mixer(ST_N, RSTAR, rng, ST_SPEC)
     w = GL_VALUE_SCALE * rng.standard_normal((ST_D, ST_DV))
     x = rng.standard_normal((GL_S, ST_N, ST_D))
     y = a_star @ x @ w + GL_NOISE * rng.standard_normal((GL_S, ST_N, ST_DV))
     z = y @ np.swapaxes(y, 1, 2) / ST_DV
-    claimed = (np.sum(w * w) / ST_DV) * a_star @ a_star.T
-    if not wrong:
-        claimed = claimed + GL_NOISE**2 * np.eye(ST_N)
+    with (
+        substituted(capacity, "gram_population", _noise_dropped)
+        if wrong
+        else contextlib.nullcontext()
+    ):
+        claimed = capacity.gram_population(a_star, w, GL_NOISE)
     t, se = root_chi2(z, claimed)
     gram = spectra.token_gram(y)
     # the library's Gram is the mean of the Z_s to rounding (n·d_v·S products of entries ≤ 100)
@@ -327,7 +336,7 @@ register(
             r"(a) Static surrogate $Y_s=A^*X_sW^*+\sigma E_s$ ($X_s,E_s$ iid $\mathcal{N}(0,1)$, "
             r"$W^*$ with orthonormal columns, unknown): the token Gram "
             r"$G=\sum_sY_sY_s^\top/(Sd_v)$ has $\mathbb{E}G=(\|W^*\|_F^2/d_v)A^*A^{*\top}"
-            r"+\sigma^2I$ (for every $W^*$; so $G$ tends to it as $S\to\infty$), and the "
+            r"+\sigma^2I$ (for every $W^*$), and the "
             r"number of its eigenvalues above the Tracy--Widom 99\% quantile of the largest "
             r"noise eigenvalue (noise level estimated from the data) equals $r^*$. "
             r"(b) Linear QK attention $Y_s=(X_sKX_s^\top/n)X_sW_V+\sigma E_s$, $W_V$ unknown: "
@@ -372,7 +381,7 @@ register(
                 "float64",
                 "the token Gram's limit, Monte Carlo, χ² criterion",
                 gram_limit,
-                "near miss: the limit claimed without σ²I",
+                "near miss: capacity.gram_population without σ²I, substituted",
             ),
             Check("float64", "token-Gram count, static, P ≥ 0.9", static_count, CONTROL_STATIC),
             Check(

@@ -320,7 +320,8 @@ def monte_carlo(ctx: Context, wrong: bool) -> Outcome:
         rank = static_rank(a, b, n, math.sqrt(CHI2_CUT) * se_total)
         worst = max(worst, root_t)
         rows.append(
-            f"{name}: T = {root_t**2:.2f}, a = {a:.3g}, b = {b:.3g}, naive static rank {rank}"
+            f"{name}: T = {root_t**2:.2f}, a = {a:.3g}, b = {b:.3g}, eigenvalues significantly "
+            f"≠ 0: {rank}"
         )
     return Outcome.bound(
         worst,

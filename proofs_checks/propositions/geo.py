@@ -15,6 +15,7 @@ from proofs_checks import geometry_cases as cases
 from proofs_checks import geometry_laws as law
 from proofs_checks.bounds import frame_error
 from proofs_checks.harness import substituted
+from proofs_checks.machine_checked import machine_check
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference.linalg import frobenius
 
@@ -756,6 +757,8 @@ def _register(name: str) -> None:
             RENORM_TEXT.get(base, "additive step without re-orthonormalisation"),
         )
     )
+    if (key := MACHINE_CHECKED.get(name)) is not None:
+        checks.append(machine_check(key))
     tex_name = name.replace("_", r"\_")
     tex_repr = repr(geo).replace("_", r"\_")
     register(
@@ -781,6 +784,7 @@ def _register(name: str) -> None:
                     else ""
                 )
                 + r", and the constraints hold after 1000 steps (200 quick) from one of them."
+                + MACHINE_CHECKED_CLAIMS.get(name, "")
             ),
             hypotheses=(
                 f"sizes {_sizes(name)}",
@@ -790,6 +794,22 @@ def _register(name: str) -> None:
         )
     )
 
+
+#: The geometries whose projection laws are also proved for every size (``machine_checked``),
+#: and what the statement adds for them.
+MACHINE_CHECKED = {
+    "stiefel": "GEO-stiefel",
+    "fixed_rank_embedded": "R1/P1",
+    "partial_isometry_embedded": "R1/P1",
+}
+MACHINE_CHECKED_CLAIMS = {
+    "stiefel": r" For every $d\ge r$, $P_W(Z)=Z-W\,\mathrm{sym}(W^\top Z)$ is tangent, "
+    r"idempotent and self-adjoint at $W\in\mathrm{St}(d,r)$ (machine-checked).",
+    "fixed_rank_embedded": r" For every size, the projected factors $(I-UU^\top)A$ and "
+    r"$(I-VV^\top)B$ are orthogonal to $U$ and $V$ (machine-checked).",
+    "partial_isometry_embedded": r" For every size, the projected factors $(I-UU^\top)A$ and "
+    r"$(I-VV^\top)B$ are orthogonal to $U$ and $V$ (machine-checked).",
+}
 
 for _name in ["stiefel", *ref.GEOMETRIES, *VARIANTS]:
     _register(_name)

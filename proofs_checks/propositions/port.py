@@ -346,7 +346,7 @@ register(
             r"leaves $\|W^\top W-I\|_F\le(4r(r+1)+2(d+r)r)\,u_{32}$ after each of 1000 steps "
             r"(50 quick) from frames on St(64, 16), and after one step from frames "
             r"$3.4\times10^{-4}$ off it (just inside the $\sqrt{\varepsilon_{32}}$ it accepts): "
-            r"with $H=(A^\top A+E)^{-1/2}$, $(AH)^\top AH-I=-HEH$ whatever the drift of $W$."
+            r"with $H=(A^\top A+E)^{-1/2}$, $(AH)^\top AH-I=-HEH$."
         ),
         hypotheses=(
             "float32 frames; Gram in float32, inverse square root in float64 "

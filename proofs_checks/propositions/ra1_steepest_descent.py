@@ -22,6 +22,7 @@ from proofs_checks.harness import (
     substituted,
     trajectory,
 )
+from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import (
     BETAS,
     MP_D,
@@ -239,6 +240,7 @@ register(
             "(mpmath) and 1 ≤ r ≤ d ≤ 64",
         ),
         checks=(
+            machine_check("RA-1"),
             Check(
                 "symbolic",
                 "tr(SΩ) = 0: the normal part of G is orthogonal to T_W",

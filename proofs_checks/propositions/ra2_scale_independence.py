@@ -327,7 +327,8 @@ register(
             "one scalar second moment per frame, stored as √v and updated by hypot",
             "trust region and polar retraction depend on the step only",
             "checked for c from 1e-150 to 1e150 and base gradient RMS from 1e-8 to 1e8",
-            "ε identities: St(64, 16), 6 steps, gradient RMS 1e-12…1, Δ ∈ {0.05, 0.1, 0.5}",
+            "ε identities: St(64, 16), 6 steps, ε = 1e-8 with gradient RMS 1e-12…1 (ε/√v̂ from "
+            "about 1e-8 to 1e4), Δ ∈ {0.05, 0.1, 0.5}",
         ),
         checks=(
             Check(

@@ -23,6 +23,7 @@ from proofs_checks.harness import (
     substituted,
     trajectory,
 )
+from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import LR, MP_D, MP_R, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -231,6 +232,7 @@ register(
         ),
         hypotheses=("WᵀW = I_r", "η·λ < 1 for the fused form", "polar is the true polar map"),
         checks=(
+            machine_check("RA-5"),
             Check(
                 "symbolic",
                 "P_W(W) = 0 and the decay identities",

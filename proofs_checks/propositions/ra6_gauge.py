@@ -26,6 +26,7 @@ from proofs_checks.harness import (
     shapes,
     substituted,
 )
+from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import LR, MP_D, MP_R, RADIUS, STEPS, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -460,8 +461,13 @@ register(
             "the steps",
             "vertical part measured in the product embedded metric",
             "with β1 > 0 projected momentum is not horizontal: compare like with like",
+            "checked: the gauge identity for every d ≥ r (machine-checked) and on the "
+            "differentiated loss at St(64, 16)² and 2 ≤ d ≤ 64, Q Haar; the vertical part of "
+            "the step at St(64, 16)², 6 steps per run, shared and per-frame moments, with and "
+            "without the trust region, lr 0.005, ε 1e-8",
         ),
         checks=(
+            machine_check("RA-6"),
             Check(
                 "float64",
                 "invariance and skew(W_QᵀG_Q + W_KᵀG_K) = 0 for the differentiated loss",

@@ -18,8 +18,10 @@ from collections.abc import Callable
 import mpmath
 import numpy as np
 
-from proofs_checks.bounds import trajectory_tolerance
-from proofs_checks.harness import frame_problem, substituted
+import reference as ref
+from proofs_checks import rigorous
+from proofs_checks.bounds import sqrt_v_tolerance, trajectory_tolerance
+from proofs_checks.harness import frame_problem, substituted, trajectory
 from proofs_checks.propositions.common import BETAS, LR, adam_direction_times
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
@@ -222,6 +224,70 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
     return run
 
 
+#: The rigorous check: steps along gradients whose scales span 10^±3 (so hypot's two terms
+#: trade places), and the near miss: √v stored RIGOROUS_NEAR_MISS relative too large each step.
+RIGOROUS_STEPS, RIGOROUS_NEAR_MISS = 100, 1e-14
+
+
+def _sqrt_v_inflated(original):
+    """``scale_by_adam`` storing √v·(1 + RIGOROUS_NEAR_MISS) after each update."""
+
+    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
+        inner = original(b1, b2, eps, moment, reduction)
+
+        def update(geometry, x, g, state):
+            d, new = inner.update(geometry, x, g, state)
+            grown = tuple(v * (1 + RIGOROUS_NEAR_MISS) for v in new.sqrt_v)
+            return d, new._replace(sqrt_v=grown)
+
+        return inner._replace(update=update)
+
+    return variant
+
+
+def sqrt_v_enclosure(ctx: Context, wrong: bool) -> Outcome:
+    """The second moment, rigorously: ``RIGOROUS_STEPS`` steps of ``riemannian_adam`` (frame
+    moment, mean reduction, default β) at St(6, 3) along gradients G_t = 10^U(−3, 3)·Gaussian
+    (seed [seed, 5]); for each t the exact recursion v_t = β2·v_{t−1} + (1 − β2)·‖g_t‖²/n on
+    the same float64 β2 and projected gradients g_t is enclosed in a ball (``rigorous``, 256
+    bits), and the upper end of |√v_t(float64) − √v_t|/√v_t is held to
+    ``sqrt_v_tolerance(18, t)``. Residual: the largest ratio, tolerance 1. Control, a near
+    miss: √v stored 1e-14 relative too large after each update (``_sqrt_v_inflated``),
+    substituted into ``reference.optim``."""
+    rng = np.random.default_rng([ctx.seed, 5])
+    geometry = ref.Stiefel(SIZE_D, SIZE_R)
+    w0 = geometry.random_point(rng)
+    grads = [
+        10.0 ** rng.uniform(-3, 3) * rng.standard_normal((SIZE_D, SIZE_R))
+        for _ in range(RIGOROUS_STEPS)
+    ]
+    with (
+        substituted(ro, "scale_by_adam", _sqrt_v_inflated(ro.scale_by_adam))
+        if wrong
+        else (contextlib.nullcontext())
+    ):
+        steps, _ = trajectory(ro.riemannian_adam(LR, DEFAULT_BETAS), geometry, w0, grads)
+    b2, n = rigorous.ball(DEFAULT_BETAS[1]), SIZE_D * SIZE_R
+    v, worst = rigorous.ball(0.0), 0.0
+    for t, (step, grad) in enumerate(zip(steps, grads, strict=True), start=1):
+        g = geometry.egrad_to_rgrad(step.w, grad)
+        v = b2 * v + (1 - b2) * rigorous.mean_square(g)
+        error = rigorous.relative_error_upper(step.state[0].sqrt_v[0], v.sqrt())
+        worst = max(worst, error / sqrt_v_tolerance(n, t))
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"max_t |√v_t − √v_t^exact|/√v_t over sqrt_v_tolerance(18, t), {RIGOROUS_STEPS} steps",
+        {
+            "sizes": f"St({SIZE_D}, {SIZE_R})",
+            "steps": RIGOROUS_STEPS,
+            "options": f"frame moment, mean reduction, β = {DEFAULT_BETAS}, gradient scales 10^±3",
+            "dtypes": f"float64 against Arb balls at {rigorous.PRECISION} bits",
+            "seeds": f"[{ctx.seed}, 5]",
+        },
+    )
+
+
 register(
     Proposition(
         id="REF-1",
@@ -241,7 +307,10 @@ register(
             r"$\hat m_t=m_t/(1-\beta_1^t)$, $\hat v_t=v_t/(1-\beta_2^t)$, capped at $\Delta$, "
             r"$W_t=\mathrm{polar}(W_{t-1}+\xi_t)$, $m_t\leftarrow P_{W_t}(m_t)$; built with "
             r"its defaults (the preset, and a chain of \texttt{scale\_by\_adam()}), the rule "
-            r"is the one with $\beta=(0.9,0.999)$, $\varepsilon=10^{-8}$."
+            r"is the one with $\beta=(0.9,0.999)$, $\varepsilon=10^{-8}$; and over "
+            r"100 steps at those defaults (frame moment, mean reduction) its stored "
+            r"$\sqrt{v_t}$ is the exact recursion's on the same float64 gradients to relative "
+            r"$\gamma_{n+6}+\gamma_{4t}$, $n=dr$ (a rigorous enclosure)."
         ),
         hypotheses=(
             "the exact rule transcribed independently in mpmath (reference.mp), 50 digits",
@@ -272,6 +341,14 @@ register(
                 "the reduction of s(g)",
                 schedule_check(_sum_for_mean),
                 "the sum ‖g‖² where the mean is asked (and the reverse)",
+            ),
+            Check(
+                "rigorous",
+                "the second moment √v_t against its exact recursion, enclosed",
+                sqrt_v_enclosure,
+                f"near miss: √v stored {RIGOROUS_NEAR_MISS:g} relative too large after each "
+                "update, substituted into reference.optim",
+                unavailable=rigorous.unavailable,
             ),
             Check(
                 "float64",

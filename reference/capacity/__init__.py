@@ -25,8 +25,8 @@ Four groups of functions:
    of token-Gram eigenvalues, ``token_gram_count``.
 2. **Planted tasks** with a known rank r*: ``static_task``, ``linear_qk_task``, ``softmax_task``
    (seeded; flat or decaying spectra; a PSD option for the kernel) and the closed forms of the
-   static surrogate (``static_excess_risk``, ``deficiency_bound``, ``truncated_mixer``) and of the
-   pooled regression (``pooled_population``).
+   static surrogate (``static_excess_risk``, ``deficiency_bound``, ``truncated_mixer``), of its
+   token Gram (``gram_population``) and of the pooled regression (``pooled_population``).
 3. **Pre-training estimators** (from data, before any training): ``token_gram`` and
    ``token_gram_count``, ``ols_static_mixer``, ``pooled_regression``, ``first_order_softmax`` and
    ``inversion_estimator``.
@@ -72,6 +72,7 @@ from reference.capacity.tasks import (
     PlantedTask,
     cholesky,
     deficiency_bound,
+    gram_population,
     linear_attention_mixing,
     linear_qk_task,
     orthonormal,
@@ -121,6 +122,7 @@ __all__ = [
     "factor_gradients",
     "factorised_gd",
     "first_order_softmax",
+    "gram_population",
     "inversion_estimator",
     "largest_gap_rank",
     "linear_attention_mixing",

@@ -6,7 +6,8 @@ Group 2 of ``reference.capacity``. Planted factors (``orthonormal``, ``planted_s
 ``linear_qk_task`` and ``softmax_task`` (flat or decaying spectra; a PSD option for the kernel),
 each returned as a ``PlantedTask``, and the closed forms of the static surrogate (``cholesky`` of
 the token covariance, ``static_excess_risk``, ``deficiency_bound``, ``truncated_mixer``; EB-1,
-EB-2) and of the pooled regression (``pooled_population``; EB-7).
+EB-2), of the token Gram (``gram_population``; EB-4) and of the pooled regression
+(``pooled_population``; EB-7).
 """
 
 from __future__ import annotations
@@ -272,6 +273,21 @@ def truncated_mixer(a_star: Array, r: int, c: Array | None = None) -> Array:
     r = min(r, n)
     b_r = (u[:, :r] * sig[:r]) @ vt[:r]
     return scipy.linalg.solve_triangular(ell, b_r.T, lower=True, trans="T").T
+
+
+def gram_population(a_star: Array, w: Array, noise: float, c: Array | None = None) -> Array:
+    """The expected token Gram of the static surrogate (EB-4 (a)): for Y = A*XW* + σE with
+    X = C^{1/2}Z (Z, E with iid N(0, 1) entries), E[YYᵀ]/d_v = (‖W*‖_F²/d_v)·A*CA*ᵀ + σ²I,
+    the mean of ``spectra.token_gram`` (E[XW*W*ᵀXᵀ] = tr(W*W*ᵀ)·C)."""
+    a_star, w = _matrix(a_star, "A*"), _matrix(w, "W*")
+    n = a_star.shape[0]
+    if a_star.shape != (n, n):
+        raise ValueError(f"A* must be n×n, got {a_star.shape}")
+    if not (np.isfinite(noise) and noise >= 0):
+        raise ValueError(f"the noise level σ must be finite and ≥ 0, got {noise}")
+    ell = cholesky(c, n)
+    mixed = a_star @ ell
+    return (np.sum(w * w) / w.shape[1]) * (mixed @ mixed.T) + noise**2 * np.eye(n)
 
 
 def pooled_population(k: Array, w_v: Array, n: int) -> Array:

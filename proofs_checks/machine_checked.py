@@ -1,0 +1,253 @@
+"""Machine-checked checks: Coq proofs of the algebra behind the propositions.
+
+``coq/Propositions.v`` states and proves, for every size and over any ``numFieldType`` of
+MathComp, the identities the float64, mpmath and symbolic checks measure at finitely many
+points: the Stiefel projection is tangent, idempotent and self-adjoint (GEO-stiefel), the
+steepest-descent identity ⟨G, ξ⟩ = ⟨P_W G, ξ⟩ on the tangent space (RA-1), the Gram identity of
+the polar retraction (RA-3), P_W(W) = 0 (RA-5), the gauge identity (RA-6) and the orthogonality
+of the projected factors of R1 and P1.
+
+A check compiles the file with ``coqc`` and then asks Coq for the assumptions of each lemma it
+names (``Print Assumptions``): it passes only when every one is closed under the global context,
+so a lemma that is ``Admitted`` or rests on an axiom fails, and so does a file that does not
+compile. Its negative control compiles the same file with the statement made false (a
+hypothesis removed, a transpose moved, the ½ of sym dropped): the same test must fail.
+
+The file is compiled once per text (the base text and each control's variant), all of them at
+once on first use, in parallel; ``coqc`` not on the path makes the checks *not run*
+(``registry.Check.requires``), never passed.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from proofs_checks.registry import Check, Context, Outcome
+
+#: The proof file and the tool that checks it.
+PROOFS = Path(__file__).resolve().parent / "coq" / "Propositions.v"
+COQC = "coqc"
+#: A compile of the file takes about 2 s (loading MathComp); past this it is refused.
+TIMEOUT_S = 300
+#: What Coq prints for a lemma that needs no axiom.
+CLOSED = "Closed under the global context"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Lemmas of ``coq/Propositions.v`` that one check asserts, and the control: ``old``
+    replaced by ``new`` in the file (it must occur exactly once) makes the statement false."""
+
+    lemmas: tuple[str, ...]
+    old: str
+    new: str
+
+
+#: The checks, by proposition.
+PROOFS_BY_ID: dict[str, Proof] = {
+    "GEO-stiefel": Proof(
+        ("tangent_proj", "proj_idem", "proj_adjoint"),
+        "Lemma tangent_proj W Z : W^T *m W = 1%:M -> tangent W (proj W Z).",
+        "Lemma tangent_proj W Z : tangent W (proj W Z).",
+    ),
+    "RA-1": Proof(
+        ("steepest",),
+        "Lemma steepest W G X : tangent W X ->",
+        "Lemma steepest W G X :",
+    ),
+    "RA-3": Proof(
+        ("gram_step",),
+        "Lemma gram_step W X : W^T *m W = 1%:M -> tangent W X ->",
+        "Lemma gram_step W X : W^T *m W = 1%:M ->",
+    ),
+    "RA-5": Proof(
+        ("proj_self", "coupled_decay"),
+        "Lemma proj_self W : W^T *m W = 1%:M -> proj W W = 0.",
+        "Lemma proj_self W : proj W W = 0.",
+    ),
+    "RA-6": Proof(
+        ("gauge_gradient", "gauge_orbit"),
+        "WK^T *m (H^T *m WQ)) = 0.",
+        "WK^T *m (H *m WQ)) = 0.",
+    ),
+    "R1/P1": Proof(
+        ("complement_orthogonal",),
+        "U^T *m U = 1%:M -> U^T *m (A - U *m (U^T *m A)) = 0.",
+        "U^T *m (A - U *m (U^T *m A)) = 0.",
+    ),
+}
+
+#: What each control does, in words (the check's ``control``).
+CONTROLS = {
+    "GEO-stiefel": "P_W(Z) claimed tangent without WᵀW = I, in the proof file",
+    "RA-1": "the tangency hypothesis on ξ removed, in the proof file",
+    "RA-3": "the tangency hypothesis on ξ removed, in the proof file",
+    "RA-5": "the hypothesis WᵀW = I removed, in the proof file",
+    "RA-6": "a transpose moved in the gradient of W_K (Hᵀ W_Q → H W_Q), in the proof file",
+    "R1/P1": "the hypothesis UᵀU = I removed, in the proof file",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable() -> str | None:
+    """Why the machine-checked checks cannot run here (coqc not on the path, or MathComp not
+    in its library), or None."""
+    if shutil.which(COQC) is None:
+        return f"needs {COQC} (Coq with MathComp), which is not on the path"
+    try:
+        where = subprocess.run([COQC, "-where"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{COQC} -where failed: {exc}"
+    if not (Path(where.stdout.strip()) / "user-contrib" / "mathcomp").is_dir():
+        return f"needs MathComp, which is not in {COQC}'s library ({where.stdout.strip()})"
+    return None
+
+
+def source() -> str:
+    return PROOFS.read_text(encoding="utf-8")
+
+
+def variant(text: str, proof: Proof) -> str:
+    """The file with the control's statement: ``proof.old`` (exactly once) replaced."""
+    if text.count(proof.old) != 1:
+        raise ValueError(f"control text {proof.old!r} occurs {text.count(proof.old)} times")
+    return text.replace(proof.old, proof.new)
+
+
+def _with_queries(text: str, lemmas: tuple[str, ...]) -> str:
+    """The file followed, per lemma, by a marker and ``Print Assumptions``."""
+    queries = "".join(
+        f'\nGoal True. idtac "@@ {name}". Abort.\nPrint Assumptions {name}.' for name in lemmas
+    )
+    return text + queries + "\n"
+
+
+@functools.lru_cache(maxsize=32)
+def closed_lemmas(text: str, lemmas: tuple[str, ...]) -> tuple[frozenset[str], str]:
+    """(the lemmas Coq reports closed under the global context, coqc's last message) for the
+    file ``text``; none when it does not compile."""
+    with tempfile.TemporaryDirectory(prefix="rattn-coq-") as tmp:
+        path = Path(tmp) / PROOFS.name
+        path.write_text(_with_queries(text, lemmas), encoding="utf-8")
+        try:
+            run = subprocess.run(
+                [COQC, "-q", "-w", "-all", path.name],
+                cwd=tmp,
+                capture_output=True,
+                text=True,
+                timeout=TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return frozenset(), f"coqc did not finish: {exc}"
+    if run.returncode != 0:
+        return frozenset(), "does not compile (" + _first_error(run.stderr + run.stdout) + ")"
+    closed, current = set(), None
+    for line in run.stdout.splitlines():
+        if line.startswith("@@ "):
+            current = line[3:].strip()
+        elif line.strip() == CLOSED and current is not None:
+            closed.add(current)
+    return frozenset(closed), "compiles"
+
+
+def _first_error(log: str) -> str:
+    """Where coqc stopped and the first words of its message: 'line 89: Error: No assumption
+    in ...'."""
+    where = re.search(r"line (\d+)", log)
+    message = re.search(r"Error:\s*(.*)", log, re.S)
+    words = " ".join(message.group(1).split()[:8]) if message else "no message"
+    return f"line {where.group(1) if where else '?'}: {words}"
+
+
+def _warm() -> None:
+    """Compile the base file and every control's variant at once, in parallel (each compile is
+    mostly MathComp's loading, single-threaded)."""
+    text = source()
+    jobs = [(text, p.lemmas) for p in PROOFS_BY_ID.values()]
+    jobs += [(variant(text, p), p.lemmas) for p in PROOFS_BY_ID.values()]
+    with ThreadPoolExecutor() as pool:
+        list(pool.map(lambda job: closed_lemmas(*job), jobs))
+
+
+@functools.lru_cache(maxsize=1)
+def coq_versions() -> dict[str, str | None]:
+    """The versions of coqc and of Debian's MathComp package (None where unknown)."""
+    versions: dict[str, str | None] = {"coq": None, "mathcomp": None}
+    try:
+        out = subprocess.run([COQC, "--version"], capture_output=True, text=True, timeout=60)
+        words = out.stdout.split()
+        versions["coq"] = words[words.index("version") + 1] if "version" in words else None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        out = subprocess.run(
+            ["dpkg-query", "-W", "-f", "${Version}", "libcoq-mathcomp"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        versions["mathcomp"] = out.stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return versions
+
+
+def check(key: str) -> Callable[[Context, bool], Outcome]:
+    """The machine-checked check of ``PROOFS_BY_ID[key]``: residual the number of its lemmas
+    not closed under the global context (all of them when the file does not compile),
+    tolerance 0. Control: the same on the file with the statement made false."""
+    proof = PROOFS_BY_ID[key]
+
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        """Compile ``coq/Propositions.v`` with coqc (the control: with ``proof.old`` replaced
+        by ``proof.new``) and ask Coq for the assumptions of each lemma of the check; residual:
+        the lemmas not closed under the global context, tolerance 0."""
+        _warm()
+        text = source()
+        closed, status = closed_lemmas(variant(text, proof) if wrong else text, proof.lemmas)
+        missing = [name for name in proof.lemmas if name not in closed]
+        versions = coq_versions()
+        return Outcome(
+            not missing,
+            float(len(missing)),
+            0.0,
+            f"{PROOFS.name} {status}; "
+            + (f"not closed: {', '.join(missing)}" if missing else "every lemma closed"),
+            exercised={
+                "sizes": "every d ≥ r (and m, k) over any numFieldType",
+                "dtypes": "exact (Coq's kernel)",
+                "seeds": "none (a proof)",
+                "lemmas": ", ".join(proof.lemmas),
+                "tools": f"Coq {versions['coq']}, MathComp {versions['mathcomp']}",
+                "proof file": f"{PROOFS.name} sha256 "
+                + hashlib.sha256(text.encode()).hexdigest()[:16],
+            },
+        )
+
+    run.__name__ = f"machine_checked_{key.replace('-', '_').replace('/', '_')}"
+    return run
+
+
+#: The name of each check in its proposition.
+NAMES = {
+    "GEO-stiefel": "P_W(Z) tangent, P_W idempotent and self-adjoint, every d ≥ r (Coq)",
+    "RA-1": "⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ for tangent ξ, every d ≥ r (Coq)",
+    "RA-3": "(W + ξ)ᵀ(W + ξ) = I + ξᵀξ, every d ≥ r (Coq)",
+    "RA-5": "P_W(W) = 0 and P_W(G + cW) = P_W(G), every d ≥ r (Coq)",
+    "RA-6": "skew(W_QᵀHW_K + W_KᵀHᵀW_Q) = 0 and the gauge orbit, every d ≥ r (Coq)",
+    "R1/P1": "Uᵀ(I − UUᵀ)A = 0: the projected factors are orthogonal to U, V (Coq)",
+}
+
+
+def machine_check(key: str) -> Check:
+    """The ``machine-checked`` check of ``PROOFS_BY_ID[key]`` (not run without coqc)."""
+    return Check("machine-checked", NAMES[key], check(key), CONTROLS[key], unavailable=unavailable)

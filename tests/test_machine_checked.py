@@ -1,0 +1,155 @@
+"""The machine-checked checks: Coq proofs that pass only when every lemma is closed, controls
+that fail, and a check whose tool is missing listed as not run, never passed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proofs_checks import machine_checked as mc
+from proofs_checks.certificate import Certificate
+from proofs_checks.registry import REGISTRY, Check, Context, Outcome, PropositionResult, run_check
+from proofs_checks.verify import proposition_differences
+
+needs_coq = pytest.mark.skipif(mc.unavailable() is not None, reason=str(mc.unavailable()))
+CTX = Context(seed=0)
+
+#: Propositions that carry a machine-checked check, and the proof each runs.
+CARRIERS = {
+    "GEO-stiefel": "GEO-stiefel",
+    "RA-1": "RA-1",
+    "RA-3": "RA-3",
+    "RA-5": "RA-5",
+    "RA-6": "RA-6",
+    "GEO-fixed_rank_embedded": "R1/P1",
+    "GEO-partial_isometry_embedded": "R1/P1",
+}
+
+
+def _machine_checks(pid: str) -> list[Check]:
+    return [c for c in REGISTRY[pid].checks if c.kind == "machine-checked"]
+
+
+@pytest.mark.parametrize("pid", sorted(CARRIERS))
+def test_each_carrier_has_one_machine_checked_check(pid) -> None:
+    (check,) = _machine_checks(pid)
+    assert check.name == mc.NAMES[CARRIERS[pid]]
+    assert check.control == mc.CONTROLS[CARRIERS[pid]]
+
+
+def test_no_other_proposition_claims_a_machine_checked_check() -> None:
+    carriers = {pid for pid in REGISTRY if _machine_checks(pid)}
+    assert carriers == set(CARRIERS)
+
+
+@pytest.mark.parametrize("key", sorted(mc.PROOFS_BY_ID))
+def test_every_control_text_occurs_once_and_changes_the_file(key) -> None:
+    proof = mc.PROOFS_BY_ID[key]
+    text = mc.source()
+    assert text.count(proof.old) == 1
+    assert mc.variant(text, proof) != text
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        mc.variant(text.replace(proof.old, "(* gone *)"), proof)
+
+
+@needs_coq
+@pytest.mark.parametrize("key", sorted(mc.PROOFS_BY_ID))
+def test_the_proof_passes_and_its_false_variant_fails(key) -> None:
+    run = mc.check(key)
+    good, bad = run(CTX, False), run(CTX, True)
+    assert good.passed and good.residual == 0 and good.tolerance == 0
+    assert not bad.passed and bad.residual >= 1
+    assert dict(good.exercised)["lemmas"] == ", ".join(mc.PROOFS_BY_ID[key].lemmas)
+
+
+def _closed(text: str, lemmas: tuple[str, ...]) -> frozenset[str]:
+    return mc.closed_lemmas(text, lemmas)[0]
+
+
+#: Ways a proof file can look proved and not be: each must leave the lemma not closed.
+UNSOUND = {
+    "admitted": (
+        "Proof. by move=> UU; rewrite mulmxBr mulmxA UU mul1mx subrr. Qed.",
+        "Admitted.",
+    ),
+    "an axiom used": (
+        "Proof. by move=> UU; rewrite mulmxBr mulmxA UU mul1mx subrr. Qed.",
+        "Proof. by case: cheat. Qed.",
+    ),
+}
+
+
+@needs_coq
+@pytest.mark.parametrize("how", sorted(UNSOUND))
+def test_a_lemma_that_rests_on_an_admission_or_axiom_is_not_closed(how) -> None:
+    old, new = UNSOUND[how]
+    text = mc.source()
+    assert text.count(old) == 1
+    bad = text.replace(old, new)
+    if how == "an axiom used":
+        bad = bad.replace("Section Complement.", "Axiom cheat : False.\n\nSection Complement.")
+    lemmas = ("complement_orthogonal", "gram_step")
+    assert _closed(text, lemmas) == set(lemmas)
+    assert _closed(bad, lemmas) == {"gram_step"}  # it compiles, and says what it rests on
+
+
+@needs_coq
+def test_a_file_that_does_not_compile_closes_nothing() -> None:
+    closed, status = mc.closed_lemmas(
+        mc.source() + "\nLemma broken : 1 = 2. Proof. by []. Qed.\n", ("gram_step",)
+    )
+    assert closed == frozenset() and status.startswith("does not compile (line ")
+
+
+def _never() -> str:
+    return "needs a tool that is not here"
+
+
+def test_a_check_whose_tool_is_missing_is_not_run_and_never_passes() -> None:
+    calls = []
+
+    def run(ctx: Context, wrong: bool) -> Outcome:
+        calls.append(wrong)
+        return Outcome(True, 0.0, 0.0, "would pass")
+
+    check = Check("machine-checked", "a proof", run, "a false variant", unavailable=_never)
+    result = run_check(check, CTX)
+    assert calls == []  # neither side ran
+    assert result.not_run == _never() and not result.passed
+    other = run_check(
+        Check("float64", "a measurement", lambda c, w: Outcome.bound(float(w), 0.5, ""), "x"), CTX
+    )
+    prop = REGISTRY["RA-3"]
+    both = PropositionResult(prop, [other, result])
+    assert both.passed and both.ran == [other]  # the proposition stands on what ran
+    alone = PropositionResult(prop, [result])
+    assert not alone.passed  # nothing ran: no verdict to give
+
+    cert = Certificate([both], 0, False)
+    (entry,) = cert.to_dict()["propositions"]
+    assert [c["not_run"] for c in entry["checks"]] == [None, _never()]
+    row = next(line for line in cert.to_markdown().splitlines() if "| a proof |" in line)
+    assert "| not run |" in row and row.endswith("| not run |")
+    assert "not run" in cert.to_latex()
+
+
+def test_verify_reports_a_check_recorded_as_not_run_that_runs_here() -> None:
+    check = Check("float64", "a measurement", lambda c, w: Outcome.bound(float(w), 0.5, ""), "x")
+    here = Certificate([PropositionResult(REGISTRY["RA-3"], [run_check(check, CTX)])], 0, False)
+    now = here.to_dict()["propositions"][0]
+    forged = json.loads(json.dumps(now))
+    forged["checks"][0]["not_run"] = "needs coqc"
+    fields = [d["field"] for d in proposition_differences(forged, now)]
+    assert "checks[0].not_run" in fields
+    assert proposition_differences(now, now) == []
+
+
+@needs_coq
+def test_the_certificate_records_the_tools_it_used() -> None:
+    from proofs_checks.certificate import certify
+
+    cert = certify(["RA-5"])
+    tools = cert.environment["tools"]
+    assert tools["coq"] and tools["coq"][0].isdigit()
+    assert "tools" not in certify(["EB-2"], quick=True).environment
