@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -123,21 +124,39 @@ def variant(text: str, proof: Proof) -> str:
     return text.replace(proof.old, proof.new)
 
 
-def _with_queries(text: str, lemmas: tuple[str, ...]) -> str:
-    """The file followed, per lemma, by a marker and ``Print Assumptions``."""
+def _with_queries(text: str, lemmas: tuple[str, ...], nonce: str) -> str:
+    """The file followed, per lemma, by a marker carrying ``nonce`` and ``Print Assumptions``."""
     queries = "".join(
-        f'\nGoal True. idtac "@@ {name}". Abort.\nPrint Assumptions {name}.' for name in lemmas
+        f'\nGoal True. idtac "@@ {nonce} {name}". Abort.\nPrint Assumptions {name}.'
+        for name in lemmas
     )
     return text + queries + "\n"
 
 
+#: Commands that let Coq accept a proof of False without an axiom (Print Assumptions would
+#: not list them all): a file that uses one is refused.
+UNSOUND_COMMANDS = (
+    "Guard Checking",
+    "Positivity Checking",
+    "Universe Checking",
+    "bypass_check",
+    "checking=no",
+    "checking = no",
+)
+
+
 @functools.lru_cache(maxsize=32)
 def closed_lemmas(text: str, lemmas: tuple[str, ...]) -> tuple[frozenset[str], str]:
-    """(the lemmas Coq reports closed under the global context, coqc's last message) for the
-    file ``text``; none when it does not compile."""
+    """(the lemmas Coq reports closed under the global context, coqc's status) for the file
+    ``text``; none when it does not compile or switches a kernel check off. Each lemma's answer
+    is read only from the line right after its own marker, which carries a fresh random nonce,
+    so nothing the file prints itself can pass for an answer."""
+    if found := [c for c in UNSOUND_COMMANDS if c in text]:
+        return frozenset(), f"refused: the file switches off {', '.join(found)}"
+    nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="rattn-coq-") as tmp:
         path = Path(tmp) / PROOFS.name
-        path.write_text(_with_queries(text, lemmas), encoding="utf-8")
+        path.write_text(_with_queries(text, lemmas, nonce), encoding="utf-8")
         try:
             run = subprocess.run(
                 [COQC, "-q", "-w", "-all", path.name],
@@ -150,12 +169,13 @@ def closed_lemmas(text: str, lemmas: tuple[str, ...]) -> tuple[frozenset[str], s
             return frozenset(), f"coqc did not finish: {exc}"
     if run.returncode != 0:
         return frozenset(), "does not compile (" + _first_error(run.stderr + run.stdout) + ")"
-    closed, current = set(), None
-    for line in run.stdout.splitlines():
-        if line.startswith("@@ "):
-            current = line[3:].strip()
-        elif line.strip() == CLOSED and current is not None:
-            closed.add(current)
+    lines = [line.strip() for line in run.stdout.splitlines()]
+    closed = {
+        name
+        for name in lemmas
+        for k, line in enumerate(lines[:-1])
+        if line == f"@@ {nonce} {name}" and lines[k + 1] == CLOSED
+    }
     return frozenset(closed), "compiles"
 
 

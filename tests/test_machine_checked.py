@@ -153,3 +153,22 @@ def test_the_certificate_records_the_tools_it_used() -> None:
     tools = cert.environment["tools"]
     assert tools["coq"] and tools["coq"][0].isdigit()
     assert "tools" not in certify(["EB-2"], quick=True).environment
+
+
+@needs_coq
+def test_the_file_cannot_print_its_own_verdict() -> None:
+    """A file that prints a marker and "Closed under the global context" itself, for a lemma
+    that is admitted: the marker carries a nonce the file cannot know, so it is not closed."""
+    old = "Proof. by move=> UU; rewrite mulmxBr mulmxA UU mul1mx subrr. Qed."
+    spoof = (
+        'Admitted.\nGoal True. idtac "@@ complement_orthogonal". Abort.\n'
+        'Goal True. idtac "Closed under the global context". Abort.'
+    )
+    bad = mc.source().replace(old, spoof)
+    assert _closed(bad, ("complement_orthogonal",)) == frozenset()
+
+
+@pytest.mark.parametrize("command", ["Unset Guard Checking.", "Unset Universe Checking."])
+def test_a_file_that_switches_off_a_kernel_check_is_refused(command) -> None:
+    closed, status = mc.closed_lemmas(command + "\n" + mc.source(), ("gram_step",))
+    assert closed == frozenset() and status.startswith("refused")
