@@ -74,7 +74,7 @@ def test_cli_cuda_without_cuda_exits_2(capsys):
 
 
 def test_cli_json_is_one_document(capsys):
-    argv = ["compare", "--dtype", "float64,float32", "--steps", "5", "--json"]
+    argv = ["compare", "--dtype", "float64,float32", "--steps", "5", "--json", "--full"]
     assert main([*argv, "--geometry", "stiefel", "--geometry", "fixed_rank_quotient"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["passed"] and doc["device"] == "cpu" and doc["steps"] == 5
@@ -86,6 +86,21 @@ def test_cli_json_is_one_document(capsys):
     keys = {"max_deviation", "deviation_bound", "final_drift", "drift_bound", "passed"}
     assert all(keys <= set(c) for c in doc["cases"])
     assert doc["bounds"] and doc["environment"]["versions"]["torch"] == torch.__version__
+
+
+def test_the_default_table_is_each_geometry_and_rule_once(capsys):
+    """Without --full: every rule of the geometry, each once (its first problem), at
+    QUICK_STEPS steps; the full table has the same rules over more problems."""
+    assert main(["compare", "--dtype", "float64", "--geometry", "stiefel", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] and doc["full"] is False and doc["steps"] == cmp.QUICK_STEPS == 20
+    rules = [c["rule"] for c in doc["cases"]]
+    full = cmp.records(["stiefel"])
+    assert sorted(rules) == sorted({r.rule for r in full}) and len(full) > len(rules)
+    first = {}
+    for r in full:
+        first.setdefault(r.rule, r.problem)
+    assert all(c["problem"] == first[c["rule"]] for c in doc["cases"])
 
 
 def test_problem_library_is_keyed_by_geometry_and_name():
