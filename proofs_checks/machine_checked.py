@@ -133,15 +133,26 @@ def _with_queries(text: str, lemmas: tuple[str, ...], nonce: str) -> str:
     return text + queries + "\n"
 
 
-#: Commands that let Coq accept a proof of False without an axiom (Print Assumptions would
-#: not list them all): a file that uses one is refused.
-UNSOUND_COMMANDS = (
-    "Guard Checking",
-    "Positivity Checking",
-    "Universe Checking",
+#: Text a proof file may not hold: what would let it accept a statement it did not prove or
+#: print its own verdict (an admission, an axiom, a section hypothesis that becomes a premise,
+#: a module that shadows a lemma's name, a redefined tactic or notation, a kernel check off).
+#: The file is read as text before it is compiled; a file holding one is refused.
+FORBIDDEN = (
+    "Admitted",
+    "Axiom",
+    "Parameter",
+    "Hypothes",
+    "Conjecture",
+    "Module",
+    "Ltac",
+    "Notation",
+    "Unset",
     "bypass_check",
-    "checking=no",
-    "checking = no",
+    "checking",
+    "Guard",
+    "idtac",
+    "Print",
+    "Declare",
 )
 
 
@@ -150,9 +161,9 @@ def closed_lemmas(text: str, lemmas: tuple[str, ...]) -> tuple[frozenset[str], s
     """(the lemmas Coq reports closed under the global context, coqc's status) for the file
     ``text``; none when it does not compile or switches a kernel check off. Each lemma's answer
     is read only from the line right after its own marker, which carries a fresh random nonce,
-    so nothing the file prints itself can pass for an answer."""
-    if found := [c for c in UNSOUND_COMMANDS if c in text]:
-        return frozenset(), f"refused: the file switches off {', '.join(found)}"
+    and a file holding a FORBIDDEN word is refused before it is compiled."""
+    if found := [c for c in FORBIDDEN if c in text]:
+        return frozenset(), f"refused: the file holds {', '.join(found)}"
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="rattn-coq-") as tmp:
         path = Path(tmp) / PROOFS.name

@@ -67,33 +67,6 @@ def _closed(text: str, lemmas: tuple[str, ...]) -> frozenset[str]:
     return mc.closed_lemmas(text, lemmas)[0]
 
 
-#: Ways a proof file can look proved and not be: each must leave the lemma not closed.
-UNSOUND = {
-    "admitted": (
-        "Proof. by move=> UU; rewrite mulmxBr mulmxA UU mul1mx subrr. Qed.",
-        "Admitted.",
-    ),
-    "an axiom used": (
-        "Proof. by move=> UU; rewrite mulmxBr mulmxA UU mul1mx subrr. Qed.",
-        "Proof. by case: cheat. Qed.",
-    ),
-}
-
-
-@needs_coq
-@pytest.mark.parametrize("how", sorted(UNSOUND))
-def test_a_lemma_that_rests_on_an_admission_or_axiom_is_not_closed(how) -> None:
-    old, new = UNSOUND[how]
-    text = mc.source()
-    assert text.count(old) == 1
-    bad = text.replace(old, new)
-    if how == "an axiom used":
-        bad = bad.replace("Section Complement.", "Axiom cheat : False.\n\nSection Complement.")
-    lemmas = ("complement_orthogonal", "gram_step")
-    assert _closed(text, lemmas) == set(lemmas)
-    assert _closed(bad, lemmas) == {"gram_step"}  # it compiles, and says what it rests on
-
-
 @needs_coq
 def test_a_file_that_does_not_compile_closes_nothing() -> None:
     closed, status = mc.closed_lemmas(
@@ -155,20 +128,21 @@ def test_the_certificate_records_the_tools_it_used() -> None:
     assert "tools" not in certify(["EB-2"], quick=True).environment
 
 
-@needs_coq
-def test_the_file_cannot_print_its_own_verdict() -> None:
-    """A file that prints a marker and "Closed under the global context" itself, for a lemma
-    that is admitted: the marker carries a nonce the file cannot know, so it is not closed."""
-    old = "Proof. by move=> UU; rewrite mulmxBr mulmxA UU mul1mx subrr. Qed."
-    spoof = (
-        'Admitted.\nGoal True. idtac "@@ complement_orthogonal". Abort.\n'
-        'Goal True. idtac "Closed under the global context". Abort.'
-    )
-    bad = mc.source().replace(old, spoof)
-    assert _closed(bad, ("complement_orthogonal",)) == frozenset()
+#: Attacks a proof file could make, each refused before it is compiled.
+ATTACKS = {
+    "an admission": "Lemma extra : False. Admitted.",
+    "an axiom": "Axiom cheat : False.",
+    "a section hypothesis": "Hypothesis oops : False.",
+    "a shadowing module": "Module Shadow. Lemma gram_step : True. Proof. exact I. Qed. End Shadow.",
+    "a redefined tactic": "From Ltac2 Require Import Ltac2.",
+    "a notation": 'Notation "x" := 1.',
+    "a kernel check off": "Unset Guard\n  Checking.",
+    "a printed verdict": 'Goal True. idtac "Closed under the global context". Abort.',
+}
 
 
-@pytest.mark.parametrize("command", ["Unset Guard Checking.", "Unset Universe Checking."])
-def test_a_file_that_switches_off_a_kernel_check_is_refused(command) -> None:
-    closed, status = mc.closed_lemmas(command + "\n" + mc.source(), ("gram_step",))
-    assert closed == frozenset() and status.startswith("refused")
+@pytest.mark.parametrize("how", sorted(ATTACKS))
+def test_a_file_that_could_fake_its_verdict_is_refused(how) -> None:
+    text = mc.source().replace("End Complement.", ATTACKS[how] + "\nEnd Complement.")
+    closed, status = mc.closed_lemmas(text, ("gram_step",))
+    assert closed == frozenset() and status.startswith("refused"), status

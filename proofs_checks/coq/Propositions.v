@@ -1,14 +1,13 @@
 (* The algebra behind rattn's propositions, for every size d >= r and over any numFieldType
-   (a field of characteristic 0 with an order-compatible norm: the rationals, the reals, the
-   complex numbers, ...). Points and tangent vectors are d x r matrices; the metric is the
+   (a field of characteristic 0 with an order-compatible norm, the rationals and the reals
+   among them; ^T is the plain transpose, so over the complex numbers these are statements
+   about the bilinear form tr(A^T B), not the Hermitian one). Points and tangent vectors are d x r matrices; the metric is the
    embedded one, <A, B> = tr(A^T B). Checked by proofs_checks.machine_checked, which compiles this
    file with coqc and asks Coq for the assumptions of each lemma: a lemma passes only when it is
-   closed under the global context (no axiom, no Admitted). *)
+   closed under the global context (no axiom, no admission). *)
 
 From mathcomp Require Import all_ssreflect all_algebra.
 Set Implicit Arguments.
-Unset Strict Implicit.
-Unset Printing Implicit Defensive.
 Import GRing.Theory Num.Theory.
 Local Open Scope ring_scope.
 

@@ -160,7 +160,8 @@ def orthonormality_enclosure(ctx: Context, wrong: bool) -> Outcome:
     with substituted(ref.linalg, "polar", _tikhonov_polar) if wrong else contextlib.nullcontext():
         outputs = [geometry.retract(w, xi) for w, xi in rule_steps(ctx, False)]
     bound = frame_error(D, R, kappa=float(np.sqrt(1 + DELTA**2)))
-    worst = max(rigorous.orthonormality_upper(w) for w in outputs)
+    # np.max propagates a NaN (max() would drop it), so a NaN frame fails the check
+    worst = float(np.max([rigorous.orthonormality_upper(w) for w in outputs]))
     return Outcome.bound(
         worst / bound,
         1.0,

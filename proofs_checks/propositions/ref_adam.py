@@ -273,7 +273,8 @@ def sqrt_v_enclosure(ctx: Context, wrong: bool) -> Outcome:
         g = geometry.egrad_to_rgrad(step.w, grad)
         v = b2 * v + (1 - b2) * rigorous.mean_square(g)
         error = rigorous.relative_error_upper(step.state[0].sqrt_v[0], v.sqrt())
-        worst = max(worst, error / sqrt_v_tolerance(n, t))
+        ratio = error / sqrt_v_tolerance(n, t)
+        worst = max(worst, ratio if ratio == ratio else math.inf)  # a NaN fails
     return Outcome.bound(
         worst,
         1.0,
