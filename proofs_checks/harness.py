@@ -121,17 +121,25 @@ def shapes(max_d: int = 64) -> st.SearchStrategy[tuple[int, int]]:
     return st.integers(1, max_d).flatmap(lambda d: st.tuples(st.just(d), st.integers(1, d)))
 
 
+#: ``substituted``'s mark of a name the object inherits rather than stores.
+_INHERITED = object()
+
+
 @contextlib.contextmanager
 def substituted(module: object, name: str, value: object) -> Iterator[None]:
     """``module.name`` replaced by ``value`` inside the block, restored after it whatever
     happens: a negative control that puts its wrong variant into the library, so that the code
     path under test runs it (rather than a branch inside the check)."""
-    old = getattr(module, name)
+    old = vars(module).get(name, _INHERITED)  # as stored: a staticmethod stays one
+    getattr(module, name)  # a name that does not exist is an error, not a new attribute
     setattr(module, name, value)
     try:
         yield
     finally:
-        setattr(module, name, old)
+        if old is _INHERITED:
+            delattr(module, name)
+        else:
+            setattr(module, name, old)
 
 
 def shape_corners(*rest: Any, max_d: int = 64) -> list[tuple]:

@@ -384,3 +384,17 @@ def test_the_constraint_runs_take_the_steps_they_state(monkeypatch) -> None:
     assert "after 200 steps" in check.run(CTX, False).detail
     monkeypatch.setattr(geo, "QUICK_STEPS", 2)
     assert "after 200 steps" not in check.run(CTX, False).detail
+
+
+def test_a_direction_check_that_stops_measuring_the_step_is_caught(monkeypatch) -> None:
+    """RA-1's float64 direction check weakened to measure nothing (its cosine residual made
+    0 while the trajectory still runs, so the poisoning test above is still satisfied): its
+    resolution check, a near miss put into ``reference.optim``, then passes its control, which
+    ``test_propositions`` rejects."""
+    from proofs_checks.propositions import ra1_steepest_descent as ra1
+    from proofs_checks.registry import run_check
+
+    check = next(c for c in REGISTRY["RA-1"].checks if c.run is ra1.direction_resolution)
+    assert run_check(check, CTX).control_rejected
+    monkeypatch.setattr(ra1, "cos_residual", lambda a, b: 0.0)
+    assert not run_check(check, CTX).control_rejected

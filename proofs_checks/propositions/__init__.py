@@ -20,3 +20,5 @@ from proofs_checks.propositions import ref_adam
 from proofs_checks.propositions import ref_rules
 from proofs_checks.propositions import port
 from proofs_checks.propositions import port_geometry
+from proofs_checks.propositions import port_plumbing
+from proofs_checks.propositions import port_sharding

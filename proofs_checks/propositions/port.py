@@ -85,6 +85,25 @@ def _scale_stretched(k: float):
     return make
 
 
+def replayed_ratio(path: Path) -> tuple[float, int]:
+    """The largest deviation/bound of a recorded step or of the state it carried into the
+    next (``rattn audit``'s replay through ``reference.optim`` in float64), and its step."""
+    from proofs_checks.port_compare import audit as replay
+
+    worst, where = 0.0, 0
+    for row in replay.audit(path)["steps"]:
+        ratio = replay.row_ratio(row)
+        if row["verdict"] == "fail":  # e.g. a point the port would not accept
+            # a failed step's state is not compared (its ratio is then inf): where its point is
+            # past the bound, that ratio is the step's, the resolution a near miss shows
+            measured = row["deviation"] is not None and row["bound"]
+            point = row["deviation"] / row["bound"] if measured else math.inf
+            ratio = point if point > 1.0 else max(ratio, math.nextafter(1.0, 2.0))
+        if ratio > worst:
+            worst, where = ratio, row["step"]
+    return worst, where
+
+
 def agreement(
     ctx: Context,
     wrong: bool,
@@ -100,7 +119,6 @@ def agreement(
     transformation and variant of ``control``, on the cases of ``cases_of``)."""
     import torch
 
-    from proofs_checks.port_compare import audit as replay
     from proofs_checks.port_compare.problems import PROBLEMS
     from proofs_checks.port_compare.rules import RULES
     from torch_port import audit
@@ -128,18 +146,9 @@ def agreement(
                     opt.zero_grad()
                     inst.loss(params, data).backward()
                     opt.step()
-            rows = replay.audit(path)["steps"]
-            for row in rows:
-                ratio = replay.row_ratio(row)
-                if row["verdict"] == "fail":  # e.g. a point the port would not accept
-                    # a failed step's state is not compared (its ratio is then inf): where its
-                    # point is past the bound, that ratio is the step's, the resolution a near
-                    # miss shows
-                    measured = row["deviation"] is not None and row["bound"]
-                    point = row["deviation"] / row["bound"] if measured else math.inf
-                    ratio = point if point > 1.0 else max(ratio, math.nextafter(1.0, 2.0))
-                if ratio > worst:
-                    worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {row['step']}"
+            ratio, step = replayed_ratio(path)
+            if ratio > worst:
+                worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {step}"
             done += 1
             if worst > 1.0:  # one case past its bound decides: stop there
                 break

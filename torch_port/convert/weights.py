@@ -48,6 +48,12 @@ def from_heads(role: str, heads: Tensor, n: int, d: int, k: int) -> Tensor:
     return heads.transpose(-1, -2).reshape(n * k, d)
 
 
+def with_core(heads: Tensor, cores: Tensor) -> Tensor:
+    """A_h = W^h S_{h // (n/c)}: n per-head factors (n, d, k) times c R1 cores (c, k, k), each
+    core shared by the n/c consecutive heads of its GQA group."""
+    return heads @ cores.repeat_interleave(heads.shape[0] // cores.shape[0], dim=0)
+
+
 class AssembledWeight(nn.Module):
     """Parametrization: a projection weight assembled from the factors that the optimizer steps.
 
@@ -80,8 +86,7 @@ class AssembledWeight(nn.Module):
                 continue
             heads = originals[i].reshape(n, self.d, self.k)
             if source == "heads_core":
-                core = originals[i + 1]
-                heads = heads @ core.repeat_interleave(n // core.shape[0], dim=0)
+                heads = with_core(heads, originals[i + 1])
                 i += 1
             i += 1
             blocks.append(from_heads(role, heads, n, self.d, self.k))

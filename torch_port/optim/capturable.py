@@ -308,11 +308,7 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     for _, ps in plain:
         for p in ps:
             _state(opt, p, frame=False)
-    finite = [torch.isfinite(torch.stack(torch._foreach_norm([p.grad for p in every], math.inf)))]
-    for group in opt.param_groups:  # a tensor lr set < 0 or NaN skips the step (0: no move)
-        if isinstance(group["lr"], Tensor):
-            finite.append((torch.isfinite(group["lr"]) & (group["lr"] >= 0)).reshape(1))
-    updates = []
+    updates, frames_finite = [], []
     for key, ps in frames.items():
         _, _, lr, b1, b2, eps, radius = key
         states = frame_states[key]
@@ -328,9 +324,10 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
             radius=radius,
             degree=taylor_degree(radius),
         )
-        finite.append(ok.reshape(1))
+        frames_finite.append(ok)
         updates.append((ps, states, y, m, sv))
-    ok = torch.cat(finite).all()
+    lrs = [g["lr"] for g in opt.param_groups if isinstance(g["lr"], Tensor)]
+    ok = proceeds([p.grad for p in every], lrs, frames_finite)
     skip = (~ok).to(torch.float32)
     for group, ps in plain:
         _adamw(opt, group, ps, ok)
@@ -347,6 +344,18 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
         opt.skipped_on_device = torch.zeros((), dtype=torch.float32, device=skip.device)
     opt.skipped_on_device.add_(skip)  # in place: a captured step counts at every replay
     return loss
+
+
+def proceeds(grads: list[Tensor], lrs: list[Tensor], frames_finite: list[Tensor]) -> Tensor:
+    """Whether the step is taken, a 0-d bool decided on the device: every gradient finite,
+    every tensor lr finite and ≥ 0 (a negative or NaN lr skips the step; lr = 0 takes it
+    without moving), every new frame finite."""
+    verdicts = [
+        torch.isfinite(torch.stack(torch._foreach_norm(grads, math.inf))),
+        *((torch.isfinite(lr) & (lr >= 0)).reshape(1) for lr in lrs),
+        *(f.reshape(1) for f in frames_finite),
+    ]
+    return torch.cat(verdicts).all()
 
 
 def _adamw(opt: Any, group: dict, params: list[Tensor], ok: Tensor) -> None:

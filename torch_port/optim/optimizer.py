@@ -339,25 +339,29 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             except (ValueError, torch.linalg.LinAlgError) as err:
                 raise self._point_error(point, err) from err
         for point, values, new in pending:
-            point.write(values)
-            state = self.state[point.key]
-            if point.sharded:  # DTensor state on the parameter's mesh (optim.sharding)
-                new = {k: sharding.store(point.key, state.get(k), v) for k, v in new.items()}
-            dropped = dict(state)
-            state.update(new)
-            recycle = getattr(point.geometry, "recycle", None)  # reuse what the state dropped
-            if recycle is not None and not point.sharded:
-                x = point.value()
-                for k, old in dropped.items():
-                    if old is not state[k]:
-                        recycle(x, old)
-            for p in point.params[1:]:  # the other factors carry the point's step only
-                self.state[p] = {"step": state["step"]}
+            self._commit(point, values, new)
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
         for gi, group in enumerate(self.param_groups):
             if group.get("geometry") is None:
                 self._adamw(group, [p for g, _, p in items if g == gi])
         return loss
+
+    def _commit(self, point: Point, values: tuple[Any, ...], new: dict) -> None:
+        """Write a point's new factors and state (``_point_update``'s result), in place."""
+        point.write(values)
+        state = self.state[point.key]
+        if point.sharded:  # DTensor state on the parameter's mesh (optim.sharding)
+            new = {k: sharding.store(point.key, state.get(k), v) for k, v in new.items()}
+        dropped = dict(state)
+        state.update(new)
+        recycle = getattr(point.geometry, "recycle", None)  # reuse what the state dropped
+        if recycle is not None and not point.sharded:
+            x = point.value()
+            for k, old in dropped.items():
+                if old is not state[k]:
+                    recycle(x, old)
+        for p in point.params[1:]:  # the other factors carry the point's step only
+            self.state[p] = {"step": state["step"]}
 
     def _check_step_groups(self, items: list[tuple[int, int, Tensor]]) -> None:
         """Before a step changes anything: the hyperparameters of every group that steps (a

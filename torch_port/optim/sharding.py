@@ -20,7 +20,7 @@ This module imports torch and ``torch_port`` only (DESIGN §2).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -91,14 +91,20 @@ class RowShardedFrames(StiefelFrames):
     P_W(G) = G − W sym(Σ_ranks W_iᵀG_i); ‖u‖² = Σ_ranks ‖u_i‖²; polar(A) = A (Σ_ranks
     A_iᵀA_i)^{-1/2} (the Gram routes of ``linalg.polar_plan``); P_Y(m) likewise."""
 
-    def __init__(self, st: Any, group: Any):
+    def __init__(self, st: Any, group: Any, all_reduce: Callable[[Tensor], Any] | None = None):
+        """``all_reduce(t)`` sums t over the group in place: ``torch.distributed.all_reduce``
+        over ``group`` unless given (a simulation of the ranks in one process)."""
         super().__init__(st)
         self.group = group
+        self._all_reduce = all_reduce
         self.reduce = self._sum
         self.retraction_checks_finite = True  # polar_plan refuses non-finite Grams
 
     def _sum(self, t: Tensor) -> Tensor:
-        torch.distributed.all_reduce(t, group=self.group)
+        if self._all_reduce is None:  # looked up at each call, as torch.distributed's hooks are
+            torch.distributed.all_reduce(t, group=self.group)
+        else:
+            self._all_reduce(t)
         return t
 
     def _inner(self, a: Tensor, b: Tensor) -> Tensor:

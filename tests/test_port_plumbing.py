@@ -1,0 +1,84 @@
+"""PORT-6/7/8's checks beyond pass-and-reject (``test_propositions``): their bounds as written,
+their refusal to pass vacuously, and the substitution the controls rely on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("torch")
+
+from proofs_checks import harness
+from proofs_checks.propositions import port_plumbing as plumbing
+from proofs_checks.registry import Context
+
+CTX = Context(seed=0, quick=True)
+
+
+@pytest.mark.parametrize("steps", [2, 300, 1000])
+def test_sqrt_v_decay_tolerance_is_gamma_of_two_roundings_a_step(steps: int) -> None:
+    k = 2 * (steps - 1) * 2.0**-24
+    assert plumbing.sqrt_v_decay_tolerance(steps) == pytest.approx(k / (1 - k), rel=1e-15)
+
+
+def test_the_runs_reach_what_they_claim_to_exercise() -> None:
+    """The schedule starts at lr = 0; the quick low-precision run passes step 256 (where a
+    bfloat16 count stops); the scripts skip each kind of step they name."""
+    assert plumbing.schedule(0) == 0.0 and plumbing.schedule(plumbing.WARMUP) == 1.0
+    assert plumbing.STATE_STEPS_QUICK > 256
+    assert set(plumbing.SKIPS) <= set(plumbing.CAPTURABLE_SCRIPT)
+    assert {"nan-frame", "inf-plain"} <= set(plumbing.EAGER_SCRIPT)
+    assert "zero-lr" in plumbing.CAPTURABLE_SCRIPT
+
+
+def test_a_trust_run_where_the_cap_never_binds_does_not_pass(monkeypatch) -> None:
+    monkeypatch.setattr(plumbing, "TRUST_RADIUS", 100.0)
+    outcome = plumbing.binding_trust_cap(CTX, False)
+    assert not outcome.passed and outcome.residual == math.inf
+    assert "binds on 0 of" in outcome.detail
+
+
+def test_a_trust_run_where_the_cap_always_binds_does_not_pass(monkeypatch) -> None:
+    monkeypatch.setattr(plumbing, "TRUST_RADIUS", 1e-4)
+    assert plumbing.binding_trust_cap(CTX, False).residual == math.inf
+
+
+def test_a_recorded_lr_off_the_schedule_fails(monkeypatch) -> None:
+    """The lrs are compared exactly: the run under the true schedule, checked against one a
+    step late, fails even though every replayed step agrees with its recorded lr."""
+    import torch
+
+    true, scheduler = plumbing.schedule, torch.optim.lr_scheduler.LambdaLR
+    monkeypatch.setattr(plumbing, "schedule", lambda t: true(max(t - 1, 0)))
+    monkeypatch.setattr(torch.optim.lr_scheduler, "LambdaLR", lambda opt, _: scheduler(opt, true))
+    outcome = plumbing.groups_and_schedule(CTX, False)
+    assert outcome.residual == math.inf and "not the group's" in outcome.detail
+
+
+class _Holder:
+    @staticmethod
+    def make() -> int:
+        return 1
+
+
+class _Child(_Holder):
+    pass
+
+
+def test_substituted_restores_a_static_method_as_one() -> None:
+    with harness.substituted(_Holder, "make", staticmethod(lambda: 2)):
+        assert _Holder().make() == 2
+    assert _Holder().make() == 1 and isinstance(vars(_Holder)["make"], staticmethod)
+
+
+def test_substituted_removes_what_it_put_over_an_inherited_name() -> None:
+    with harness.substituted(_Child, "make", staticmethod(lambda: 3)):
+        assert _Child().make() == 3
+    assert "make" not in vars(_Child) and _Child().make() == 1
+
+
+def test_substituted_refuses_a_name_that_does_not_exist() -> None:
+    with pytest.raises(AttributeError), harness.substituted(_Holder, "mkae", None):
+        pass
+    assert not hasattr(_Holder, "mkae")
