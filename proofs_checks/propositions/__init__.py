@@ -22,3 +22,4 @@ from proofs_checks.propositions import port
 from proofs_checks.propositions import port_geometry
 from proofs_checks.propositions import port_plumbing
 from proofs_checks.propositions import port_sharding
+from proofs_checks.propositions import port_convert

@@ -1,0 +1,370 @@
+"""PORT-10: converting a model's attention (``torch_port.convert.riemannian_attention``) is exact
+where the geometry can hold the weights, nearest where it cannot, and the converted module reads
+its factors as the geometry defines them.
+
+The model is a LLaMA-style attention module with separate q/k/v/o projections and q/k/v
+biases, plain (4 query heads, 4 key/value heads) and grouped (4 over 2), in float64; every
+measurement is taken through the module's own projections (what its forward reads), and every
+expected value from the weights before conversion or from NumPy and ``reference``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from proofs_checks.bounds import FLOAT64_U, frame_error, gamma
+from proofs_checks.harness import substituted
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+
+#: The module's width, head size, heads and the (query, key/value) head counts converted.
+CONVERT_D, CONVERT_K, TOKENS = 12, 3, 5
+HEADS = ((4, 4), (4, 2))
+EXACT = ("fixed_rank_embedded", "fixed_rank_quotient")
+#: The near miss of the exact check: R1's singular values this much relative too large.
+SINGULAR_NEAR_MISS = 1e-12
+
+
+def _module(seed: int, heads: int, kv_heads: int) -> Any:
+    """A LLaMA-style attention module (q/k/v/o projections, q/k/v biases of scale 0.1)."""
+    import torch
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            d, k = CONVERT_D, CONVERT_K
+            self.q_proj = nn.Linear(d, heads * k, dtype=torch.float64)
+            self.k_proj = nn.Linear(d, kv_heads * k, dtype=torch.float64)
+            self.v_proj = nn.Linear(d, kv_heads * k, dtype=torch.float64)
+            self.o_proj = nn.Linear(heads * k, d, bias=False, dtype=torch.float64)
+            self.num_heads, self.head_dim = heads, k
+
+    torch.manual_seed(seed)
+    module = Attention()
+    with torch.no_grad():
+        for p in (module.q_proj.bias, module.k_proj.bias, module.v_proj.bias):
+            p.normal_(0.0, 0.1)
+    return module
+
+
+def _per_head(t: Any, n: int) -> Any:
+    """(tokens, n·k) projections as (n, tokens, k): head h is columns h·k…(h+1)·k."""
+    return t.reshape(t.shape[0], n, CONVERT_K).transpose(0, 1)
+
+
+def _maps(module: Any, x: Any, heads: int, kv_heads: int) -> tuple[Any, Any]:
+    """What the module's forward forms from its projections: the logits L_h = q_h k_{h//p}ᵀ
+    (heads, tokens, tokens), and the value-output Z = o_proj([v_{h//p}]_h) (tokens, d)."""
+    p = heads // kv_heads
+    q = _per_head(module.q_proj(x), heads)
+    k = _per_head(module.k_proj(x), kv_heads).repeat_interleave(p, dim=0)
+    v = _per_head(module.v_proj(x), kv_heads).repeat_interleave(p, dim=0)
+    return q @ k.mT, module.o_proj(v.transpose(0, 1).reshape(x.shape[0], -1))
+
+
+def _factors(module: Any, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
+    """The per-head factors the forward reads, as NumPy arrays: W_Q^h, W_K^g, W_V^g (d, k) with
+    q_h = x W_Q^h, and A_h = W_O^hᵀ (d, k), the output's columns h·k…(h+1)·k."""
+    d, k = CONVERT_D, CONVERT_K
+
+    def rows(w: Any, n: int) -> np.ndarray:
+        return w.detach().numpy().reshape(n, k, d).transpose(0, 2, 1)
+
+    o = module.o_proj.weight.detach().numpy()
+    return {
+        "q": rows(module.q_proj.weight, heads),
+        "k": rows(module.k_proj.weight, kv_heads),
+        "v": rows(module.v_proj.weight, kv_heads),
+        "o": np.stack([o[:, h * k : (h + 1) * k] for h in range(heads)]),
+    }
+
+
+def _condition(a: np.ndarray, b: np.ndarray, p: int) -> float:
+    """max_h σ_1/σ_k of A_h B_{h//p}ᵀ (NumPy's SVD)."""
+    s = np.linalg.svd(a @ np.repeat(b, p, axis=0).transpose(0, 2, 1), compute_uv=False)
+    return float(np.max(s[:, 0] / s[:, CONVERT_K - 1]))
+
+
+def _relative(kappa: float, inner: int) -> float:
+    """The relative error of a converted bilinear map: 8·k·κ·u for the conversion (thin QR and
+    SVD backward stable; the bias least squares of condition κ) plus 2γ_{d+1} for the two
+    projections (inner dimension d, and the bias) and γ_inner for their product."""
+    return 8 * CONVERT_K * kappa * FLOAT64_U + 2 * gamma(CONVERT_D + 1) + gamma(inner)
+
+
+def _sizes(f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {r: np.linalg.norm(f[r], ord=2, axis=(1, 2)) for r in f}
+
+
+def _singular_values_stretched(original: Callable) -> Callable:
+    """``convert.points.nearest`` whose R1 core is diag(s)·(1 + ``SINGULAR_NEAR_MISS``)."""
+
+    def variant(label: str, base: Any, a: Any, b: Any) -> tuple:
+        x = original(label, base, a, b)
+        if base.name != "fixed_rank_embedded":
+            return x
+        return x[0], x[1] * (1.0 + SINGULAR_NEAR_MISS), x[2]
+
+    return variant
+
+
+def _heads_modulo(original: Callable) -> Callable:
+    """``convert.per_query`` pairing query head h with key/value head h mod g (not h // p)."""
+    return lambda t, p: t.repeat((p,) + (1,) * (t.ndim - 1)) if p > 1 else t
+
+
+def exact_conversion(ctx: Context, wrong: bool, control: str = "singular") -> Outcome:
+    """For each (heads, key/value heads) of ``HEADS`` and each geometry of ``EXACT`` (R1, R2;
+    their block variants under GQA), on QK and VO at once: the logits L_h(i, j) and the
+    value-output Z(i) of ``TOKENS`` random tokens, formed from the module's projections before
+    and after ``riemannian_attention``, differ by at most ρ·M: for L, M = (‖x_i‖‖W_Q^h‖₂ +
+    ‖b_q^h‖)(‖x_j‖‖W_K^g‖₂ + ‖b_k^g‖) and ρ = ``_relative``(κ_QK, k); for Z (2-norm),
+    M = Σ_h (‖x_i‖‖W_V^g‖₂ + ‖b_v^g‖)‖W_O^h‖₂ and ρ = ``_relative``(κ_VO, h·k); norms the
+    larger of before and after, κ = max_h σ_1/σ_k of the product. Residual the largest ratio,
+    tolerance 1. Control ("singular", a near miss): R1's singular values
+    ``SINGULAR_NEAR_MISS`` relative too large, substituted for ``convert.points.nearest``;
+    ("heads"): query head h paired with key/value head h mod g, substituted for
+    ``convert.per_query`` (only the grouped cases run)."""
+    import torch
+
+    from torch_port import convert
+    from torch_port.convert import points
+
+    if control == "singular":
+        patch = substituted(points, "nearest", _singular_values_stretched(points.nearest))
+        cases = [(h, g, geo) for h, g in HEADS for geo in EXACT]
+    else:
+        patch = substituted(convert, "per_query", _heads_modulo(convert.per_query))
+        cases = [(h, g, geo) for h, g in HEADS if g < h for geo in EXACT]
+    gen = torch.Generator().manual_seed(ctx.seed)
+    x = torch.randn(TOKENS, CONVERT_D, generator=gen, dtype=torch.float64)
+    xn = np.linalg.norm(x.numpy(), axis=1)
+    worst, where = 0.0, ""
+    with patch if wrong else contextlib.nullcontext(), torch.no_grad():
+        for heads, kv, geometry in cases:
+            module = _module(ctx.seed, heads, kv)
+            p = heads // kv
+            logits, values = _maps(module, x, heads, kv)
+            before = _factors(module, heads, kv)
+            biases = {r: getattr(module, f"{r}_proj").bias.detach().numpy() for r in "qkv"}
+            convert.riemannian_attention(module, geometry, geometry)
+            logits2, values2 = _maps(module, x, heads, kv)
+            after = _factors(module, heads, kv)
+            size = {r: np.maximum(_sizes(before)[r], _sizes(after)[r]) for r in before}
+            bn = {r: np.linalg.norm(biases[r].reshape(-1, CONVERT_K), axis=1) for r in biases}
+            kq, kv_ = np.repeat(size["k"], p), np.repeat(bn["k"], p)
+            m_l = np.einsum(
+                "hi,hj->hij",
+                np.outer(size["q"], xn) + bn["q"][:, None],
+                np.outer(kq, xn) + kv_[:, None],
+            )
+            rho = _relative(_condition(before["q"], before["k"], p), CONVERT_K)
+            dl = (logits2 - logits).abs().numpy()
+            vsize = np.outer(np.repeat(size["v"], p), xn) + np.repeat(bn["v"], p)[:, None]
+            m_z = (vsize * size["o"][:, None]).sum(axis=0)
+            rho_z = _relative(_condition(before["o"], before["v"], p), heads * CONVERT_K)
+            dz = np.linalg.norm((values2 - values).numpy(), axis=1)
+            ratio = max(float((dl / (rho * m_l)).max()), float((dz / (rho_z * m_z)).max()))
+            if ratio > worst or math.isnan(ratio):
+                worst, where = ratio, f"{geometry}, {heads} heads over {kv}"
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"max |ΔL|/(ρM) and ‖ΔZ‖/(ρM) = {worst:.3g} ({where})",
+        {
+            "sizes": f"d = {CONVERT_D}, k = {CONVERT_K}, {TOKENS} tokens",
+            "cases": "; ".join(f"{g} at {h}/{k} heads" for h, k, g in cases),
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
+def heads_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``exact_conversion`` on the grouped cases, whose control pairs query head h with key
+    and value head h mod g instead of h // p."""
+    return exact_conversion(ctx, wrong, control="heads")
+
+
+def _qr_for_polar(original: Callable) -> Callable:
+    """``convert.points.frames`` taking the sign-fixed QR factor of W instead of its polar one."""
+    from torch_port import linalg
+
+    return lambda t, init, generator: linalg.qr_signfixed(t)[0]
+
+
+def _nearest_isometry(m: np.ndarray) -> tuple[np.ndarray, float]:
+    """U_k V_kᵀ of NumPy's SVD of m (the nearest partial isometry of rank k, and for a d×k m
+    its polar factor) and σ_1/σ_k."""
+    u, s, vt = np.linalg.svd(m, full_matrices=False)
+    k = CONVERT_K
+    return u[:, :k] @ vt[:k], float(s[0] / s[k - 1])
+
+
+def nearest_points(ctx: Context, wrong: bool) -> Outcome:
+    """For each (heads, key/value heads) of ``HEADS``: with ``"stiefel"`` on QK, every query and
+    key head's frame the module reads equals U Vᵀ of NumPy's SVD of the head's weight; with
+    ``"partial_isometry_embedded"`` on QK (its block variant under GQA), every head's product
+    W_Q^h W_K^gᵀ the module reads equals U_k V_kᵀ of NumPy's SVD of the product before (of each
+    group's stacked products, for the block variant). Bound: 2κ·``frame_error``(m, k, κ), κ =
+    σ_1/σ_k of the matrix, m its rows (each route's forward error, as PORT-5's polar routes).
+    Residual the largest ratio, tolerance 1. Control: the QR factor taken for the polar one,
+    substituted for ``convert.points.frames``."""
+    import torch
+
+    from torch_port import convert
+    from torch_port.convert import points
+
+    patch = substituted(points, "frames", _qr_for_polar(points.frames))
+    worst, where = 0.0, ""
+    with patch if wrong else contextlib.nullcontext(), torch.no_grad():
+        for heads, kv in HEADS:
+            p = heads // kv
+            for geometry in ("stiefel", "partial_isometry_embedded"):
+                module = _module(ctx.seed, heads, kv)
+                before = _factors(module, heads, kv)
+                convert.riemannian_attention(module, geometry)
+                after = _factors(module, heads, kv)
+                if geometry == "stiefel":
+                    pairs = [(b, a) for r in "qk" for b, a in zip(before[r], after[r], strict=True)]
+                else:
+                    products = after["q"] @ np.repeat(after["k"], p, axis=0).transpose(0, 2, 1)
+                    pairs = [
+                        (
+                            np.vstack(list(before["q"][j * p : (j + 1) * p])) @ before["k"][j].T,
+                            np.vstack(list(products[j * p : (j + 1) * p])),
+                        )
+                        for j in range(kv)
+                    ]
+                for old, got in pairs:
+                    want, kappa = _nearest_isometry(old)
+                    bound = 2 * kappa * frame_error(old.shape[0], CONVERT_K, kappa=kappa)
+                    ratio = float(np.linalg.norm(got - want)) / bound
+                    if ratio > worst or math.isnan(ratio):
+                        worst, where = ratio, f"{geometry}, {heads} heads over {kv}"
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"max ‖X − U_k V_kᵀ‖_F/(2κ·frame_error) = {worst:.3g} ({where})",
+        {
+            "sizes": f"d = {CONVERT_D}, k = {CONVERT_K}",
+            "cases": "stiefel and partial_isometry_embedded on QK at "
+            + ", ".join(f"{h}/{g} heads" for h, g in HEADS),
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
+def _core_transposed(original: Callable) -> Callable:
+    """``convert.weights.with_core`` multiplying by each R1 core's transpose."""
+    return lambda heads, cores: original(heads, cores.mT)
+
+
+def factors_read(ctx: Context, wrong: bool) -> Outcome:
+    """A plain module (4 heads) converted with R1 on QK and VO, its stored points then set to
+    random points of R1 (U, V sign-fixed QR frames, a non-symmetric core S = I + 0.3·N): each
+    head's W_Q^h W_K^hᵀ and A_h W_V^hᵀ as the module reads them (its assembled projections)
+    equals ``reference`` R1's ``to_matrix``(U_h, S_h, V_h) entrywise within 4γ_k·|U||S||V|ᵀ (two
+    products of inner dimension k, each formed once by the port and once by NumPy). Residual
+    the largest ratio, tolerance 1. Control: every core transposed, substituted for
+    ``convert.weights.with_core``."""
+    import torch
+
+    import reference as ref
+    from torch_port import convert
+    from torch_port.convert import weights
+
+    heads, k, d = HEADS[0][0], CONVERT_K, CONVERT_D
+    rng = np.random.default_rng(ctx.seed)
+    r1 = ref.GEOMETRIES["fixed_rank_embedded"](d, d, k)
+    module = _module(ctx.seed, heads, heads)
+    convert.riemannian_attention(module, "fixed_rank_embedded", "fixed_rank_embedded")
+    points = {}
+    with torch.no_grad():
+        for product, spec in module.point_groups.items():
+            drawn = []
+            for _ in range(heads):
+                u, v = (np.linalg.qr(rng.standard_normal((d, k)))[0] for _ in "uv")
+                drawn.append((u, np.eye(k) + 0.3 * rng.standard_normal((k, k)), v))
+            points[product] = drawn
+            for i, name in enumerate(spec["params"]):
+                stacked = np.stack([x[i] for x in drawn])
+                module.get_parameter(name).copy_(torch.from_numpy(stacked))
+    patch = substituted(weights, "with_core", _core_transposed(weights.with_core))
+    with patch if wrong else contextlib.nullcontext(), torch.no_grad():
+        f = _factors(module, heads, heads)
+    worst = 0.0
+    for product, (row, col) in (("qk", ("q", "k")), ("vo", ("o", "v"))):
+        for h, (u, s, v) in enumerate(points[product]):
+            got = f[row][h] @ f[col][h].T
+            bound = 4 * gamma(k) * (np.abs(u) @ np.abs(s) @ np.abs(v).T)
+            ratio = float(np.max(np.abs(got - r1.to_matrix((u, s, v))) / bound))
+            worst = max(worst, ratio) if not math.isnan(ratio) else math.inf
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"max |W_h − U_h S_h V_hᵀ|/(4γ_k|U||S||V|ᵀ) = {worst:.3g} over QK and VO",
+        {
+            "sizes": f"d = {d}, k = {k}, {heads} heads",
+            "points": "random R1 points, non-symmetric cores",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
+register(
+    Proposition(
+        id="PORT-10",
+        title="Converting a model's attention: exact, nearest, and read as the geometry says",
+        statement=(
+            r"\texttt{riemannian\_attention} with R1 or R2 on QK and VO (their block variants "
+            r"under GQA) keeps every head's logits $L_h(i,j)$ and the value-output $Z(i)$, "
+            r"biases included, within $\rho M$ of the model's before ($\rho=8k\kappa u+"
+            r"2\gamma_{d+1}+\gamma_{\text{inner}}$, $M$ the product of the two sides' "
+            r"norms); with \texttt{stiefel} every head's frame is the polar factor of its "
+            r"weight, and with P1 every head's product is the nearest rank-$k$ partial "
+            r"isometry, each within $2\kappa\,\mathrm{frame\_error}$ of NumPy's SVD; and the "
+            r"converted module's per-head products are R1's $U S V^\top$ of its stored factors."
+        ),
+        hypotheses=(
+            f"a LLaMA-style module (q/k/v/o projections, q/k/v biases), d = {CONVERT_D}, "
+            f"k = {CONVERT_K}, heads {', '.join(f'{h}/{g}' for h, g in HEADS)}; float64",
+            "κ = max_h σ_1/σ_k of the product (of the weight, for a frame)",
+        ),
+        checks=(
+            Check(
+                "float64",
+                "exact conversions keep the logits and the value-output",
+                exact_conversion,
+                f"near miss: R1's singular values times 1 + {SINGULAR_NEAR_MISS:g}, "
+                "substituted into the port",
+            ),
+            Check(
+                "float64",
+                "GQA: each query head meets its own group's key and value heads",
+                heads_resolution,
+                "query head h paired with key/value head h mod g, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "the nearest frames and partial isometries against NumPy's SVD",
+                nearest_points,
+                "the QR factor taken for the polar one, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "the module's products are R1's U S Vᵀ of random stored points",
+                factors_read,
+                "every R1 core transposed where the module assembles its weights, substituted",
+            ),
+        ),
+        requires=("torch",),
+    )
+)
