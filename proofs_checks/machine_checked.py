@@ -45,56 +45,61 @@ CLOSED = "Closed under the global context"
 
 @dataclass(frozen=True)
 class Proof:
-    """Lemmas of ``coq/Propositions.v`` that one check asserts, and the control: ``old``
-    replaced by ``new`` in the file (it must occur exactly once) makes the statement false."""
+    """One check: its name, the lemmas of ``coq/Propositions.v`` it asserts, and its control,
+    in words, made by ``old`` replaced by ``new`` in the file (``old`` must occur exactly
+    once), which makes the statement false."""
 
+    name: str
     lemmas: tuple[str, ...]
     old: str
     new: str
+    control: str
 
 
 #: The checks, by proposition.
 PROOFS_BY_ID: dict[str, Proof] = {
     "GEO-stiefel": Proof(
+        "P_W(Z) tangent, P_W idempotent and self-adjoint, every d ≥ r (Coq)",
         ("tangent_proj", "proj_idem", "proj_adjoint"),
         "Lemma tangent_proj W Z : W^T *m W = 1%:M -> tangent W (proj W Z).",
         "Lemma tangent_proj W Z : tangent W (proj W Z).",
+        "P_W(Z) claimed tangent without WᵀW = I, in the proof file",
     ),
     "RA-1": Proof(
+        "⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ for tangent ξ, every d ≥ r (Coq)",
         ("steepest",),
         "Lemma steepest W G X : tangent W X ->",
         "Lemma steepest W G X :",
+        "the tangency hypothesis on ξ removed, in the proof file",
     ),
     "RA-3": Proof(
+        "(W + ξ)ᵀ(W + ξ) = I + ξᵀξ, every d ≥ r (Coq)",
         ("gram_step",),
         "Lemma gram_step W X : W^T *m W = 1%:M -> tangent W X ->",
         "Lemma gram_step W X : W^T *m W = 1%:M ->",
+        "the tangency hypothesis on ξ removed, in the proof file",
     ),
     "RA-5": Proof(
+        "P_W(W) = 0 and P_W(G + cW) = P_W(G), every d ≥ r (Coq)",
         ("proj_self", "coupled_decay"),
         "Lemma proj_self W : W^T *m W = 1%:M -> proj W W = 0.",
         "Lemma proj_self W : proj W W = 0.",
+        "the hypothesis WᵀW = I removed, in the proof file",
     ),
     "RA-6": Proof(
+        "skew(W_QᵀHW_K + W_KᵀHᵀW_Q) = 0 and the gauge orbit, every d ≥ r (Coq)",
         ("gauge_gradient", "gauge_orbit"),
         "WK^T *m (H^T *m WQ)) = 0.",
         "WK^T *m (H *m WQ)) = 0.",
+        "a transpose moved in the gradient of W_K (Hᵀ W_Q → H W_Q), in the proof file",
     ),
     "R1/P1": Proof(
+        "Uᵀ(I − UUᵀ)A = 0: the projected factors are orthogonal to U, V (Coq)",
         ("complement_orthogonal",),
         "U^T *m U = 1%:M -> U^T *m (A - U *m (U^T *m A)) = 0.",
         "U^T *m (A - U *m (U^T *m A)) = 0.",
+        "the hypothesis UᵀU = I removed, in the proof file",
     ),
-}
-
-#: What each control does, in words (the check's ``control``).
-CONTROLS = {
-    "GEO-stiefel": "P_W(Z) claimed tangent without WᵀW = I, in the proof file",
-    "RA-1": "the tangency hypothesis on ξ removed, in the proof file",
-    "RA-3": "the tangency hypothesis on ξ removed, in the proof file",
-    "RA-5": "the hypothesis WᵀW = I removed, in the proof file",
-    "RA-6": "a transpose moved in the gradient of W_K (Hᵀ W_Q → H W_Q), in the proof file",
-    "R1/P1": "the hypothesis UᵀU = I removed, in the proof file",
 }
 
 
@@ -268,17 +273,7 @@ def check(key: str) -> Callable[[Context, bool], Outcome]:
     return run
 
 
-#: The name of each check in its proposition.
-NAMES = {
-    "GEO-stiefel": "P_W(Z) tangent, P_W idempotent and self-adjoint, every d ≥ r (Coq)",
-    "RA-1": "⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ for tangent ξ, every d ≥ r (Coq)",
-    "RA-3": "(W + ξ)ᵀ(W + ξ) = I + ξᵀξ, every d ≥ r (Coq)",
-    "RA-5": "P_W(W) = 0 and P_W(G + cW) = P_W(G), every d ≥ r (Coq)",
-    "RA-6": "skew(W_QᵀHW_K + W_KᵀHᵀW_Q) = 0 and the gauge orbit, every d ≥ r (Coq)",
-    "R1/P1": "Uᵀ(I − UUᵀ)A = 0: the projected factors are orthogonal to U, V (Coq)",
-}
-
-
 def machine_check(key: str) -> Check:
     """The ``machine-checked`` check of ``PROOFS_BY_ID[key]`` (not run without coqc)."""
-    return Check("machine-checked", NAMES[key], check(key), CONTROLS[key], unavailable=unavailable)
+    proof = PROOFS_BY_ID[key]
+    return Check("machine-checked", proof.name, check(key), proof.control, unavailable=unavailable)

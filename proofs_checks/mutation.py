@@ -52,6 +52,21 @@ _PORT_TESTS = [
     "tests/test_capturable.py",
 ]
 
+_STEP_TESTS = [
+    *_PORT_TESTS,
+    "tests/test_frame_step.py",
+    "tests/test_step_refusals.py",
+    "tests/test_port_plumbing.py",
+]
+_AUDIT_TESTS = [
+    "tests/test_audit.py",
+    "tests/test_audit_inputs.py",
+    "tests/test_audit_recording.py",
+    "tests/test_audit_rule.py",
+    "tests/test_audit_verdicts.py",
+]
+_CONVERT_TESTS = ["tests/test_convert.py", "tests/test_convert_inputs.py"]
+
 #: Source file -> the tests that judge its mutants after certify.
 JUDGES: dict[str, list[str]] = {
     "reference/optim.py": [
@@ -88,6 +103,15 @@ JUDGES: dict[str, list[str]] = {
     **{
         f"torch_port/{name}.py": _PORT_TESTS
         for name in ("linalg", "stiefel", "fixed_rank", "partial_isometry", "blocks")
+    },
+    **{
+        f"torch_port/optim/{name}.py": _STEP_TESTS
+        for name in ("optimizer", "capturable", "sharding", "checks", "points", "presets")
+    },
+    "torch_port/audit.py": _AUDIT_TESTS,
+    **{
+        f"torch_port/convert/{name}.py": _CONVERT_TESTS
+        for name in ("__init__", "points", "weights")
     },
 }
 

@@ -34,8 +34,8 @@ def _machine_checks(pid: str) -> list[Check]:
 @pytest.mark.parametrize("pid", sorted(CARRIERS))
 def test_each_carrier_has_one_machine_checked_check(pid) -> None:
     (check,) = _machine_checks(pid)
-    assert check.name == mc.NAMES[CARRIERS[pid]]
-    assert check.control == mc.CONTROLS[CARRIERS[pid]]
+    assert check.name == mc.PROOFS_BY_ID[CARRIERS[pid]].name
+    assert check.control == mc.PROOFS_BY_ID[CARRIERS[pid]].control
 
 
 def test_no_other_proposition_claims_a_machine_checked_check() -> None:

@@ -109,25 +109,29 @@ def checkerboard(p: np.ndarray) -> np.ndarray:
     return np.where(np.indices(np.shape(p)).sum(axis=0) % 2 == 0, 1.0, -1.0)
 
 
-def adam_direction_times(factor: Callable[[np.ndarray], Any]) -> Callable:
-    """A maker of ``reference.optim.scale_by_adam`` variants whose direction m̂/(√v̂ + ε) is
-    multiplied by ``factor(direction)`` (a number: the step too long; an array per entry: a
-    second moment not quite scalar): the near-miss controls of REF-1, RA-1 and RA-4, each
-    substituted into ``reference.optim``."""
+def adam_update_then(after: Callable[[Any, Any], tuple[Any, Any]]) -> Callable:
+    """A maker of ``reference.optim.scale_by_adam`` variants whose update's (direction, state)
+    is passed through ``after``: the near-miss controls substituted into ``reference.optim``."""
 
     def make(original: Callable) -> Callable:
         def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
             inner = original(b1, b2, eps, moment, reduction)
 
             def update(geometry, x, g, state):
-                d, new = inner.update(geometry, x, g, state)
-                return ref.optim.tree_map(lambda p: p * factor(p), d), new
+                return after(*inner.update(geometry, x, g, state))
 
             return inner._replace(update=update)
 
         return variant
 
     return make
+
+
+def adam_direction_times(factor: Callable[[np.ndarray], Any]) -> Callable:
+    """``adam_update_then`` multiplying the direction m̂/(√v̂ + ε) by ``factor(direction)`` (a
+    number: the step too long; an array per entry: a second moment not quite scalar): the
+    near-miss controls of REF-1, RA-1 and RA-4."""
+    return adam_update_then(lambda d, new: (ref.optim.tree_map(lambda p: p * factor(p), d), new))
 
 
 # ---------------------------------------------------------------------------------------------

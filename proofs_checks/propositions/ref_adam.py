@@ -22,7 +22,7 @@ import reference as ref
 from proofs_checks import rigorous
 from proofs_checks.bounds import sqrt_v_tolerance, trajectory_tolerance
 from proofs_checks.harness import frame_problem, substituted, trajectory
-from proofs_checks.propositions.common import BETAS, LR, adam_direction_times
+from proofs_checks.propositions.common import BETAS, LR, adam_direction_times, adam_update_then
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference import optim as ro
@@ -229,20 +229,10 @@ def schedule_check(variant: Callable) -> Callable[[Context, bool], Outcome]:
 RIGOROUS_STEPS, RIGOROUS_NEAR_MISS = 100, 1e-14
 
 
-def _sqrt_v_inflated(original):
-    """``scale_by_adam`` storing √v·(1 + RIGOROUS_NEAR_MISS) after each update."""
-
-    def variant(b1=0.9, b2=0.999, eps=1e-8, moment="frame", reduction="mean"):
-        inner = original(b1, b2, eps, moment, reduction)
-
-        def update(geometry, x, g, state):
-            d, new = inner.update(geometry, x, g, state)
-            grown = tuple(v * (1 + RIGOROUS_NEAR_MISS) for v in new.sqrt_v)
-            return d, new._replace(sqrt_v=grown)
-
-        return inner._replace(update=update)
-
-    return variant
+#: ``scale_by_adam`` storing √v·(1 + RIGOROUS_NEAR_MISS) after each update.
+_sqrt_v_inflated = adam_update_then(
+    lambda d, new: (d, new._replace(sqrt_v=tuple(v * (1 + RIGOROUS_NEAR_MISS) for v in new.sqrt_v)))
+)
 
 
 def sqrt_v_enclosure(ctx: Context, wrong: bool) -> Outcome:
