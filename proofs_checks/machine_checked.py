@@ -8,9 +8,11 @@ the polar retraction (RA-3), P_W(W) = 0 (RA-5), the gauge identity (RA-6) and th
 of the projected factors of R1 and P1.
 
 A check compiles the file with ``coqc`` and then asks Coq for the assumptions of each lemma it
-names (``Print Assumptions``): it passes only when every one is closed under the global context,
-so a lemma that is ``Admitted`` or rests on an axiom fails, and so does a file that does not
-compile. Its negative control compiles the same file with the statement made false (a
+names (``Print Assumptions``) and for its statement and the definitions it rests on, printed in
+full (``Set Printing All``): it passes only when every lemma is closed under the global context
+and Coq prints exactly the statements and definitions of ``coq_statements``, so a lemma that is
+``Admitted``, rests on an axiom, or proves an easier statement under the same name fails, and so
+does a file that does not compile or defines anything beyond the pinned definitions. Its negative control compiles the same file with the statement made false (a
 hypothesis removed, a transpose moved, the ½ of sym dropped): the same test must fail.
 
 The file is compiled once per text (the base text and each control's variant), all of them at
@@ -32,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from proofs_checks.coq_statements import DEFINITIONS, PINNED
 from proofs_checks.registry import Check, Context, Outcome
 
 #: The proof file and the tool that checks it.
@@ -130,12 +133,27 @@ def variant(text: str, proof: Proof) -> str:
 
 
 def _with_queries(text: str, lemmas: tuple[str, ...], nonce: str) -> str:
-    """The file followed, per lemma, by a marker carrying ``nonce`` and ``Print Assumptions``."""
-    queries = "".join(
-        f'\nGoal True. idtac "@@ {nonce} {name}". Abort.\nPrint Assumptions {name}.'
-        for name in lemmas
-    )
-    return text + queries + "\n"
+    """The file followed by Coq's answers to read, each after a marker carrying ``nonce``:
+    with every notation and implicit argument printed (``Set Printing All``), each pinned
+    definition's body (``Print``), and per lemma its statement (``Check``) and its assumptions
+    (``Print Assumptions``)."""
+
+    def marked(what: str, command: str) -> str:
+        return f'\nGoal True. idtac "@@ {nonce} {what}". Abort.\n{command}'
+
+    queries = "\nSet Printing All."
+    queries += "".join(marked(f"def {name}", f"Print {name}.") for name in DEFINITIONS)
+    for name in lemmas:
+        queries += marked(f"statement {name}", f"Check {name}.")
+        queries += marked(f"assumptions {name}", f"Print Assumptions {name}.")
+    return text + queries + marked("end", "") + "\n"
+
+
+def _answers(stdout: str, nonce: str) -> dict[str, str]:
+    """What Coq printed after each of ``nonce``'s markers, up to the next one, whitespace
+    collapsed: {"def proj": ..., "statement steepest": ..., "assumptions steepest": ...}."""
+    parts = re.split(rf"^@@ {nonce} (.+)$", stdout, flags=re.M)
+    return {parts[i].strip(): " ".join(parts[i + 1].split()) for i in range(1, len(parts) - 1, 2)}
 
 
 #: Text a proof file may not hold: what would let it accept a statement it did not prove or
@@ -158,17 +176,44 @@ FORBIDDEN = (
     "idtac",
     "Print",
     "Declare",
+    # what could give a name the statements use another meaning than the one pinned
+    "Fixpoint",
+    "Inductive",
+    "Record",
+    "Structure",
+    "Class",
+    "Instance",
+    "Canonical",
+    "Coercion",
+    "Variant",
+    "Hint",
+    "Program",
+    "Existing",
+    "Opaque",
+    "Transparent",
+    "Strategy",
 )
+
+
+def _refusal(text: str) -> str | None:
+    """Why the proof file is refused before it is compiled: a FORBIDDEN word, or a definition
+    other than the pinned ones (it could shadow a name the statements print the same)."""
+    if found := [c for c in FORBIDDEN if c in text]:
+        return f"the file holds {', '.join(found)}"
+    defined = re.findall(r"\bDefinition\s+([^\s(:]+)", text)
+    if extra := sorted(set(defined) - set(DEFINITIONS)):
+        return f"the file defines {', '.join(extra)}, beside the pinned {', '.join(DEFINITIONS)}"
+    return None
 
 
 @functools.lru_cache(maxsize=32)
 def closed_lemmas(text: str, lemmas: tuple[str, ...]) -> tuple[frozenset[str], str]:
-    """(the lemmas Coq reports closed under the global context, coqc's status) for the file
-    ``text``; none when it does not compile or switches a kernel check off. Each lemma's answer
-    is read only from the line right after its own marker, which carries a fresh random nonce,
-    and a file holding a FORBIDDEN word is refused before it is compiled."""
-    if found := [c for c in FORBIDDEN if c in text]:
-        return frozenset(), f"refused: the file holds {', '.join(found)}"
+    """(the lemmas proved as pinned, coqc's status) for the file ``text``: a lemma counts when
+    Coq reports it closed under the global context, its statement is ``coq_statements``' and
+    every pinned definition is too; none when the file does not compile or is refused
+    (``_refusal``). Coq's answers are read only after markers carrying a fresh random nonce."""
+    if why := _refusal(text):
+        return frozenset(), f"refused: {why}"
     nonce = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="rattn-coq-") as tmp:
         path = Path(tmp) / PROOFS.name
@@ -185,12 +230,15 @@ def closed_lemmas(text: str, lemmas: tuple[str, ...]) -> tuple[frozenset[str], s
             return frozenset(), f"coqc did not finish: {exc}"
     if run.returncode != 0:
         return frozenset(), "does not compile (" + _first_error(run.stderr + run.stdout) + ")"
-    lines = [line.strip() for line in run.stdout.splitlines()]
+    said = _answers(run.stdout, nonce)
+    moved = [n for n in DEFINITIONS if said.get(f"def {n}") != PINNED[n]]
+    if moved:
+        return frozenset(), f"compiles, but defines {', '.join(moved)} otherwise than pinned"
     closed = {
         name
         for name in lemmas
-        for k, line in enumerate(lines[:-1])
-        if line == f"@@ {nonce} {name}" and lines[k + 1] == CLOSED
+        if said.get(f"assumptions {name}") == CLOSED
+        and said.get(f"statement {name}") == PINNED[name]
     }
     return frozenset(closed), "compiles"
 

@@ -138,6 +138,9 @@ ATTACKS = {
     "a notation": 'Notation "x" := 1.',
     "a kernel check off": "Unset Guard\n  Checking.",
     "a printed verdict": 'Goal True. idtac "Closed under the global context". Abort.',
+    "a shadowing definition": "Definition mulmx := 0.",
+    "a canonical instance": "Canonical fake := 0.",
+    "an inductive type": "Inductive nat := O.",
 }
 
 
@@ -146,3 +149,32 @@ def test_a_file_that_could_fake_its_verdict_is_refused(how) -> None:
     text = mc.source().replace("End Complement.", ATTACKS[how] + "\nEnd Complement.")
     closed, status = mc.closed_lemmas(text, ("gram_step",))
     assert closed == frozenset() and status.startswith("refused"), status
+
+
+#: Files that compile and close every lemma, but prove something other than what is pinned
+#: (``coq_statements``): each (old, new) edit of the proof file, with the lemma it weakens.
+EASIER = {
+    "a weaker statement under the pinned name": (
+        "Lemma steepest W G X : tangent W X -> \\tr (G^T *m X) = \\tr ((proj W G)^T *m X).\n"
+        "Proof. by move=> TX; rewrite proj_adjoint proj_tangent. Qed.",
+        "Lemma steepest W G X : tangent W X -> \\tr (G^T *m X) = \\tr (G^T *m X).\n"
+        "Proof. by []. Qed.",
+        "steepest",
+    ),
+    "skew redefined as 0": (
+        "Definition skew (A : 'M[R]_r) : 'M[R]_r := 2^-1 *: (A - A^T).",
+        "Definition skew (A : 'M[R]_r) : 'M[R]_r := 0 *: (A - A^T).",
+        "gauge_orbit",
+    ),
+}
+
+
+@needs_coq
+@pytest.mark.parametrize("how", sorted(EASIER))
+def test_a_file_proving_something_easier_under_the_pinned_names_fails(how) -> None:
+    old, new, lemma = EASIER[how]
+    text = mc.source()
+    assert text.count(old) == 1, "the attack's text is not in the proof file"
+    closed, status = mc.closed_lemmas(text.replace(old, new), (lemma,))
+    assert lemma not in closed and status.startswith("compiles"), status
+    assert lemma in mc.closed_lemmas(text, (lemma,))[0]
