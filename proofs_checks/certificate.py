@@ -359,10 +359,19 @@ def summary_table(results: Iterable[PropositionResult]) -> str:
         w = worst(r)
         cell = f"{_fmt(w.outcome.residual)} / {_fmt(w.outcome.tolerance)}" if w else "–"
         rows.append(
-            f"| {r.proposition.id} | {r.proposition.title} | {', '.join(r.proposition.kinds)} | "
+            f"| {r.proposition.id} | {r.proposition.title} | {kinds_text(r)} | "
             f"{cell} | {_yes(r.passed)} |"
         )
     return "\n".join(rows)
+
+
+def kinds_text(r: PropositionResult) -> str:
+    """The kinds of the checks that ran, then those of the proposition's that did not run here
+    ("float64, property; not run: machine-checked")."""
+    ran = {c.kind for c in r.ran}
+    text = ", ".join(k for k in r.proposition.kinds if k in ran) or "none"
+    missing = [k for k in r.proposition.kinds if k not in ran]
+    return text + (f"; not run: {', '.join(missing)}" if missing else "")
 
 
 def exercised_text(r: PropositionResult) -> str:

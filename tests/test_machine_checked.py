@@ -105,6 +105,11 @@ def test_a_check_whose_tool_is_missing_is_not_run_and_never_passes() -> None:
     row = next(line for line in cert.to_markdown().splitlines() if "| a proof |" in line)
     assert "| not run |" in row and row.endswith("| not run |")
     assert "not run" in cert.to_latex()
+    # the summary names the kinds that ran, and those declared that did not
+    summary = next(line for line in cert.to_markdown().splitlines() if line.startswith("| RA-3"))
+    ran = {c.kind for c in [other]}
+    declared = [k for k in prop.kinds if k not in ran]
+    assert f"not run: {', '.join(declared)}" in summary
 
 
 def test_verify_reports_a_check_recorded_as_not_run_that_runs_here() -> None:
