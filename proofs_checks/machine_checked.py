@@ -12,8 +12,9 @@ names (``Print Assumptions``) and for its statement and the definitions it rests
 full (``Set Printing All``): it passes only when every lemma is closed under the global context
 and Coq prints exactly the statements and definitions of ``coq_statements``, so a lemma that is
 ``Admitted``, rests on an axiom, or proves an easier statement under the same name fails, and so
-does a file that does not compile or defines anything beyond the pinned definitions. Its negative control compiles the same file with the statement made false (a
-hypothesis removed, a transpose moved, the ½ of sym dropped): the same test must fail.
+does a file that does not compile or defines anything beyond the pinned definitions. Its
+negative control compiles the same file with the statement made false (a hypothesis removed, a
+transpose moved, the ½ of sym dropped): the same test must fail.
 
 The file is compiled once per text (the base text and each control's variant), all of them at
 once on first use, in parallel; ``coqc`` not on the path makes the checks *not run*
