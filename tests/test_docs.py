@@ -25,8 +25,20 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)\n```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
+#: The two-process DDP/FSDP2 recipes: run with ``-m slow``. Inside the full default suite on a
+#: loaded 2-core machine their spawned workers have hung past the 600 s limit (alone: 24 s); the
+#: same arithmetic runs by default in tests/test_ddp.py and tests/test_fsdp.py.
+SPAWNING = {ROOT / "docs" / "distributed.md"}
+
+
 @pytest.mark.parametrize(
-    "path", [p for p in FILES if python_blocks(p)], ids=lambda p: str(p.relative_to(ROOT))
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p in SPAWNING else p
+        for p in FILES
+        if python_blocks(p)
+    ],
+    ids=lambda p: str(p.relative_to(ROOT)),
 )
 def test_python_blocks_run(path: Path, tmp_path: Path) -> None:
     text = path.read_text(encoding="utf-8")
