@@ -47,6 +47,8 @@ def adam_run(tmp_path_factory):
         ("riemannian_adam", {"trust_radius": 1e-3}, "failed", 1),
         ("rsgd", {}, "failed", 1),
         ("normalized_rsgd", {}, "failed", 1),
+        ("geoopt_riemannian_adam", {}, "failed", 1),  # geoopt's lr is a step length
+        ("geoopt_riemannian_sgd", {"momentum": 0.9}, "failed", 1),
     ],
 )
 def test_a_claimed_rule_is_what_is_replayed(adam_run, rule, settings, verdict, first) -> None:
@@ -66,7 +68,7 @@ def test_the_state_catches_a_second_moment_claim(adam_run) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--rule", "geoopt_riemannian_adam"], "is checked with rattn conform"),
+        (["--rule", "geoopt_riemannian_adam", "--set", "moment=frame"], "no setting moment"),
         (["--rule", "adamw"], "unknown rule 'adamw'"),
         (["--rule", "riemannian_adam", "--set", "retraction=qr"], "no setting retraction"),
         (["--set", "lr=1"], "--set needs --rule"),

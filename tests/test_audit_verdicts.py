@@ -184,6 +184,32 @@ def test_sampling_every_10_steps_still_checks_the_state_of_each_recorded_step(
         assert all(r["deviation"] <= r["bound"] and r["state_ratio"] > 1 for r in bad)
 
 
+class _NudgesAfterItsStep(tp.RiemannianAdam):
+    """A subclass whose ``step`` calls the preset's, then moves the frames by 1e-6 along the
+    manifold at step T (torch runs the hooks of both ``step``s; the outer one is the run's)."""
+
+    def step(self, closure=None):
+        loss = super().step(closure)
+        if int(next(iter(self.state.values()))["step"]) == T:
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        p.copy_(torch.linalg.qr(p + 1e-6)[0])
+        return loss
+
+
+@pytest.mark.parametrize(
+    ("cls", "verdict"), [(tp.RiemannianAdam, "passed"), (_NudgesAfterItsStep, "failed")]
+)
+def test_a_subclass_that_moves_the_frames_after_its_parents_step_fails(tmp_path, cls, verdict):
+    tp.RiemannianAdam([torch.nn.Parameter(torch.eye(3, 2))], lr=1.0)  # torch wraps its step
+    w = _frames()
+    opt = cls([{"params": [w], "geometry": "stiefel"}], lr=1e-2)
+    result = pa.audit(_brockett_run(tmp_path / "n.npz", opt, w))
+    assert result["verdict"] == verdict
+    assert result["first_failure_step"] == (T if verdict == "failed" else None)
+
+
 def _moved(meta, arrays):  # the point at step 1 (lr 0) moved by 1e-3
     k = _at(meta, 1)
     x = arrays[f"r{k}/x/0"]

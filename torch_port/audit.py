@@ -23,7 +23,9 @@ completes, as one complete file of the folder ``path.parts`` (``parts_dir``), so
 killed, out of disk or never closed keeps every step written (``load`` reads the folder and
 marks the trace partial); the recorder's ``close()`` (or the end of its ``with`` block) joins
 them into ``path``. A recorder that cannot write warns and stops; it never raises out of a
-step that was applied. The rule recorded is the optimizer's preset (``preset_of``).
+step that was applied. The rule recorded is the one the optimizer runs: a preset of
+``torch_port.optim`` or one of geoopt's rules (``audit_sources``, which also says how each
+optimizer's points and state are read).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import math
 import os
 import shutil
 import stat
+import sys
 import tokenize
 import warnings
 import zipfile
@@ -45,11 +48,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from torch_port.optim.optimizer import ChainOptimizer
-from torch_port.optim.points import Point
-from torch_port.optim.presets import RSGD, NormalizedRSGD, RiemannianAdam, RiemannianMomentum
+from torch_port.audit_sources import source_of
 
 META = "meta.json"
+#: The code of torch's wrapper around every optimizer class's ``step`` (which runs the hooks).
+_STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda *args: None).__code__
 FORMAT = "rattn-audit 2"
 
 
@@ -74,24 +77,6 @@ def _elements(count: int, frames: int | None) -> list[int]:
     if frames is None or frames >= count:
         return list(range(count))
     return sorted({round(i * (count - 1) / max(frames - 1, 1)) for i in range(frames)})
-
-
-#: The optimizers whose rules have a reference (``proofs_checks.port_compare.audit``).
-PRESETS = (RiemannianAdam, RiemannianMomentum, RSGD, NormalizedRSGD)
-
-
-def preset_of(optimizer: Any) -> str:
-    """The name of the preset whose rule ``optimizer`` runs: its class's nearest preset
-    ancestor (a subclass is audited as the preset it extends); ValueError for an optimizer
-    that is none of them, whose rule has no reference."""
-    for cls in type(optimizer).__mro__:
-        if cls in PRESETS:
-            return cls.__name__
-    raise ValueError(
-        f"record() audits the rules of torch_port.optim's presets "
-        f"({', '.join(c.__name__ for c in PRESETS)}); {type(optimizer).__name__} is none of "
-        "them nor a subclass of one, so its rule has no reference to replay it through"
-    )
 
 
 def parts_dir(path: Path) -> Path:
@@ -131,7 +116,7 @@ class Recorder:
     the step has completed, so memory holds one step's record at most; a step that raised
     leaves nothing. ``close`` adds the metadata and moves the file to ``path``."""
 
-    optimizer: ChainOptimizer
+    optimizer: torch.optim.Optimizer
     path: Path
     every: int = 1
     frames: int | None = None
@@ -139,11 +124,7 @@ class Recorder:
     steps: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.optimizer, ChainOptimizer):
-            raise TypeError(
-                "record() needs an optimizer of torch_port.optim (a ChainOptimizer: "
-                f"RiemannianAdam, RSGD, …), got {type(self.optimizer).__name__}"
-            )
+        self.source = source_of(self.optimizer)  # refuses what has no reference rule
         for name, v in (("every", self.every), ("frames", self.frames)):
             if (v is not None or name == "every") and not (_is_int(v) and v >= 1):
                 raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
@@ -155,14 +136,13 @@ class Recorder:
             raise ValueError(
                 f"ranks must be a sequence of ranks (integers ≥ 0), got {self.ranks!r}"
             )
-        self.preset = preset_of(self.optimizer)
         if Path(self.path).is_dir():
             raise ValueError(f"{self.path}: a directory; record() needs a file path (e.g. run.npz)")
         self.rank = _rank()
         self.path = rank_path(self.path, self.rank)
         self.parts = parts_dir(self.path)
         self.active = self.ranks is None or (self.rank or 0) in self.ranks
-        self._pending: list[tuple[int, Point, int, list[int], int, list[str]]] = []
+        self._pending: list[tuple[int, Any, int, list[int], int, list[str]]] = []
         self._buffer: dict[str, np.ndarray] = {}
         self._handles = []
         self._open = False
@@ -188,33 +168,10 @@ class Recorder:
     def _due(self) -> bool:
         """Whether any point may take a recorded step now: a cheap look at the step counts
         (no point is built on the steps that are not recorded)."""
-        state = self.optimizer.state
-        for group in self.optimizer.param_groups:
-            if group.get("geometry") is None:
-                continue
-            keys = group["params"] if group["geometry"] == "stiefel" else group["params"][:1]
-            for p in keys:
-                step = state[p]["step"] if p in state and "step" in state[p] else None
-                if (1 if step is None else int(step) + 1) % self.every == 0:
-                    return True
-        return False
+        return any((taken + 1) % self.every == 0 for taken in self.source.counts())
 
-    def _points(self) -> list[Point]:
-        opt = self.optimizer
-        return [
-            point
-            for gi, group in enumerate(opt.param_groups)
-            if group.get("geometry") is not None
-            for point in opt._geometries.points(gi, group, all_=True)
-        ]
-
-    def _spec(self, point: Point) -> dict[str, Any]:
-        group = self.optimizer.param_groups[point.gi]
-        geometries = self.optimizer._geometries
-        if group["geometry"] == "stiefel":
-            spec = geometries.stiefel_spec(group, point.params[0])
-        else:
-            spec = geometries.factored_spec(group)
+    def _spec(self, point: Any) -> dict[str, Any]:
+        spec = self.source.spec(point)
         return {**spec, "options": {k: _jsonable(v) for k, v in spec["options"].items()}}
 
     def _keep(self, name: str, t: torch.Tensor, batch: int, kept: list[int]) -> None:
@@ -225,7 +182,7 @@ class Recorder:
     def _meta(self, steps: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "optimizer": self.preset,
+            "optimizer": self.source.rule,
             "class": f"{type(self.optimizer).__module__}.{type(self.optimizer).__qualname__}",
             "every": self.every,
             "frames": self.frames,
@@ -243,17 +200,32 @@ class Recorder:
         _write_npz(tmp, arrays, self._meta(self.steps[first:]))
         os.replace(tmp, name)
 
+    def _nested(self) -> bool:
+        """Whether this step runs inside another step of the same optimizer: a subclass's
+        ``step`` that calls its parent's fires the hooks twice (torch wraps each class's
+        ``step``), and only the outer step is what the run did (the frames a subclass moves
+        after ``super().step()`` included). Read from the call stack, so a step that raised
+        leaves nothing behind."""
+        frame, outer = sys._getframe(1), 0
+        while frame is not None:
+            if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is self.optimizer:
+                outer += 1
+            frame = frame.f_back
+        return outer > 1
+
     def _before(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._nested():
+            return
         self._pending, self._buffer = [], {}  # a step that raised leaves nothing
         if not self._due():
             return
-        for point in self._points():
+        for point in self.source.points():
             state = self.optimizer.state.get(point.key) or {}
-            t = int(state["step"]) + 1 if "step" in state else 1
+            t = self.source.taken(point) + 1
             if t % self.every:
                 continue
             x = point.value()
-            batch = x[0].ndim - len(_trailing(point))
+            batch = x[0].ndim - len(self.source.trailing(point))
             count = math.prod(x[0].shape[:batch])
             kept = _elements(count, self.frames)
             k = len(self.steps) + len(self._pending)
@@ -281,6 +253,8 @@ class Recorder:
         )
 
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._nested():
+            return
         nonfinite: bool | None = None
         first = len(self.steps)
         buffered, self._buffer = self._buffer, {}
@@ -293,7 +267,7 @@ class Recorder:
                 {f"r{k}/{n[len(prefix) :]}": a for n, a in buffered.items() if n.startswith(prefix)}
             )
             state = self.optimizer.state.get(point.key) or {}
-            done = int(state.get("step", 0)) == t  # False when the step was skipped
+            done = self.source.taken(point) == t  # False when the step was skipped
             x = point.value()
             for i, gi in enumerate(point.grad()):  # as the step saw them (closures included)
                 self._keep(f"r{k}/g/{i}", gi, batch, kept)
@@ -306,9 +280,7 @@ class Recorder:
                 after_keys = self._keep_state(f"r{k}/after", state, batch, kept)
             group = self.optimizer.param_groups[point.gi]
             hyper = {}
-            for name, v in group.items():
-                if name in ("params", "param_names"):
-                    continue
+            for name, v in self.source.hyperparameters(point).items():
                 try:
                     hyper[name] = _jsonable(v)
                 except TypeError:
@@ -381,13 +353,6 @@ class Recorder:
         self.close()
 
 
-def _trailing(point: Point) -> tuple[int, ...]:
-    """The trailing shape of a point's first part (what is not batch)."""
-    geometry = getattr(point.geometry, "geometry", point.geometry)  # through an Ambient view
-    shapes = getattr(geometry, "point_shapes", None)
-    return tuple(shapes[0]) if shapes else tuple(point.params[0].shape[-2:])
-
-
 def _version(name: str) -> str | None:
     try:
         return metadata.version(name)
@@ -396,7 +361,7 @@ def _version(name: str) -> str | None:
 
 
 def record(
-    optimizer: ChainOptimizer,
+    optimizer: torch.optim.Optimizer,
     path: str | os.PathLike,
     every: int = 1,
     frames: int | None = None,

@@ -9,7 +9,8 @@ geometry is built. For every element the replay
 
 1. builds the reference geometry and the reference optimizer of the recorded rule
    (``REFERENCE_RULES``: the four presets with every option, on the Riemannian or the Euclidean
-   gradient) with the recorded hyperparameters;
+   gradient; ``FIELD_RULES``: geoopt's RiemannianAdam and RiemannianSGD as
+   ``reference.field_rules`` states them) with the recorded hyperparameters;
 2. projects x to its manifold in float64 (the polar factor of each orthonormal factor) and
    reports the distance δ = ‖C(x) − C(x̄)‖, C what is compared (the point, or W = A Bᵀ where the
    factors are defined up to a group action: ``geometries``);
@@ -78,6 +79,7 @@ from tqdm import tqdm
 import reference as ref
 from proofs_checks import reference_rules
 from proofs_checks.port_compare.geometries import FrameAdapter, PointAdapter, unit_roundoff
+from reference import field_rules as fr
 from reference import optim as ro
 from reference.geometry import like, parts
 from torch_port import audit as recorder
@@ -147,13 +149,18 @@ class TraceError(ValueError):
     """A trace that cannot be replayed (named, with what is wrong)."""
 
 
-#: ``rattn audit --rule NAME``: the class of the library's optimizer that records each rule of
-#: ``proofs_checks.reference_rules`` (only these keep a state the replay can read).
+#: The rules of ``proofs_checks.reference_rules`` that another library's optimizer runs (geoopt's:
+#: ``reference.field_rules``), recorded under their own names (``torch_port.audit_sources``).
+FIELD_RULES = ("geoopt_riemannian_adam", "geoopt_riemannian_sgd")
+
+#: ``rattn audit --rule NAME``: the name a trace records for each rule of
+#: ``proofs_checks.reference_rules`` (the optimizers whose state the replay reads).
 RECORDED_AS = {
     "riemannian_adam": "RiemannianAdam",
     "riemannian_momentum": "RiemannianMomentum",
     "rsgd": "RSGD",
     "normalized_rsgd": "NormalizedRSGD",
+    **{name: name for name in FIELD_RULES},
 }
 
 
@@ -169,12 +176,6 @@ class Claim:
 
     def __post_init__(self) -> None:
         spec = reference_rules.rule_spec(self.rule)
-        if self.rule not in RECORDED_AS:
-            raise TraceError(
-                f"--rule {self.rule}: a trace records the library's optimizers "
-                f"({', '.join(RECORDED_AS)}), whose state the replay reads; {spec.description} "
-                "is checked with rattn conform"
-            )
         spec.check_settings(self.settings, geometry=False)  # the geometry is the trace's
 
     def applied(self, step: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -189,16 +190,28 @@ class Claim:
         return RECORDED_AS[self.rule], {**step, "hyperparameters": h}
 
 
-def reference_optimizer(optimizer: str, step: dict[str, Any]) -> ro.Optimizer:
+def reference_optimizer(optimizer: str, step: dict[str, Any]) -> Any:
     """The reference optimizer of one recorded step: the rule's chain with the hyperparameters in
     force, the group's weight decay (coupled; none on frames, where the port applies none: RA-5)
-    and its gradient ("riemannian" or "euclidean")."""
+    and its gradient ("riemannian" or "euclidean"); for another library's rule
+    (``FIELD_RULES``), its statement in ``reference.field_rules`` with the group's
+    hyperparameters."""
+    h = step["hyperparameters"]
+    if optimizer in FIELD_RULES:
+        spec = reference_rules.rule_spec(optimizer)
+        own = {k: h[k] for k in spec.parameters() if k in h}
+        if "betas" in own:
+            own["betas"] = tuple(own["betas"])
+        try:
+            return spec.constructor()(**own)
+        except (TypeError, ValueError) as err:
+            message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
+            raise TraceError(message) from None
     if optimizer not in REFERENCE_RULES:
         raise TraceError(
             f"no reference rule for optimizer {optimizer!r}; rattn audit replays "
-            f"{', '.join(REFERENCE_RULES)}"
+            f"{', '.join([*REFERENCE_RULES, *FIELD_RULES])}"
         )
-    h = step["hyperparameters"]
     frames = step["geometry"]["name"] in FRAME_GEOMETRIES
     decay = 0.0 if frames else float(h.get("weight_decay", 0.0))
     try:
@@ -298,11 +311,17 @@ def elements(spec: dict[str, Any]) -> Elements:
     return Elements(adapter, rg, getattr(tg, "n_groups", 0), tuple(tg.orthonormal_factors), shapes)
 
 
-def reference_state(template: Any, entries: dict[str, list[Any]], count: int) -> Any:
+def reference_state(
+    template: Any, entries: dict[str, list[Any]], count: int, *, as_recorded: bool = False
+) -> Any:
     """The port's state entries of one element (``entries``: key -> its arrays, group-major for
     a block point) in the layout of ``template``, the state the reference's ``init`` makes: an
     ``AdamState`` takes the count, "exp_avg" and "sqrt_v", a ``TraceState`` "momentum_buffer";
-    each is checked to fill its field exactly (shapes and number of leaves)."""
+    each is checked to fill its field exactly (shapes and number of leaves). geoopt's states
+    (``reference.field_rules``) take "exp_avg", "exp_avg_sq" and "max_exp_avg_sq", or
+    "momentum_buffer"; its second moments, one value per frame kept broadcast over the
+    frame's entries (which a vectorised update may round differently), enter a step as their
+    mean and are compared ``as_recorded``, entry by entry."""
 
     def fill(field: Any, key: str) -> Any:
         values = entries.get(key)
@@ -323,7 +342,24 @@ def reference_state(template: Any, entries: dict[str, list[Any]], count: int) ->
             )
         return like(field, list(values)) if isinstance(field, tuple) else values[0]
 
+    def per_frame(key: str) -> Any:
+        """geoopt's second moment: one value per frame, kept broadcast over its entries."""
+        values = entries.get(key)
+        if values is None:
+            raise TraceError(f"the recorded state has no {key!r}")
+        a = np.asarray(values[0])
+        return a if as_recorded else float(np.mean(a))
+
     def build(t: Any) -> Any:
+        if isinstance(t, fr.AdamState):
+            amsgrad = "max_exp_avg_sq" in entries
+            v_max = per_frame("max_exp_avg_sq") if amsgrad else 0.0
+            return fr.AdamState(count, fill(t.m, "exp_avg"), per_frame("exp_avg_sq"), v_max)
+        if isinstance(t, fr.MomentumState):  # geoopt seeds the buffer at its first step
+            buffer = entries.get("momentum_buffer")
+            return fr.MomentumState(
+                count if buffer else 0, np.asarray(buffer[0]) if buffer else None
+            )
         if isinstance(t, ro.AdamState):
             return ro.AdamState(count, fill(t.m, "exp_avg"), fill(t.sqrt_v, "sqrt_v"))
         if isinstance(t, ro.TraceState):
@@ -416,6 +452,11 @@ def state_leaves(state: Any) -> list[tuple[str, Any]]:
         out += [("sqrt_v", v) for v in parts(state.sqrt_v)]
     elif isinstance(state, ro.TraceState):
         out += [("momentum_buffer", a) for a in parts(state.m)]
+    elif isinstance(state, fr.AdamState):  # geoopt's names
+        out += [("count", state.count), ("exp_avg", state.m), ("exp_avg_sq", state.v)]
+        out.append(("max_exp_avg_sq", state.v_max))
+    elif isinstance(state, fr.MomentumState):  # geoopt counts SGD's steps per group, not here
+        out += [("momentum_buffer", state.buffer)] if state.buffer is not None else []
     elif isinstance(state, tuple):
         for s in state:
             out += state_leaves(s)
@@ -470,11 +511,16 @@ def state_deviation(
     1/2)."""
     got: dict[str, list[Array]] = {}
     want: dict[str, list[Array]] = {}
-    for (name, a), (_, b) in zip(state_leaves(recorded), state_leaves(expected), strict=True):
+    leaves, wanted = state_leaves(recorded), state_leaves(expected)
+    if [name for name, _ in leaves] != [name for name, _ in wanted]:
+        return math.inf, math.inf, f"entries {[n for n, _ in leaves]}, not the rule's"
+    for (name, a), (_, b) in zip(leaves, wanted, strict=True):
         if name == "count":
             if a != b:  # counts agree exactly: a bound of 1/2 on |Δcount|
                 return 2.0 * abs(a - b), float(abs(a - b)), "count"
             continue
+        if np.ndim(b) == 0 and np.ndim(a) > 0:  # one value per frame, recorded broadcast
+            b = np.full(np.shape(a), b)
         got.setdefault(name, []).append(np.ravel(a))
         want.setdefault(name, []).append(np.ravel(b))
     worst: tuple[float, float, str | None] = (0.0, 0.0, None)
@@ -542,6 +588,8 @@ def _replay_record(
     for j, e in enumerate(step["elements"]):
         x = el.point(x_parts, j)
         g = el.point(g_parts, j)
+        if optimizer in FIELD_RULES and y_parts is not None:
+            g = g - h.get("weight_decay", 0.0) * x  # geoopt added λX to it in place
         row: dict[str, Any] = {
             "step": step["step"],
             "group": step["group"],
@@ -588,7 +636,7 @@ def _replay_record(
             amplification = elementwise_amplification(
                 el.geometry, xp, g, h["lr"], step["step"], h["betas"][1], length, n, r, dtype
             )
-        factoring = (
+        factoring = optimizer in FIELD_RULES or (  # geoopt: Cayley's solve or QR
             spec["name"] == "stiefel"
             and spec["options"].get("retraction", "polar") in FACTORING_RETRACTIONS
         )
@@ -601,7 +649,7 @@ def _replay_record(
             yp = el.project(y)
             entries = {key: _element_entries(el, v, j) for key, v in after.items()}
             try:
-                recorded = reference_state(new_state, entries, step["step"])
+                recorded = reference_state(new_state, entries, step["step"], as_recorded=True)
             except (TypeError, ValueError) as err:
                 message = f"{where}, element {e}, the state after the step: {err}"
                 raise TraceError(message) from None
@@ -624,8 +672,12 @@ def _replay_record(
             state_ratio=state_ratio,
             state_entry=state_entry,
         )
-        unchanged = all(np.array_equal(a[j], b[j]) for a, b in zip(x_parts, y_parts, strict=True))
-        row.update(verdict(row, lr_zero=h["lr"] == 0, unchanged=unchanged))
+        # at lr 0 the port leaves the point as it is; another library may round it (geoopt's
+        # QR retraction re-factors x), which the bound, checked first, covers
+        still = optimizer in FIELD_RULES or all(
+            np.array_equal(a[j], b[j]) for a, b in zip(x_parts, y_parts, strict=True)
+        )
+        row.update(verdict(row, lr_zero=h["lr"] == 0, unchanged=still))
         rows.append(row)
     return rows
 
@@ -642,9 +694,10 @@ def verdict(row: dict[str, Any], *, lr_zero: bool, unchanged: bool) -> dict[str,
     """The verdict of a replayed row, sound by construction: "fail" when the point was one the
     port refuses, the deviation (or the state's) exceeds its bound or is not finite; "pass"
     only when the check can tell a wrong step from a right one: at lr 0 the point is unchanged
-    bit for bit (the port's R_x(0) = x), otherwise the bound is at most ``RESOLUTION`` of the
-    step's length Δ and the step is one the bound covers (Δ ≤ ``LARGEST_STEP``); every other
-    row is "not auditable", with the reason."""
+    (``unchanged``: bit for bit for the port, whose R_x(0) = x; within the bound for another
+    library's rule, whose retraction may round x), otherwise the bound is at most
+    ``RESOLUTION`` of the step's length Δ and the step is one the bound covers
+    (Δ ≤ ``LARGEST_STEP``); every other row is "not auditable", with the reason."""
     dev, bound, state = row["deviation"], row["bound"], row["state_ratio"]
     if not row["accepted"]:
         return _said("fail", f"the point is off its manifold by {row['residual']:.1e}")
