@@ -143,7 +143,7 @@ def test_the_first_recorded_step_agrees_with_the_reference(tmp_path) -> None:
 
 
 def test_refusals(tmp_path, monkeypatch) -> None:
-    with pytest.raises(TypeError, match=r"needs an optimizer of torch_port\.optim"):
+    with pytest.raises(ValueError, match=r"neither torch_port\.optim's nor geoopt's: give"):
         audit.record(torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1), tmp_path / "a")
     opt = tp.RSGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     with pytest.raises(ValueError, match="every must be an integer ≥ 1, got 0"):

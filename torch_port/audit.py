@@ -121,10 +121,11 @@ class Recorder:
     every: int = 1
     frames: int | None = None
     ranks: Sequence[int] | None = None
+    points: Sequence[torch.Tensor] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.source = source_of(self.optimizer)  # refuses what has no reference rule
+        self.source = source_of(self.optimizer, self.points)  # refuses what it cannot read
         for name, v in (("every", self.every), ("frames", self.frames)):
             if (v is not None or name == "every") and not (_is_int(v) and v >= 1):
                 raise ValueError(f"{name} must be an integer ≥ 1, got {v!r}")
@@ -220,7 +221,7 @@ class Recorder:
         if not self._due():
             return
         for point in self.source.points():
-            state = self.optimizer.state.get(point.key) or {}
+            state = self.source.state_of(point)
             t = self.source.taken(point) + 1
             if t % self.every:
                 continue
@@ -235,8 +236,9 @@ class Recorder:
             self._pending.append((k, point, t, kept, batch, keys))
 
     def _keep_state(self, prefix: str, state: dict, batch: int, kept: list[int]) -> list[str]:
-        """Buffer every entry of a point's state but its count under ``prefix``; their keys."""
-        keys = sorted(key for key in state if key != "step")
+        """Buffer every entry of a point's state (``Source.state_of``) under ``prefix``; their
+        keys."""
+        keys = sorted(state)
         for key in keys:
             value = state[key]
             for i, part in enumerate(value if isinstance(value, tuple) else (value,)):
@@ -255,6 +257,7 @@ class Recorder:
     def _after(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._nested():
             return
+        self.source.stepped()
         nonfinite: bool | None = None
         first = len(self.steps)
         buffered, self._buffer = self._buffer, {}
@@ -266,7 +269,7 @@ class Recorder:
             self._buffer.update(
                 {f"r{k}/{n[len(prefix) :]}": a for n, a in buffered.items() if n.startswith(prefix)}
             )
-            state = self.optimizer.state.get(point.key) or {}
+            state = self.source.state_of(point)
             done = self.source.taken(point) == t  # False when the step was skipped
             x = point.value()
             for i, gi in enumerate(point.grad()):  # as the step saw them (closures included)
@@ -366,11 +369,14 @@ def record(
     every: int = 1,
     frames: int | None = None,
     ranks: Sequence[int] | None = None,
+    points: Sequence[torch.Tensor] | None = None,
 ) -> Recorder:
     """Start recording every ``every``-th step of ``optimizer`` into ``path``, ``frames``
     elements of each point (all by default), on every rank of a distributed run or on
-    ``ranks`` only (module docstring); use as a context manager, or call ``.close()``."""
-    return Recorder(optimizer, Path(path), every, frames, ranks)
+    ``ranks`` only (module docstring); ``points``: the parameters that are Stiefel frames, for
+    an optimizer that is neither ``torch_port.optim``'s nor geoopt's (``audit_sources``). Use
+    as a context manager, or call ``.close()``."""
+    return Recorder(optimizer, Path(path), every, frames, ranks, points)
 
 
 @dataclass(frozen=True)

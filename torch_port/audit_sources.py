@@ -20,8 +20,10 @@ or one of geoopt's rules).
   step, so the gradient read after the step holds it (the replay takes it off). ``stabilize``
   (a re-projection every k steps) has no reference and is refused.
 
-Anything else (another library's optimizer, a user's own) is refused by ``source_of`` with the
-reason: ``rattn conform`` checks such an optimizer against a rule it claims.
+- ``FramesSource``: any other ``torch.optim.Optimizer`` (another library's, a user's own), given
+  which of its parameters are Stiefel frames (``record(..., points=[...])``); it names no rule,
+  so its trace is replayed against the rule it claims (``rattn audit --rule NAME``), with what
+  the claim needs and the optimizer does not keep (its state) listed as not checked.
 """
 
 from __future__ import annotations
@@ -60,7 +62,21 @@ def preset_of(optimizer: Any) -> str:
     )
 
 
-class PortSource:
+class Source:
+    """What every source shares: the state kept of a point (every entry but the count), and
+    nothing to do when a step completes."""
+
+    optimizer: torch.optim.Optimizer
+
+    def state_of(self, point: Any) -> dict[str, Any]:
+        state = self.optimizer.state.get(point.key) or {}
+        return {k: v for k, v in state.items() if k != "step"}
+
+    def stepped(self) -> None:
+        """A step of the optimizer completed (``FramesSource`` counts them)."""
+
+
+class PortSource(Source):
     """``torch_port.optim``'s optimizers: points from their geometry groups."""
 
     def __init__(self, optimizer: ChainOptimizer) -> None:
@@ -135,6 +151,19 @@ class FramePoint:
         g = self.param.grad
         return (torch.zeros_like(self.value()[0]) if g is None else g.detach(),)
 
+    def spec(self) -> dict[str, Any]:
+        d, r = self.param.shape[-2:]
+        return {"name": "stiefel", "sizes": {"d": int(d), "r": int(r)}, "options": {}}
+
+    @property
+    def trailing(self) -> tuple[int, ...]:
+        return tuple(self.param.shape[-2:])
+
+
+def _frames_shape(p: torch.Tensor, where: str) -> None:
+    if p.ndim < 2 or p.shape[-2] < p.shape[-1]:
+        raise ValueError(f"{where}: shape {tuple(p.shape)} is not a batch of d×r frames, d ≥ r")
+
 
 def _geoopt_class(optimizer: Any) -> str | None:
     """The name of geoopt's optimizer class that ``optimizer`` is or extends, else None."""
@@ -144,7 +173,7 @@ def _geoopt_class(optimizer: Any) -> str | None:
     return None
 
 
-class GeooptSource:
+class GeooptSource(Source):
     """geoopt's ``RiemannianAdam`` and ``RiemannianSGD`` on its Stiefel manifolds (module
     docstring: which parameters are points, and the state mapping)."""
 
@@ -174,11 +203,7 @@ class GeooptSource:
                         f"rule; record() audits geoopt's Stiefel manifolds "
                         f"({', '.join(GEOOPT_STIEFELS)})"
                     )
-                if p.ndim < 2 or p.shape[-2] < p.shape[-1]:
-                    raise ValueError(
-                        f"group {gi}, parameter {pi}: shape {tuple(p.shape)} is not a batch "
-                        "of d×r frames with d ≥ r"
-                    )
+                _frames_shape(p, f"group {gi}, parameter {pi}")
                 self._points.append(FramePoint(p, gi, pi))
         if not self._points:
             raise ValueError("the optimizer has no parameter on geoopt's Stiefel: nothing to audit")
@@ -203,11 +228,10 @@ class GeooptSource:
         return self._count(point)
 
     def spec(self, point: FramePoint) -> dict[str, Any]:
-        d, r = point.param.shape[-2:]
-        return {"name": "stiefel", "sizes": {"d": int(d), "r": int(r)}, "options": {}}
+        return point.spec()
 
     def trailing(self, point: FramePoint) -> tuple[int, ...]:
-        return tuple(point.param.shape[-2:])
+        return point.trailing
 
     def hyperparameters(self, point: FramePoint) -> dict[str, Any]:
         group = self.optimizer.param_groups[point.gi]
@@ -215,15 +239,80 @@ class GeooptSource:
         return {**hyper, "stiefel": GEOOPT_STIEFELS[self.manifold(point.param)]}
 
 
-def source_of(optimizer: Any) -> PortSource | GeooptSource:
-    """The source that reads ``optimizer``; TypeError or ValueError (with the reason) for one
-    whose rule has no reference."""
+class FramesSource(Source):
+    """Any other ``torch.optim.Optimizer``, given which of its parameters are frames: each a
+    (…, d, r) batch of points of St(d, r). It runs no rule a trace can name (the trace records
+    its class's name), so ``rattn audit --rule NAME`` replays it against the rule it claims.
+    Its counts are the steps the recorder saw (from 1 at ``record()``). Its state is every entry
+    of a frame's shape, under the optimizer's own keys: a claimed rule reads what it needs under
+    the library's names (``exp_avg``, ``sqrt_v``, ``momentum_buffer``), and a state the claim
+    needs and the optimizer does not keep is listed as not checked."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, points: Any) -> None:
+        self.optimizer, self.rule, self.completed = optimizer, type(optimizer).__name__, 0
+        where = {
+            id(p): (gi, pi)
+            for gi, group in enumerate(optimizer.param_groups)
+            for pi, p in enumerate(group["params"])
+        }
+        points = list(points)
+        if not points or len({id(p) for p in points}) != len(points):
+            raise ValueError("points= must name the optimizer's frames, each once")
+        self._points = []
+        for i, p in enumerate(points):
+            if id(p) not in where:
+                raise ValueError(f"points[{i}] is not a parameter of the optimizer")
+            _frames_shape(p, f"points[{i}]")
+            self._points.append(FramePoint(p, *where[id(p)]))
+
+    def counts(self) -> list[int]:
+        return [self.completed]
+
+    def points(self) -> list[FramePoint]:
+        return list(self._points)
+
+    def taken(self, point: FramePoint) -> int:
+        return self.completed
+
+    def stepped(self) -> None:
+        self.completed += 1
+
+    def spec(self, point: FramePoint) -> dict[str, Any]:
+        return point.spec()
+
+    def trailing(self, point: FramePoint) -> tuple[int, ...]:
+        return point.trailing
+
+    def hyperparameters(self, point: FramePoint) -> dict[str, Any]:
+        group = self.optimizer.param_groups[point.gi]
+        return {k: v for k, v in group.items() if k not in ("params", "param_names")}
+
+    def state_of(self, point: FramePoint) -> dict[str, Any]:
+        state = self.optimizer.state.get(point.key) or {}
+        shape = point.param.shape
+        return {k: v for k, v in state.items() if isinstance(v, torch.Tensor) and v.shape == shape}
+
+
+def source_of(optimizer: Any, points: Any = None) -> Source:
+    """The source that reads ``optimizer`` (``points``: the frames of an optimizer that is
+    neither the library's nor geoopt's); TypeError or ValueError, with the reason, for what
+    cannot be recorded."""
+    known = isinstance(optimizer, ChainOptimizer) or _geoopt_class(optimizer) is not None
+    if known and points is not None:
+        raise ValueError(
+            f"points= names the frames of another optimizer; {type(optimizer).__name__}'s "
+            "points are read from its parameter groups"
+        )
     if isinstance(optimizer, ChainOptimizer):
         return PortSource(optimizer)
-    if _geoopt_class(optimizer) is not None:
+    if known:
         return GeooptSource(optimizer)
-    raise TypeError(
-        "record() needs an optimizer of torch_port.optim (RiemannianAdam, RSGD, …) or geoopt's "
-        f"RiemannianAdam or RiemannianSGD, got {type(optimizer).__name__}; check another "
-        "optimizer against a rule it claims with rattn conform"
-    )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"record() needs a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if points is None:
+        raise ValueError(
+            f"{type(optimizer).__name__} is neither torch_port.optim's nor geoopt's: give "
+            "record(..., points=[...]) the parameters it steps as Stiefel frames, and audit "
+            "the trace with rattn audit --rule NAME, the rule it claims"
+        )
+    return FramesSource(optimizer, points)

@@ -149,6 +149,10 @@ class TraceError(ValueError):
     """A trace that cannot be replayed (named, with what is wrong)."""
 
 
+class MissingState(TraceError):
+    """The recorded state lacks an entry the rule needs."""
+
+
 #: The rules of ``proofs_checks.reference_rules`` that another library's optimizer runs (geoopt's:
 #: ``reference.field_rules``), recorded under their own names (``torch_port.audit_sources``).
 FIELD_RULES = ("geoopt_riemannian_adam", "geoopt_riemannian_sgd")
@@ -210,7 +214,8 @@ def reference_optimizer(optimizer: str, step: dict[str, Any]) -> Any:
     if optimizer not in REFERENCE_RULES:
         raise TraceError(
             f"no reference rule for optimizer {optimizer!r}; rattn audit replays "
-            f"{', '.join([*REFERENCE_RULES, *FIELD_RULES])}"
+            f"{', '.join([*REFERENCE_RULES, *FIELD_RULES])}, and any optimizer against the rule "
+            "it claims (--rule NAME)"
         )
     frames = step["geometry"]["name"] in FRAME_GEOMETRIES
     decay = 0.0 if frames else float(h.get("weight_decay", 0.0))
@@ -326,7 +331,7 @@ def reference_state(
     def fill(field: Any, key: str) -> Any:
         values = entries.get(key)
         if values is None:
-            raise TraceError(f"the recorded state has no {key!r}")
+            raise MissingState(f"the recorded state has no {key!r}")
         if isinstance(field, tuple) and all(isinstance(v, float) for v in field):  # √v per frame
             flat = np.concatenate([np.ravel(v) for v in values])
             if len(flat) != len(field):
@@ -346,7 +351,7 @@ def reference_state(
         """geoopt's second moment: one value per frame, kept broadcast over its entries."""
         values = entries.get(key)
         if values is None:
-            raise TraceError(f"the recorded state has no {key!r}")
+            raise MissingState(f"the recorded state has no {key!r}")
         a = np.asarray(values[0])
         return a if as_recorded else float(np.mean(a))
 
@@ -581,6 +586,9 @@ def _replay_record(
                 f"these sizes has {list(el.shapes)}"
             )
     opt = reference_optimizer(optimizer, step)
+    # an optimizer that is neither the library's nor geoopt's keeps its state under its own
+    # names (``FramesSource``): what the claimed rule needs and it lacks is not checked
+    unmapped = meta["optimizer"] not in RECORDED_AS.values()
     dtype = step["dtypes"][0]  # one of ``recorder.STORED``: ``check_trace`` refused others
     n, r = _dims(spec)
     h = step["hyperparameters"]
@@ -616,6 +624,14 @@ def _replay_record(
         entries = {key: _element_entries(el, v, j) for key, v in state.items()}
         try:
             st = reference_state(template, entries, step["step"] - 1)
+        except MissingState as err:
+            if claim is None:
+                raise TraceError(f"{where}, element {e}: {err}") from None
+            if unmapped:  # the step cannot be replayed without it; nothing is claimed
+                rows.append({**row, **_said("not auditable", f"not checked: {err}")})
+            else:
+                rows.append({**row, **_said("fail", f"the state is not the claimed rule's: {err}")})
+            continue
         except (TypeError, ValueError) as err:
             if claim is None:
                 raise TraceError(f"{where}, element {e}: {err}") from None
@@ -644,23 +660,29 @@ def _replay_record(
         kappa_step = max(kappa, amplification)
         bound = step_bound(dtype, delta, length, size, n, r, kappa_step, factoring)
         bound += amplification * delta
-        state_ratio, state_dev, state_entry = None, None, None
+        state_ratio, state_dev, state_entry, unchecked = None, None, None, None
         if deviation <= bound:  # else the row fails by its point (y may not even be one)
             yp = el.project(y)
             entries = {key: _element_entries(el, v, j) for key, v in after.items()}
             try:
                 recorded = reference_state(new_state, entries, step["step"], as_recorded=True)
+            except MissingState as err:
+                if not unmapped:
+                    message = f"{where}, element {e}, the state after the step: {err}"
+                    raise TraceError(message) from None
+                recorded, unchecked = None, f"the state was not checked: {err}"
             except (TypeError, ValueError) as err:
                 message = f"{where}, element {e}, the state after the step: {err}"
                 raise TraceError(message) from None
-            expected = new_state
-            if el.adapter.compares_matrix:
-                recorded = in_matrix_form(recorded, el.geometry, yp)
-                expected = in_matrix_form(new_state, el.geometry, y_ref)
-            kappa_state = max(kappa, el.conditioning(yp))
-            state_ratio, state_dev, state_entry = state_deviation(
-                recorded, expected, dtype, delta, deviation, n, r, kappa_state
-            )
+            if recorded is not None:
+                expected = new_state
+                if el.adapter.compares_matrix:
+                    recorded = in_matrix_form(recorded, el.geometry, yp)
+                    expected = in_matrix_form(new_state, el.geometry, y_ref)
+                kappa_state = max(kappa, el.conditioning(yp))
+                state_ratio, state_dev, state_entry = state_deviation(
+                    recorded, expected, dtype, delta, deviation, n, r, kappa_state
+                )
         row.update(
             projection=delta,
             conditioning=kappa,
@@ -671,6 +693,7 @@ def _replay_record(
             state_deviation=state_dev,
             state_ratio=state_ratio,
             state_entry=state_entry,
+            unchecked=unchecked,
         )
         # at lr 0 the port leaves the point as it is; another library may round it (geoopt's
         # QR retraction re-factors x), which the bound, checked first, covers
@@ -703,7 +726,7 @@ def verdict(row: dict[str, Any], *, lr_zero: bool, unchanged: bool) -> dict[str,
         return _said("fail", f"the point is off its manifold by {row['residual']:.1e}")
     if not (math.isfinite(dev) and math.isfinite(bound)) or dev > bound:
         return _said("fail", "the point after the step departs from the rule's")
-    if not state <= 1.0:  # NaN included
+    if row.get("unchecked") is None and not state <= 1.0:  # NaN included
         return _said(
             "fail", f"the state after the step departs from the rule's ({row['state_entry']})"
         )
@@ -718,7 +741,7 @@ def verdict(row: dict[str, Any], *, lr_zero: bool, unchanged: bool) -> dict[str,
         return _said(
             "not auditable", f"the bound is {ratio:.2g} of the step (a pass needs ≤ {RESOLUTION:g})"
         )
-    return _said("pass", None)
+    return _said("pass", row.get("unchecked"))
 
 
 def _said(what: str, reason: str | None) -> dict[str, Any]:
@@ -829,4 +852,6 @@ def row_ratio(row: dict[str, Any]) -> float:
     if row["deviation"] is None or not row["bound"]:
         return 0.0 if row["skipped"] else math.inf
     point = row["deviation"] / row["bound"]
-    return max(point, row["state_ratio"] if row["state_ratio"] is not None else math.inf)
+    if row["state_ratio"] is None:  # the state was not checked (listed), or the point failed
+        return point if row.get("unchecked") else math.inf
+    return max(point, row["state_ratio"])
