@@ -279,3 +279,27 @@ def test_a_step_with_a_closure_records_the_closures_gradient(tmp_path, set_to_no
     result = pa.audit(tmp_path / "c.npz")
     assert result["verdict"] == "passed", format_table(result)
     assert sorted({r["step"] for r in result["steps"]}) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("retraction", ["polar", "polar_svd", "qr", "exp"])
+def test_at_gpt2_head_size_every_retraction_flags_one_percent_of_lr(tmp_path, retraction):
+    """Two frames of St(768, 64) in float32 under Riemannian Adam at lr 1e-3, three steps: the
+    honest run passes, and the same trace claimed at lr ×1.01 fails at step 1 (the factoring
+    retractions' bound is the probabilistic one there: ``pa.factoring_constant``)."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.nn.Parameter(tp.Stiefel(768, 64).random_point(gen, (2,)).float())
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel", "retraction": retraction}], lr=1e-3
+    )
+    x = torch.randn(32, 768, generator=gen)
+    path = tmp_path / "big.npz"
+    with audit.record(opt, path, frames=1):
+        for _ in range(3):
+            opt.zero_grad()
+            (torch.einsum("bd,hdr->bhr", x, w) ** 2).sum().backward()
+            opt.step()
+    honest = pa.audit(path)
+    assert honest["verdict"] == "passed"
+    assert max(r["bound"] / r["step_length"] for r in honest["steps"]) < 0.01
+    claimed = pa.audit(path, claim=pa.Claim("riemannian_adam", {"lr": 1.01e-3}))
+    assert claimed["first_failure_step"] == 1
