@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torch_port.audit_layout import Layout, check_recordable
 from torch_port.audit_sources import source_of
 
 META = "meta.json"
@@ -70,13 +71,6 @@ def _jsonable(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [_jsonable(x) for x in v]
     raise TypeError
-
-
-def _elements(count: int, frames: int | None) -> list[int]:
-    """The indices of the elements kept: all, or ``frames`` of them evenly spaced."""
-    if frames is None or frames >= count:
-        return list(range(count))
-    return sorted({round(i * (count - 1) / max(frames - 1, 1)) for i in range(frames)})
 
 
 def parts_dir(path: Path) -> Path:
@@ -137,6 +131,14 @@ class Recorder:
             raise ValueError(
                 f"ranks must be a sequence of ranks (integers ≥ 0), got {self.ranks!r}"
             )
+        for point in self.source.points():  # shards the recorder cannot read are refused now
+            layout = Layout.of(point, len(self.source.trailing(point)), self.frames)
+            check_recordable(point, self.source.spec(point)["name"])
+            if layout.gather and self.ranks is not None:
+                raise ValueError(
+                    "frames sharded along their rows are gathered by every rank (a collective): "
+                    "record them on every rank (ranks=None)"
+                )
         if Path(self.path).is_dir():
             raise ValueError(f"{self.path}: a directory; record() needs a file path (e.g. run.npz)")
         self.rank = _rank()
@@ -175,10 +177,9 @@ class Recorder:
         spec = self.source.spec(point)
         return {**spec, "options": {k: _jsonable(v) for k, v in spec["options"].items()}}
 
-    def _keep(self, name: str, t: torch.Tensor, batch: int, kept: list[int]) -> None:
-        """Buffer t flattened over its ``batch`` leading dims, only the kept elements."""
-        t = t.reshape(-1, *t.shape[batch:])[kept] if batch else t[None]
-        self._buffer[name] = _array(t)
+    def _keep(self, name: str, t: torch.Tensor, layout: Layout) -> None:
+        """Buffer t flattened over its batch dims, only the kept elements, whole (``Layout``)."""
+        self._buffer[name] = _array(layout.kept_of(t))
 
     def _meta(self, steps: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -225,24 +226,21 @@ class Recorder:
             t = self.source.taken(point) + 1
             if t % self.every:
                 continue
-            x = point.value()
-            batch = x[0].ndim - len(self.source.trailing(point))
-            count = math.prod(x[0].shape[:batch])
-            kept = _elements(count, self.frames)
+            layout = Layout.of(point, len(self.source.trailing(point)), self.frames)
             k = len(self.steps) + len(self._pending)
-            for i, xi in enumerate(x):  # the gradients after the step: a closure makes them
-                self._keep(f"r{k}/x/{i}", xi, batch, kept)
-            keys = self._keep_state(f"r{k}/state", state, batch, kept)
-            self._pending.append((k, point, t, kept, batch, keys))
+            for i, xi in enumerate(layout.value(point)):  # the gradients after the step
+                self._keep(f"r{k}/x/{i}", xi, layout)
+            keys = self._keep_state(f"r{k}/state", state, layout)
+            self._pending.append((k, point, t, layout, keys))
 
-    def _keep_state(self, prefix: str, state: dict, batch: int, kept: list[int]) -> list[str]:
+    def _keep_state(self, prefix: str, state: dict, layout: Layout) -> list[str]:
         """Buffer every entry of a point's state (``Source.state_of``) under ``prefix``; their
         keys."""
         keys = sorted(state)
         for key in keys:
             value = state[key]
-            for i, part in enumerate(value if isinstance(value, tuple) else (value,)):
-                self._keep(f"{prefix}/{key}/{i}", part, batch, kept)
+            for i, part in enumerate(value if isinstance(value, tuple | list) else (value,)):
+                self._keep(f"{prefix}/{key}/{i}", part, layout)
         return keys
 
     def _nonfinite(self) -> bool:
@@ -261,7 +259,7 @@ class Recorder:
         nonfinite: bool | None = None
         first = len(self.steps)
         buffered, self._buffer = self._buffer, {}
-        for old, point, t, kept, batch, keys in self._pending:
+        for old, point, t, layout, keys in self._pending:
             if all(p.grad is None for p in point.params):
                 continue  # no gradient, not stepped (a closure may have made one since the start)
             k = len(self.steps)  # records are numbered as written
@@ -271,16 +269,15 @@ class Recorder:
             )
             state = self.source.state_of(point)
             done = self.source.taken(point) == t  # False when the step was skipped
-            x = point.value()
-            for i, gi in enumerate(point.grad()):  # as the step saw them (closures included)
-                self._keep(f"r{k}/g/{i}", gi, batch, kept)
+            for i, gi in enumerate(layout.grad(point)):  # as the step saw them (closures too)
+                self._keep(f"r{k}/g/{i}", gi, layout)
             if not done and nonfinite is None:
                 nonfinite = self._nonfinite()
             after_keys = []
             if done:
-                for i, y in enumerate(x):
-                    self._keep(f"r{k}/y/{i}", y, batch, kept)
-                after_keys = self._keep_state(f"r{k}/after", state, batch, kept)
+                for i, y in enumerate(layout.value(point)):
+                    self._keep(f"r{k}/y/{i}", y, layout)
+                after_keys = self._keep_state(f"r{k}/after", state, layout)
             group = self.optimizer.param_groups[point.gi]
             hyper = {}
             for name, v in self.source.hyperparameters(point).items():
@@ -299,8 +296,8 @@ class Recorder:
                     "names": [names[i] for i in point.pis] if names else None,
                     "geometry": self._spec(point),
                     "gradient": group.get("gradient", "riemannian"),
-                    "elements": kept,
-                    "batch": list(x[0].shape[:batch]),
+                    "elements": layout.elements,
+                    "batch": layout.batch,
                     "hyperparameters": hyper,
                     "dtypes": [str(p.dtype) for p in point.params],
                     "device": str(point.params[0].device),
