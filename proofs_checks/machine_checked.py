@@ -48,16 +48,32 @@ CLOSED = "Closed under the global context"
 
 
 @dataclass(frozen=True)
+class Control:
+    """A false variant of one lemma: ``old`` (which must occur exactly once in the file)
+    replaced by ``new`` makes the lemma's statement false; ``words`` say how."""
+
+    lemma: str
+    old: str
+    new: str
+    words: str
+
+
+@dataclass(frozen=True)
 class Proof:
-    """One check: its name, the lemmas of ``coq/Propositions.v`` it asserts, and its control,
-    in words, made by ``old`` replaced by ``new`` in the file (``old`` must occur exactly
-    once), which makes the statement false."""
+    """One check: its name, the lemmas of ``coq/Propositions.v`` it asserts, and one control
+    per lemma."""
 
     name: str
     lemmas: tuple[str, ...]
-    old: str
-    new: str
-    control: str
+    controls: tuple[Control, ...]
+
+    @property
+    def control(self) -> str:
+        return "; ".join(f"{c.lemma}: {c.words}" for c in self.controls) + ", in the proof file"
+
+
+def _hypothesis_removed(lemma: str, old: str, new: str, what: str = "WᵀW = I") -> Control:
+    return Control(lemma, old, new, f"the hypothesis {what} removed")
 
 
 #: The checks, by proposition.
@@ -65,44 +81,94 @@ PROOFS_BY_ID: dict[str, Proof] = {
     "GEO-stiefel": Proof(
         "P_W(Z) tangent, P_W idempotent and self-adjoint, every d ≥ r (Coq)",
         ("tangent_proj", "proj_idem", "proj_adjoint"),
-        "Lemma tangent_proj W Z : W^T *m W = 1%:M -> tangent W (proj W Z).",
-        "Lemma tangent_proj W Z : tangent W (proj W Z).",
-        "P_W(Z) claimed tangent without WᵀW = I, in the proof file",
+        (
+            _hypothesis_removed(
+                "tangent_proj",
+                "Lemma tangent_proj W Z : W^T *m W = 1%:M -> tangent W (proj W Z).",
+                "Lemma tangent_proj W Z : tangent W (proj W Z).",
+            ),
+            _hypothesis_removed(
+                "proj_idem",
+                "Lemma proj_idem W Z : W^T *m W = 1%:M -> proj W (proj W Z) = proj W Z.",
+                "Lemma proj_idem W Z : proj W (proj W Z) = proj W Z.",
+            ),
+            Control(
+                "proj_adjoint",
+                "\\tr ((proj W Z)^T *m Y) = \\tr (Z^T *m proj W Y).",
+                "\\tr ((proj W Z)^T *m Y) = \\tr (Z^T *m Y).",
+                "P_W dropped from one side",
+            ),
+        ),
     ),
     "RA-1": Proof(
         "⟨G, ξ⟩ = ⟨P_W(G), ξ⟩ for tangent ξ, every d ≥ r (Coq)",
         ("steepest",),
-        "Lemma steepest W G X : tangent W X ->",
-        "Lemma steepest W G X :",
-        "the tangency hypothesis on ξ removed, in the proof file",
+        (
+            _hypothesis_removed(
+                "steepest",
+                "Lemma steepest W G X : tangent W X ->",
+                "Lemma steepest W G X :",
+                "tangent ξ",
+            ),
+        ),
     ),
     "RA-3": Proof(
         "(W + ξ)ᵀ(W + ξ) = I + ξᵀξ, every d ≥ r (Coq)",
         ("gram_step",),
-        "Lemma gram_step W X : W^T *m W = 1%:M -> tangent W X ->",
-        "Lemma gram_step W X : W^T *m W = 1%:M ->",
-        "the tangency hypothesis on ξ removed, in the proof file",
+        (
+            _hypothesis_removed(
+                "gram_step",
+                "Lemma gram_step W X : W^T *m W = 1%:M -> tangent W X ->",
+                "Lemma gram_step (W X : 'M[R]_(d, r)) : W^T *m W = 1%:M ->",
+                "tangent ξ",
+            ),
+        ),
     ),
     "RA-5": Proof(
         "P_W(W) = 0 and P_W(G + cW) = P_W(G), every d ≥ r (Coq)",
         ("proj_self", "coupled_decay"),
-        "Lemma proj_self W : W^T *m W = 1%:M -> proj W W = 0.",
-        "Lemma proj_self W : proj W W = 0.",
-        "the hypothesis WᵀW = I removed, in the proof file",
+        (
+            _hypothesis_removed(
+                "proj_self",
+                "Lemma proj_self W : W^T *m W = 1%:M -> proj W W = 0.",
+                "Lemma proj_self W : proj W W = 0.",
+            ),
+            _hypothesis_removed(
+                "coupled_decay",
+                "Lemma coupled_decay W G (c : R) : W^T *m W = 1%:M -> proj W (G + c *: W)",
+                "Lemma coupled_decay W G (c : R) : proj W (G + c *: W)",
+            ),
+        ),
     ),
     "RA-6": Proof(
         "skew(W_QᵀHW_K + W_KᵀHᵀW_Q) = 0 and the gauge orbit, every d ≥ r (Coq)",
         ("gauge_gradient", "gauge_orbit"),
-        "WK^T *m (H^T *m WQ)) = 0.",
-        "WK^T *m (H *m WQ)) = 0.",
-        "a transpose moved in the gradient of W_K (Hᵀ W_Q → H W_Q), in the proof file",
+        (
+            Control(
+                "gauge_gradient",
+                "WK^T *m (H^T *m WQ)) = 0.",
+                "WK^T *m (H *m WQ)) = 0.",
+                "a transpose moved in the gradient of W_K (Hᵀ W_Q → H W_Q)",
+            ),
+            _hypothesis_removed(
+                "gauge_orbit",
+                "Q *m Q^T = 1%:M -> (WQ *m Q) *m (WK *m Q)^T = WQ *m WK^T.",
+                "(WQ *m Q) *m (WK *m Q)^T = WQ *m WK^T.",
+                "Q Qᵀ = I",
+            ),
+        ),
     ),
     "R1/P1": Proof(
         "Uᵀ(I − UUᵀ)A = 0: the projected factors are orthogonal to U, V (Coq)",
         ("complement_orthogonal",),
-        "U^T *m U = 1%:M -> U^T *m (A - U *m (U^T *m A)) = 0.",
-        "U^T *m (A - U *m (U^T *m A)) = 0.",
-        "the hypothesis UᵀU = I removed, in the proof file",
+        (
+            _hypothesis_removed(
+                "complement_orthogonal",
+                "U^T *m U = 1%:M -> U^T *m (A - U *m (U^T *m A)) = 0.",
+                "U^T *m (A - U *m (U^T *m A)) = 0.",
+                "UᵀU = I",
+            ),
+        ),
     ),
 }
 
@@ -126,11 +192,33 @@ def source() -> str:
     return PROOFS.read_text(encoding="utf-8")
 
 
-def variant(text: str, proof: Proof) -> str:
-    """The file with the control's statement: ``proof.old`` (exactly once) replaced."""
-    if text.count(proof.old) != 1:
-        raise ValueError(f"control text {proof.old!r} occurs {text.count(proof.old)} times")
-    return text.replace(proof.old, proof.new)
+def variant(text: str, control: Control) -> str:
+    """The file with the control's statement: ``control.old`` (exactly once) replaced."""
+    if text.count(control.old) != 1:
+        raise ValueError(f"control text {control.old!r} occurs {text.count(control.old)} times")
+    return text.replace(control.old, control.new)
+
+
+def proof_lines(text: str, lemma: str) -> range:
+    """The lines (from 1) of ``lemma``'s proof in ``text``: from its ``Proof.`` to its
+    ``Qed.`` (an error on the statement's own lines is a slip, not a refutation)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"Lemma {lemma} "))
+    start = next(i for i in range(start, len(lines)) if "Proof." in lines[i])
+    end = next(i for i in range(start, len(lines)) if "Qed." in lines[i])
+    return range(start + 1, end + 2)
+
+
+def refuted(text: str, control: Control) -> tuple[bool, str]:
+    """(whether Coq rejects the false variant inside its own proof, coqc's status): the file
+    with ``control`` applied must fail to compile at a line of that lemma's proof, so that
+    neither a slip (a syntax or type error, elsewhere or in the statement) nor the statement
+    pin (which any edit trips) can stand in for Coq finding the statement unprovable."""
+    changed = variant(text, control)
+    _, status = closed_lemmas(changed, (control.lemma,))
+    where = re.match(r"does not compile \(line (\d+)", status)
+    inside = where is not None and int(where.group(1)) in proof_lines(changed, control.lemma)
+    return inside, status
 
 
 def _with_queries(text: str, lemmas: tuple[str, ...], nonce: str) -> str:
@@ -258,7 +346,7 @@ def _warm() -> None:
     mostly MathComp's loading, single-threaded)."""
     text = source()
     jobs = [(text, p.lemmas) for p in PROOFS_BY_ID.values()]
-    jobs += [(variant(text, p), p.lemmas) for p in PROOFS_BY_ID.values()]
+    jobs += [(variant(text, c), (c.lemma,)) for p in PROOFS_BY_ID.values() for c in p.controls]
     with ThreadPoolExecutor() as pool:
         list(pool.map(lambda job: closed_lemmas(*job), jobs))
 
@@ -289,33 +377,46 @@ def coq_versions() -> dict[str, str | None]:
 def check(key: str) -> Callable[[Context, bool], Outcome]:
     """The machine-checked check of ``PROOFS_BY_ID[key]``: residual the number of its lemmas
     not closed under the global context (all of them when the file does not compile),
-    tolerance 0. Control: the same on the file with the statement made false."""
+    tolerance 0. Control: each lemma's false variant (``Proof.controls``) must be refuted by
+    Coq inside that lemma (``refuted``); residual the number refuted, tolerance one fewer than
+    the controls, so the control is rejected only when every variant is."""
     proof = PROOFS_BY_ID[key]
 
     def run(ctx: Context, wrong: bool) -> Outcome:
-        """Compile ``coq/Propositions.v`` with coqc (the control: with ``proof.old`` replaced
-        by ``proof.new``) and ask Coq for the assumptions of each lemma of the check; residual:
-        the lemmas not closed under the global context, tolerance 0."""
+        """Compile ``coq/Propositions.v`` with coqc and ask Coq for the assumptions of each
+        lemma of the check (the control: compile each lemma's false variant); residual and
+        tolerance as in ``check``."""
         _warm()
         text = source()
-        closed, status = closed_lemmas(variant(text, proof) if wrong else text, proof.lemmas)
-        missing = [name for name in proof.lemmas if name not in closed]
         versions = coq_versions()
+        exercised = {
+            "sizes": "every d ≥ r (and m, k) over any numFieldType",
+            "dtypes": "exact (Coq's kernel)",
+            "seeds": "none (a proof)",
+            "lemmas": ", ".join(proof.lemmas),
+            "tools": f"Coq {versions['coq']}, MathComp {versions['mathcomp']}",
+            "proof file": f"{PROOFS.name} sha256 " + hashlib.sha256(text.encode()).hexdigest()[:16],
+        }
+        if wrong:
+            verdicts = [(c, *refuted(text, c)) for c in proof.controls]
+            held = [c.lemma for c, inside, _ in verdicts if not inside]
+            return Outcome(
+                bool(held),
+                float(len(verdicts) - len(held)),
+                float(len(verdicts) - 1),
+                "; ".join(f"{c.lemma}: {status}" for c, _, status in verdicts)
+                + (f"; not refuted inside its lemma: {', '.join(held)}" if held else ""),
+                exercised=exercised,
+            )
+        closed, status = closed_lemmas(text, proof.lemmas)
+        missing = [name for name in proof.lemmas if name not in closed]
         return Outcome(
             not missing,
             float(len(missing)),
             0.0,
             f"{PROOFS.name} {status}; "
             + (f"not closed: {', '.join(missing)}" if missing else "every lemma closed"),
-            exercised={
-                "sizes": "every d ≥ r (and m, k) over any numFieldType",
-                "dtypes": "exact (Coq's kernel)",
-                "seeds": "none (a proof)",
-                "lemmas": ", ".join(proof.lemmas),
-                "tools": f"Coq {versions['coq']}, MathComp {versions['mathcomp']}",
-                "proof file": f"{PROOFS.name} sha256 "
-                + hashlib.sha256(text.encode()).hexdigest()[:16],
-            },
+            exercised=exercised,
         )
 
     run.__name__ = f"machine_checked_{key.replace('-', '_').replace('/', '_')}"

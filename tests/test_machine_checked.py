@@ -43,23 +43,72 @@ def test_no_other_proposition_claims_a_machine_checked_check() -> None:
     assert carriers == set(CARRIERS)
 
 
+CONTROLS = [(key, c) for key, p in sorted(mc.PROOFS_BY_ID.items()) for c in p.controls]
+
+
 @pytest.mark.parametrize("key", sorted(mc.PROOFS_BY_ID))
-def test_every_control_text_occurs_once_and_changes_the_file(key) -> None:
+def test_every_lemma_has_one_control(key) -> None:
     proof = mc.PROOFS_BY_ID[key]
+    assert [c.lemma for c in proof.controls] == list(proof.lemmas)
+
+
+@pytest.mark.parametrize(("key", "control"), CONTROLS, ids=[c.lemma for _, c in CONTROLS])
+def test_every_control_text_occurs_once_and_changes_the_file(key, control) -> None:
     text = mc.source()
-    assert text.count(proof.old) == 1
-    assert mc.variant(text, proof) != text
+    assert text.count(control.old) == 1
+    assert mc.variant(text, control) != text
     with pytest.raises(ValueError, match="occurs 0 times"):
-        mc.variant(text.replace(proof.old, "(* gone *)"), proof)
+        mc.variant(text.replace(control.old, "(* gone *)"), control)
+
+
+@needs_coq
+@pytest.mark.parametrize(("key", "control"), CONTROLS, ids=[c.lemma for _, c in CONTROLS])
+def test_each_false_variant_is_refuted_inside_its_own_proof(key, control) -> None:
+    inside, status = mc.refuted(mc.source(), control)
+    assert inside, status
+
+
+@needs_coq
+@pytest.mark.parametrize(
+    ("control", "why"),
+    [
+        # a slip in another lemma: the file fails, but not in proj_idem's proof
+        (mc.Control("proj_idem", "Lemma symD A B :", "Lemma symD A B C :", "slip"), "elsewhere"),
+        # an ill-typed statement: fails on the statement's line, not in the proof
+        (
+            mc.Control(
+                "proj_idem",
+                "proj W (proj W Z) = proj W Z.",
+                "proj W (proj W Z) = W^T.",
+                "ill-typed",
+            ),
+            "statement",
+        ),
+        # a true variant (a hypothesis added): it still compiles, nothing is refuted
+        (
+            mc.Control(
+                "proj_idem",
+                "Lemma proj_idem W Z : W^T *m W = 1%:M ->",
+                "Lemma proj_idem W Z : W^T *m W = 1%:M -> Z = Z ->",
+                "true",
+            ),
+            "true",
+        ),
+    ],
+)
+def test_a_variant_that_fails_for_another_reason_is_no_refutation(control, why) -> None:
+    inside, status = mc.refuted(mc.source(), control)
+    assert not inside, (why, status)
 
 
 @needs_coq
 @pytest.mark.parametrize("key", sorted(mc.PROOFS_BY_ID))
-def test_the_proof_passes_and_its_false_variant_fails(key) -> None:
+def test_the_proof_passes_and_its_false_variants_fail(key) -> None:
     run = mc.check(key)
     good, bad = run(CTX, False), run(CTX, True)
     assert good.passed and good.residual == 0 and good.tolerance == 0
-    assert not bad.passed and bad.residual >= 1
+    n = len(mc.PROOFS_BY_ID[key].controls)
+    assert not bad.passed and bad.residual == n and bad.tolerance == n - 1
     assert dict(good.exercised)["lemmas"] == ", ".join(mc.PROOFS_BY_ID[key].lemmas)
 
 

@@ -114,7 +114,9 @@ class Layout:
         t = local(t)
         whole = list(t.shape[: self.n_batch]) == self.batch  # replicated, or not sharded
         flat = t.reshape(-1, *t.shape[self.n_batch :]) if self.n_batch else t[None]
-        return flat[self.elements if whole else self.local]
+        index = self.elements if whole else self.local
+        # every element: the tensor itself (a view; the recorder's ``_array`` makes the copy)
+        return flat if index == list(range(len(flat))) else flat[index]
 
     def _gathered(self, t: Any) -> torch.Tensor:
         """The kept elements of a DTensor sliced along a trailing dim: this rank's slices of
