@@ -172,3 +172,31 @@ def test_plain_state_dict_loads_into_a_plain_model_with_the_same_logits(family, 
     fresh.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
         assert not torch.allclose(fresh(TOKENS).logits, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize(("qk", "vo"), [("stiefel", "fixed_rank_embedded")])
+def test_audit_rows_name_the_converted_factors(qk, vo, tmp_path):
+    """A converted GPT-2's frames and points are labelled as a reader knows them (module path,
+    then W_Q, W_K, W_V, W_O, S_VO), and ``rattn audit``'s rows say so, not
+    "….c_attn.parametrizations.weight.original1"."""
+    from proofs_checks.port_compare import audit as pa
+    from proofs_checks.port_compare.audit_report import format_table
+    from torch_port import audit
+    from torch_port.nn import build_optimizer
+
+    model = gpt2().double()
+    riemannian_attention(model, qk, vo)
+    opt = build_optimizer(model, lr=1e-3)
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0)
+    )
+    with audit.record(opt, tmp_path / "gpt2.npz", frames=1):
+        opt.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+    result = pa.audit(tmp_path / "gpt2.npz")
+    names = {", ".join(r["names"]) for r in result["steps"]}
+    assert {"transformer.h.0.attn W_Q", "transformer.h.1.attn W_K"} <= names
+    assert "transformer.h.0.attn W_O, transformer.h.0.attn S_VO, transformer.h.0.attn W_V" in names
+    assert "| transformer.h.0.attn W_O, S_VO, W_V |" in format_table(result)
+    assert not any("parametrizations" in n for n in names)

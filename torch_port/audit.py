@@ -50,6 +50,7 @@ import torch
 
 from torch_port.audit_layout import Layout, check_recordable
 from torch_port.audit_sources import source_of
+from torch_port.optim.groups import label_of
 
 META = "meta.json"
 #: The code of torch's wrapper around every optimizer class's ``step`` (which runs the hooks).
@@ -286,6 +287,10 @@ class Recorder:
                 except TypeError:
                     hyper[name] = repr(v)
             names = group.get("param_names")
+            labels = [label_of(p) for p in point.params]  # a conversion's W_Q, W_K, …
+            point_names = (
+                labels if all(labels) else [names[i] for i in point.pis] if names else None
+            )
             self.steps.append(
                 {
                     "record": k,
@@ -293,7 +298,7 @@ class Recorder:
                     "taken": done,
                     "group": point.gi,
                     "params": point.pis,
-                    "names": [names[i] for i in point.pis] if names else None,
+                    "names": point_names,
                     "geometry": self._spec(point),
                     "gradient": group.get("gradient", "riemannian"),
                     "elements": layout.elements,

@@ -30,8 +30,15 @@ def _num(v: float | None) -> str:
 
 
 def _parameter(row: dict[str, Any]) -> str:
-    """The parameter(s) holding a point: their names, else their indices in the group."""
-    return ", ".join(row["names"]) if row["names"] else ", ".join(map(str, row["params"]))
+    """The parameter(s) holding a point: their names (the module said once for labels such as
+    "transformer.h.0.attn W_O", "… S_VO", "… W_V"), else their indices in the group."""
+    names = row["names"]
+    if not names:
+        return ", ".join(map(str, row["params"]))
+    modules = {n.rpartition(" ")[0] for n in names}
+    if len(modules) == 1 and all(" " in n for n in names):
+        return f"{modules.pop()} {', '.join(n.rpartition(' ')[2] for n in names)}"
+    return ", ".join(names)
 
 
 def _claimed(result: dict[str, Any]) -> str:

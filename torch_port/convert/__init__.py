@@ -84,7 +84,7 @@ from torch_port.convert.points import WIDE, change, map_bias, per_query, product
 from torch_port.convert.structures import Attention, Slot, check_unshared, recognise
 from torch_port.convert.weights import AssembledWeight, linear_view, split, to_heads
 from torch_port.nn import RiemannianMultiheadAttention, _resolve_geometry
-from torch_port.optim.groups import _join, tag_frame
+from torch_port.optim.groups import _join, tag_frame, tag_label
 from torch_port.optim.sharding import is_sharded
 
 Tensor = torch.Tensor
@@ -252,6 +252,10 @@ def _apply(plan: _Plan) -> Conversion:
     for product, kinds in plan.kinds.items():
         row, col = PRODUCTS[product]
         by_kind = {"row": names[row][0], "core": names[row][-1], "col": names[col][0]}
+        labels = {"row": f"W_{row.upper()}", "core": f"S_{product.upper()}"}
+        labels["col"] = f"W_{col.upper()}"
+        for kind in kinds:  # the names a reader knows, for reports
+            tag_label(module.get_parameter(by_kind[kind]), f"{plan.name} {labels[kind]}".strip())
         geometry = plan.geometries[product]
         if geometry == "stiefel":
             for local in (by_kind["row"], by_kind["col"]):

@@ -21,6 +21,8 @@ from torch_port.optim.presets import RiemannianAdam
 
 #: The attribute that tags a parameter with its geometry (read by ``build_optimizer``).
 GEOMETRY_ATTR = "_rattn_geometry"
+#: The attribute that names a parameter as its user knows it (``tag_label``).
+LABEL_ATTR = "_rattn_label"
 
 
 def tag_frame(param: nn.Parameter, geometry: str = "stiefel") -> nn.Parameter:
@@ -34,6 +36,19 @@ def tag_frame(param: nn.Parameter, geometry: str = "stiefel") -> nn.Parameter:
     instead (module docstring)."""
     setattr(param, GEOMETRY_ATTR, geometry)
     return param
+
+
+def tag_label(param: nn.Parameter, label: str) -> nn.Parameter:
+    """Name ``param`` as its user knows it (e.g. ``"transformer.h.0.attn W_Q"`` for the query
+    factor a conversion made), for reports such as ``rattn audit``'s rows; an attribute, kept
+    as ``tag_frame``'s is."""
+    setattr(param, LABEL_ATTR, label)
+    return param
+
+
+def label_of(param: Tensor) -> str | None:
+    """The label ``tag_label`` gave ``param`` (None without one)."""
+    return getattr(param, LABEL_ATTR, None)
 
 
 def frame_geometry(param: Tensor) -> str | None:
