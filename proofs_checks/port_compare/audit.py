@@ -659,8 +659,12 @@ def _replay_record(
             raise TraceError(message) from None
         y = el.point(y_parts, j)
         c_ref, c_x = el.compared(y_ref), el.compared(xp)
-        deviation = float(np.linalg.norm(el.compared(y) - c_ref))
+        error = el.compared(y) - c_ref
+        deviation = float(np.linalg.norm(error))
         length = float(np.linalg.norm(c_ref - c_x))
+        # the deviation's component along the exact step, relative to it (a step taken with
+        # lr·(1 + δ) has δ here): the evidence ``pooled`` gathers over frames and steps
+        along = float(error @ (c_ref - c_x)) / length**2 if length > 0 else None
         kappa = max(el.conditioning(xp), el.conditioning(y_ref))
         amplification = 0.0
         if h.get("moment") == "elementwise":
@@ -703,6 +707,7 @@ def _replay_record(
             conditioning=kappa,
             step_length=length,
             deviation=deviation,
+            along=along,
             bound=bound,
             bounded=length <= LARGEST_STEP,
             state_deviation=state_dev,
