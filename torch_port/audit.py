@@ -146,7 +146,7 @@ class Recorder:
         self.path = rank_path(self.path, self.rank)
         self.parts = parts_dir(self.path)
         self.active = self.ranks is None or (self.rank or 0) in self.ranks
-        self._pending: list[tuple[int, Any, int, list[int], int, list[str]]] = []
+        self._pending: list[tuple[int, Any, int, Layout, list[str]]] = []
         self._buffer: dict[str, np.ndarray] = {}
         self._handles = []
         self._open = False

@@ -173,7 +173,22 @@ def _geoopt_class(optimizer: Any) -> str | None:
     return None
 
 
-class GeooptSource(Source):
+class FrameParamsSource(Source):
+    """A source whose points are parameters of frames, each stepped on its own."""
+
+    _points: list[FramePoint]
+
+    def points(self) -> list[FramePoint]:
+        return list(self._points)
+
+    def spec(self, point: FramePoint) -> dict[str, Any]:
+        return point.spec()
+
+    def trailing(self, point: FramePoint) -> tuple[int, ...]:
+        return point.trailing
+
+
+class GeooptSource(FrameParamsSource):
     """geoopt's ``RiemannianAdam`` and ``RiemannianSGD`` on its Stiefel manifolds (module
     docstring: which parameters are points, and the state mapping)."""
 
@@ -221,17 +236,8 @@ class GeooptSource(Source):
     def counts(self) -> list[int]:
         return [self._count(point) for point in self._points]
 
-    def points(self) -> list[FramePoint]:
-        return list(self._points)
-
     def taken(self, point: FramePoint) -> int:
         return self._count(point)
-
-    def spec(self, point: FramePoint) -> dict[str, Any]:
-        return point.spec()
-
-    def trailing(self, point: FramePoint) -> tuple[int, ...]:
-        return point.trailing
 
     def hyperparameters(self, point: FramePoint) -> dict[str, Any]:
         group = self.optimizer.param_groups[point.gi]
@@ -239,7 +245,7 @@ class GeooptSource(Source):
         return {**hyper, "stiefel": GEOOPT_STIEFELS[self.manifold(point.param)]}
 
 
-class FramesSource(Source):
+class FramesSource(FrameParamsSource):
     """Any other ``torch.optim.Optimizer``, given which of its parameters are frames: each a
     (…, d, r) batch of points of St(d, r). It runs no rule a trace can name (the trace records
     its class's name), so ``rattn audit --rule NAME`` replays it against the rule it claims.
@@ -268,20 +274,11 @@ class FramesSource(Source):
     def counts(self) -> list[int]:
         return [self.completed]
 
-    def points(self) -> list[FramePoint]:
-        return list(self._points)
-
     def taken(self, point: FramePoint) -> int:
         return self.completed
 
     def stepped(self) -> None:
         self.completed += 1
-
-    def spec(self, point: FramePoint) -> dict[str, Any]:
-        return point.spec()
-
-    def trailing(self, point: FramePoint) -> tuple[int, ...]:
-        return point.trailing
 
     def hyperparameters(self, point: FramePoint) -> dict[str, Any]:
         group = self.optimizer.param_groups[point.gi]

@@ -662,8 +662,8 @@ def _replay_record(
         error = el.compared(y) - c_ref
         deviation = float(np.linalg.norm(error))
         length = float(np.linalg.norm(c_ref - c_x))
-        # the deviation's component along the exact step, relative to it (a step taken with
-        # lr·(1 + δ) has δ here): the evidence ``pooled`` gathers over frames and steps
+        # the deviation's component along the exact step, relative to it: a step taken with
+        # (1 + δ) times the rule's lr has δ here, to first order in the step
         along = float(error @ (c_ref - c_x)) / length**2 if length > 0 else None
         kappa = max(el.conditioning(xp), el.conditioning(y_ref))
         amplification = 0.0
