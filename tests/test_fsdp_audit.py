@@ -30,10 +30,15 @@ def _worker(rank: int, out: str) -> None:
     from torch_port import audit
     from torch_port.nn import RiemannianMultiheadAttention
 
+    seed = int(Path(out, "seed").read_text()) if Path(out, "seed").exists() else 0
     x, y = f._data()
+    if seed:  # another batch (and VO frames) for each seed
+        data = torch.Generator().manual_seed(100 + seed)
+        x = torch.randn(x.shape, generator=data, dtype=f.F64)
+        y = torch.randn(y.shape, generator=data, dtype=f.F64)
     shard = slice(rank * f.BATCH // f.WORLD, (rank + 1) * f.BATCH // f.WORLD)
     model = f._model()
-    gen = torch.Generator().manual_seed(3)
+    gen = torch.Generator().manual_seed(3 + seed)
     model.a1 = RiemannianMultiheadAttention(
         16, 4, n_kv_heads=2, vo_geometry="stiefel", generator=gen, dtype=f.F64
     )
@@ -89,6 +94,20 @@ def test_each_rank_records_its_whole_frames_and_the_audit_passes(tmp_path) -> No
     edited = tmp_path / "edited.npz"
     np.savez(edited, **arrays, **{"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)})
     assert pa.audit(edited)["first_failure_step"] == 2
+
+
+@needs_gloo
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 20))
+def test_honest_fsdp_runs_pass_over_seeds(tmp_path, seed) -> None:
+    """Nineteen more batches and VO frames: both ranks' traces PASSED, every row passing."""
+    from proofs_checks.port_compare import audit as pa
+
+    (tmp_path / "seed").write_text(str(seed))
+    run_workers(__file__, 2, tmp_path, timeout=240, what="FSDP audit")
+    for rank in (0, 1):
+        result = pa.audit(tmp_path / f"run.rank{rank}.npz")
+        assert result["verdict"] == "passed", (seed, rank, result["counts"])
 
 
 @needs_gloo
