@@ -133,3 +133,34 @@ def test_dev_null_is_never_written_over(tmp_path) -> None:
     with pytest.raises(ValueError, match="not a regular file"):
         audit.record(opt, "/dev/null")
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+
+
+def test_a_compiled_capturable_step_records_and_fullgraph_says_why_not(tmp_path) -> None:
+    """``torch.compile(opt.step)`` of the capturable step (trust radius 0.5) records every step
+    (the hooks run eagerly, as graph breaks) and passes; with ``fullgraph=True`` there can be no
+    graph break, and torch refuses to call the recorder's hooks (Dynamo's ``Unsupported``,
+    naming ``torch.compiler.disable``), before any step is taken."""
+    import torch_port as tp
+    from proofs_checks.port_compare import audit as pa
+    from torch_port import audit
+
+    def run(path, fullgraph):
+        gen = torch.Generator().manual_seed(0)
+        w = torch.nn.Parameter(tp.Stiefel(7, 3).random_point(gen, (2,)).double())
+        opt = tp.RiemannianAdam(
+            [{"params": [w], "geometry": "stiefel"}], lr=1e-2, capturable=True, trust_radius=0.5
+        )
+        step = torch.compile(opt.step, fullgraph=fullgraph)
+        with audit.record(opt, path):
+            for _ in range(3):
+                opt.zero_grad()
+                (w**3).sum().backward()
+                step()
+        return w
+
+    run(tmp_path / "c.npz", fullgraph=False)
+    result = pa.audit(tmp_path / "c.npz")
+    assert result["verdict"] == "passed" and result["counts"]["pass"] == 6
+    torch._dynamo.reset()  # a fresh compile: the one above is cached on the same code
+    with pytest.raises(Exception, match="compiler.disable"):
+        run(tmp_path / "f.npz", fullgraph=True)
