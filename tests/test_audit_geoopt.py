@@ -61,10 +61,8 @@ def _honest(path, option: str, seed: int = 0, canonical: bool = True, dtype=torc
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 def test_honest_geoopt_runs_pass(tmp_path, option, canonical, dtype) -> None:
     result = pa.audit(_honest(tmp_path / "run.npz", option, 0, canonical, dtype))
-    assert (
-        result["optimizer"]
-        == pa.RECORDED_AS[f"geoopt_riemannian_{OPTIONS[option][0][10:].lower()}"]
-    )
+    rule = "geoopt_riemannian_adam" if option.startswith("adam") else "geoopt_riemannian_sgd"
+    assert result["optimizer"] == rule
     assert result["verdict"] == "passed", [r["reason"] for r in result["steps"] if not r["passed"]]
     assert result["counts"]["pass"] == 2 * STEPS  # both frames at every step
 
@@ -164,7 +162,7 @@ def test_a_wrong_optimizer_fails_at_its_step(tmp_path, wrong, dtype, by) -> None
     assert result["verdict"] == "failed" and result["first_failure_step"] == T
     failed = [r for r in result["steps"] if r["verdict"] == "fail"]
     assert {r["step"] for r in failed} == {T}  # the later steps start from what was recorded
-    assert all(by in r["reason"] or (by == "point" and "point" in r["reason"]) for r in failed)
+    assert all(by in r["reason"] for r in failed)
 
 
 def test_a_sampled_geoopt_run_checks_each_recorded_state(tmp_path) -> None:

@@ -134,12 +134,7 @@ class Recorder:
             )
         for point in self.source.points():  # shards the recorder cannot read are refused now
             layout = Layout.of(point, len(self.source.trailing(point)), self.frames)
-            check_recordable(point, self.source.spec(point)["name"])
-            if layout.gather and self.ranks is not None:
-                raise ValueError(
-                    "frames sharded along their rows are gathered by every rank (a collective): "
-                    "record them on every rank (ranks=None)"
-                )
+            check_recordable(point, self.source.spec(point)["name"], layout, self.ranks)
         if Path(self.path).is_dir():
             raise ValueError(f"{self.path}: a directory; record() needs a file path (e.g. run.npz)")
         self.rank = _rank()

@@ -40,26 +40,6 @@ def _shard_dims(t: torch.Tensor) -> list[int]:
     return [p.dim for p in t.placements if p.is_shard()]
 
 
-def check_recordable(point: Any, geometry: str) -> None:
-    """ValueError when a point's sharding is one the recorder cannot read: a device mesh of
-    more than one dimension, or a block point whose heads are sharded (each rank's shard is a
-    point of a smaller block geometry, whose state the recorder does not yet map)."""
-    for p in point.params:
-        if not is_sharded(p):
-            continue
-        if p.device_mesh.ndim != 1:
-            raise ValueError(
-                f"a parameter on a {p.device_mesh.ndim}-dimensional device mesh: the recorder "
-                "reads shards of one-dimensional meshes"
-            )
-        if geometry.startswith("block_"):
-            raise ValueError(
-                f"a {geometry!r} point sharded along its heads: the recorder keeps whole "
-                "points, and does not yet read a block point's shards (record the frames, "
-                "or keep block points unsharded)"
-            )
-
-
 @dataclass(frozen=True)
 class Layout:
     """How one point's tensors are read: its ``batch`` dims (their global shape), the local
@@ -136,3 +116,29 @@ class Layout:
         pieces = [torch.empty_like(padded) for _ in range(world)]
         torch.distributed.all_gather(pieces, padded, group=group)
         return torch.cat([q.narrow(dim, 0, n) for q, n in zip(pieces, sizes, strict=True)], dim)
+
+
+def check_recordable(point: Any, geometry: str, layout: Layout, ranks: Any) -> None:
+    """ValueError when a point's sharding is one the recorder cannot read: a device mesh of
+    more than one dimension, a block point whose heads are sharded (each rank's shard is a
+    point of a smaller block geometry, whose state the recorder does not yet map), or frames
+    sliced along their rows, which every rank gathers, recorded on some ranks only."""
+    if layout.gather and ranks is not None:
+        raise ValueError(
+            "frames sharded along their rows are gathered by every rank (a collective): "
+            "record them on every rank (ranks=None)"
+        )
+    for p in point.params:
+        if not is_sharded(p):
+            continue
+        if p.device_mesh.ndim != 1:
+            raise ValueError(
+                f"a parameter on a {p.device_mesh.ndim}-dimensional device mesh: the recorder "
+                "reads shards of one-dimensional meshes"
+            )
+        if geometry.startswith("block_"):
+            raise ValueError(
+                f"a {geometry!r} point sharded along its heads: the recorder keeps whole "
+                "points, and does not yet read a block point's shards (record the frames, "
+                "or keep block points unsharded)"
+            )

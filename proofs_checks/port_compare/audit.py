@@ -210,11 +210,9 @@ def reference_optimizer(optimizer: str, step: dict[str, Any]) -> Any:
     if optimizer in FIELD_RULES:
         spec = reference_rules.rule_spec(optimizer)
         own = {k: h[k] for k in spec.parameters() if k in h}
-        if "betas" in own:
-            own["betas"] = tuple(own["betas"])
-        try:
-            return spec.constructor()(**own)
-        except (TypeError, ValueError) as err:
+        try:  # its own geometry (geoopt's Stiefel, named by "stiefel"): none to bind
+            return spec.bind_to(own, None).rule
+        except ValueError as err:
             message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
             raise TraceError(message) from None
     if optimizer not in REFERENCE_RULES:
@@ -334,10 +332,13 @@ def reference_state(
     frame's entries (which a vectorised update may round differently), enter a step as their
     mean and are compared ``as_recorded``, entry by entry."""
 
-    def fill(field: Any, key: str) -> Any:
-        values = entries.get(key)
-        if values is None:
+    def recorded(key: str) -> list[Any]:
+        if key not in entries:
             raise MissingState(f"the recorded state has no {key!r}")
+        return entries[key]
+
+    def fill(field: Any, key: str) -> Any:
+        values = recorded(key)
         if isinstance(field, tuple) and all(isinstance(v, float) for v in field):  # √v per frame
             flat = np.concatenate([np.ravel(v) for v in values])
             if len(flat) != len(field):
@@ -355,10 +356,7 @@ def reference_state(
 
     def per_frame(key: str) -> Any:
         """geoopt's second moment: one value per frame, kept broadcast over its entries."""
-        values = entries.get(key)
-        if values is None:
-            raise MissingState(f"the recorded state has no {key!r}")
-        a = np.asarray(values[0])
+        a = np.asarray(recorded(key)[0])
         return a if as_recorded else float(np.mean(a))
 
     def build(t: Any) -> Any:
@@ -639,18 +637,13 @@ def _replay_record(
         entries = {key: _element_entries(el, v, j) for key, v in state.items()}
         try:
             st = reference_state(template, entries, step["step"] - 1)
-        except MissingState as err:
+        except (TypeError, ValueError) as err:  # MissingState included
             if claim is None:
                 raise TraceError(f"{where}, element {e}: {err}") from None
-            if unmapped:  # the step cannot be replayed without it; nothing is claimed
+            if unmapped and isinstance(err, MissingState):  # nothing is claimed without it
                 rows.append({**row, **_said("not auditable", f"not checked: {err}")})
             else:
                 rows.append({**row, **_said("fail", f"the state is not the claimed rule's: {err}")})
-            continue
-        except (TypeError, ValueError) as err:
-            if claim is None:
-                raise TraceError(f"{where}, element {e}: {err}") from None
-            rows.append({**row, **_said("fail", f"the state is not the claimed rule's: {err}")})
             continue
         try:
             y_ref, new_state = opt.step(el.geometry, xp, g, st)
