@@ -371,11 +371,11 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_audit(args: argparse.Namespace) -> int:
     """``rattn audit TRACE``: 0 when the run PASSED (every row passes: within its bound, and
     the bound at most a tenth of the step), 1 when it FAILED or is NOT AUDITABLE, 2 for a trace
-    that cannot be read or replayed (or no torch, or no matplotlib for ``--plot``)."""
-    try:
-        from proofs_checks.port_compare import audit, audit_report
-    except ImportError as exc:
-        raise ValueError(f"rattn audit needs torch (pip install 'rattn[torch]'): {exc}") from None
+    that cannot be read or replayed (or no matplotlib for ``--plot``). NumPy only: torch is not
+    needed to replay a trace."""
+    from proofs_checks.audit import replay as audit
+    from proofs_checks.audit import report as audit_report
+
     if args.plot is not None:
         from proofs_checks.rank import require_matplotlib
 

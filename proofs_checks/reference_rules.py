@@ -107,6 +107,11 @@ class RuleSpec:
             raise ValueError(f"--rule {self.name} with {settings}: {err}") from None
 
 
+def _preset(name: str) -> Callable[[], Callable[..., Any]]:
+    """The constructor of a preset of ``reference.optim`` (``PRESET_CHAINS`` names them)."""
+    return lambda: getattr(ro, name)
+
+
 def _field(name: str) -> Callable[[], Callable[..., Any]]:
     def constructor() -> Callable[..., Any]:
         from reference import field_rules
@@ -119,18 +124,9 @@ def _field(name: str) -> Callable[[], Callable[..., Any]]:
 RULES: dict[str, RuleSpec] = {
     s.name: s
     for s in (
-        RuleSpec(
-            "riemannian_adam", "reference.optim.riemannian_adam", lambda: ro.riemannian_adam, False
-        ),
-        RuleSpec(
-            "riemannian_momentum",
-            "reference.optim.riemannian_momentum",
-            lambda: ro.riemannian_momentum,
-            False,
-        ),
-        RuleSpec("rsgd", "reference.optim.rsgd", lambda: ro.rsgd, False),
-        RuleSpec(
-            "normalized_rsgd", "reference.optim.normalized_rsgd", lambda: ro.normalized_rsgd, False
+        *(
+            RuleSpec(name, f"reference.optim.{name}", _preset(name), False)
+            for name in ro.PRESET_CHAINS
         ),
         RuleSpec(
             "geoopt_riemannian_adam",

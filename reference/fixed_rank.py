@@ -75,6 +75,7 @@ class FixedRankEmbedded(PairMixin):
     embedded = True
     quotient = False
     moment_groups = ((0, 1, 2),)
+    orthonormal_factors = (0, 2)  # U and V are frames; S is any invertible matrix
 
     def __init__(self, m: int, n: int, r: int, retraction: str = "projection"):
         _check_sizes(type(self).__name__, m, n, r)
@@ -83,6 +84,7 @@ class FixedRankEmbedded(PairMixin):
         self.m, self.n, self.r = int(m), int(n), int(r)
         self.retraction = retraction
         self.retraction_order = 2 if retraction == "projection" else 1
+        self.point_shapes = ((self.m, self.r), (self.r, self.r), (self.n, self.r))
         self.dim = (self.m + self.n - self.r) * self.r
 
     def __repr__(self) -> str:
@@ -226,6 +228,7 @@ class FixedRankQuotient(PairMixin):
     quotient = True
     retraction_order = 1
     moment_groups = ((0, 1),)
+    orthonormal_factors = ()  # any full-rank pair (A, B) is a point
 
     def __init__(self, m: int, n: int, r: int, metric: str = "preconditioned"):
         _check_sizes(type(self).__name__, m, n, r)
@@ -233,6 +236,7 @@ class FixedRankQuotient(PairMixin):
             raise ValueError(f"unknown metric {metric!r}; choose 'preconditioned' or 'balanced'")
         self.m, self.n, self.r = int(m), int(n), int(r)
         self.metric = metric
+        self.point_shapes = ((self.m, self.r), (self.n, self.r))
         self.dim = (self.m + self.n - self.r) * self.r
 
     def __repr__(self) -> str:

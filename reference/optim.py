@@ -421,7 +421,50 @@ _DECAY_MESSAGES = {
 }
 
 
-# -- presets -----------------------------------------------------------------------------------
+# -- presets ---------------------------------------------------------------------------------
+def riemannian_adam_chain(
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    trust_radius: float | None = None,
+    moment: str = "frame",
+    reduction: str = "mean",
+) -> Transform:
+    """ξ = −lr·m̂/(√v̂ + ε), capped at ‖ξ‖ ≤ Δ per frame when a trust radius Δ is given."""
+    b1, b2 = checks.two_betas(betas)
+    steps = [scale_by_adam(b1, b2, eps, moment, reduction), scale(-lr)]
+    if trust_radius is not None:
+        steps.append(trust_region(trust_radius))
+    return chain(*steps)
+
+
+def riemannian_momentum_chain(lr: float, beta: float = 0.9, c: float = 1.0) -> Transform:
+    """M ← β·T(M) + (1 − β)·g, ξ = −lr·M/max(‖M‖, c)."""
+    return chain(trace(beta), normalize_by_max(c), scale(-lr))
+
+
+def rsgd_chain(lr: float, trust_radius: float | None = None) -> Transform:
+    """ξ = −lr·g, capped at ‖ξ‖ ≤ Δ per frame when a trust radius Δ is given."""
+    steps = [scale(-lr)] + ([trust_region(trust_radius)] if trust_radius is not None else [])
+    return chain(*steps)
+
+
+def normalized_rsgd_chain(lr: float) -> Transform:
+    """ξ = −lr·g/RMS(g) per frame."""
+    return chain(normalize_by_rms(), scale(-lr))
+
+
+#: The four presets of DESIGN §5 as chains of their hyperparameters (the names of the presets'
+#: arguments, which are torch's): the presets below, the audit's replay of a recorded group and
+#: the rules ``rattn conform`` names are all built from this table.
+PRESET_CHAINS: dict[str, Callable[..., Transform]] = {
+    "riemannian_adam": riemannian_adam_chain,
+    "riemannian_momentum": riemannian_momentum_chain,
+    "rsgd": rsgd_chain,
+    "normalized_rsgd": normalized_rsgd_chain,
+}
+
+
 def riemannian_adam(
     lr: float,
     betas: tuple[float, float] = (0.9, 0.999),
@@ -434,30 +477,26 @@ def riemannian_adam(
 ) -> Optimizer:
     """Riemannian Adam of Stiefel attention: ξ = −lr·m̂/(√v̂ + ε), capped at ‖ξ‖ ≤ Δ per frame."""
     checks.check_lr(lr)
-    b1, b2 = checks.two_betas(betas)
-    steps = [scale_by_adam(b1, b2, eps, moment, reduction), scale(-lr)]
-    if trust_radius is not None:
-        steps.append(trust_region(trust_radius))
-    return Optimizer(chain(*steps), lr, weight_decay, decay)
+    adam = riemannian_adam_chain(lr, betas, eps, trust_radius, moment, reduction)
+    return Optimizer(adam, lr, weight_decay, decay)
 
 
 def riemannian_momentum(lr: float, beta: float = 0.9, c: float = 1.0) -> Optimizer:
     """The low-rank template: M ← β·T(M) + (1 − β)·g, ξ = −lr·M/max(‖M‖, c)."""
     checks.check_lr(lr)
-    return Optimizer(chain(trace(beta), normalize_by_max(c), scale(-lr)), lr)
+    return Optimizer(riemannian_momentum_chain(lr, beta, c), lr)
 
 
 def rsgd(lr: float, trust_radius: float | None = None) -> Optimizer:
     """Fixed-step Riemannian gradient descent ξ = −lr·g (degree one in the gradient)."""
     checks.check_lr(lr)
-    steps = [scale(-lr)] + ([trust_region(trust_radius)] if trust_radius is not None else [])
-    return Optimizer(chain(*steps), lr)
+    return Optimizer(rsgd_chain(lr, trust_radius), lr)
 
 
 def normalized_rsgd(lr: float) -> Optimizer:
     """ξ = −lr·g/RMS(g) per frame (degree zero in the gradient)."""
     checks.check_lr(lr)
-    return Optimizer(chain(normalize_by_rms(), scale(-lr)), lr)
+    return Optimizer(normalized_rsgd_chain(lr), lr)
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ class _FramePair(PairMixin):
     embedded: bool
     quotient: bool
     moment_groups: tuple[tuple[int, ...], ...]
+    orthonormal_factors = (0, 1)  # U and V are frames
     _retractions: tuple[str, ...]
     _set_name: str  # how ``check_point`` names the set
 

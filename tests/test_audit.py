@@ -1,7 +1,7 @@
 """``torch_port.audit`` and ``rattn audit``: what a recorded step holds; honest runs pass in
 float64, float32 and bfloat16 for every geometry and rule, with a schedule, clipping,
 accumulation, autocast; and each departure from the rule is flagged at the step where it
-happens. The bounds are derived in ``proofs_checks/port_compare/audit.py`` (module docstring);
+happens. The bounds are derived in ``proofs_checks/audit/replay.py`` (module docstring);
 no tolerance is chosen here."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 
 import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
+from proofs_checks.audit import replay as pa  # noqa: E402
+from proofs_checks.audit.report import format_table  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
-from proofs_checks.port_compare import audit as pa  # noqa: E402
-from proofs_checks.port_compare.audit_report import format_table  # noqa: E402
 from proofs_checks.port_compare.problems import PROBLEMS  # noqa: E402
 from proofs_checks.port_compare.rules import RECORDS, RULES  # noqa: E402
 from reference import optim as ro  # noqa: E402
@@ -56,7 +56,7 @@ def _run(path, every: int, steps: int = 4):
 # -- the recorder ----------------------------------------------------------------------------------
 def test_every_kth_step_of_every_point_is_recorded(tmp_path) -> None:
     _run(tmp_path / "t.npz", every=2)
-    trace = audit.load(tmp_path / "t.npz")
+    trace = pa.load(tmp_path / "t.npz")
     steps = trace.meta["steps"]
     assert [(s["geometry"]["name"], s["step"]) for s in steps] == [
         ("stiefel", 2),
@@ -94,7 +94,7 @@ def test_frames_keeps_evenly_spaced_elements(tmp_path) -> None:
         opt.zero_grad()
         (w**3).sum().backward()
         opt.step()
-    trace = audit.load(tmp_path / "f.npz")
+    trace = pa.load(tmp_path / "f.npz")
     s = trace.meta["steps"][0]
     assert s["elements"] == [0, 6, 11] and s["batch"] == [3, 4]
     flat = before.reshape(12, 6, 2).numpy()
@@ -107,7 +107,7 @@ def test_a_recorded_step_replays_bitwise_through_the_port(tmp_path) -> None:
     """From the recorded point, gradient, state and hyperparameters a fresh optimizer takes the
     recorded step exactly: the record holds everything the step depended on."""
     _run(tmp_path / "t.npz", every=1, steps=3)
-    trace = audit.load(tmp_path / "t.npz")
+    trace = pa.load(tmp_path / "t.npz")
     k = next(i for i, s in enumerate(trace.meta["steps"]) if s["step"] == 3 and s["group"] == 0)
     s = trace.meta["steps"][k]
     w = torch.nn.Parameter(torch.from_numpy(trace.parts(k, "x")[0]))
@@ -131,7 +131,7 @@ def test_the_first_recorded_step_agrees_with_the_reference(tmp_path) -> None:
     the recorded point within the audit's bound; the reference without the trust radius does
     not (a negative control of the same check)."""
     _run(tmp_path / "t.npz", every=1, steps=1)
-    trace = audit.load(tmp_path / "t.npz")
+    trace = pa.load(tmp_path / "t.npz")
     rows = [r for r in pa.replay(trace)["steps"] if r["geometry"] == "stiefel"]
     assert len(rows) == 2 and all(r["passed"] and r["step"] == 1 for r in rows)
     hyper = trace.meta["steps"][0]["hyperparameters"]
@@ -153,11 +153,11 @@ def test_refusals(tmp_path, monkeypatch) -> None:
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"bad\.npz: not an audit trace"):
-        audit.load(bad)
+        pa.load(bad)
     # an object array (a pickle inside the .npz) is refused, not unpickled
     np.savez(tmp_path / "obj.npz", **{"meta.json": np.array([{"x": 1}], dtype=object)})
     with pytest.raises(ValueError, match=r"obj\.npz: not an audit trace"):
-        audit.load(tmp_path / "obj.npz")
+        pa.load(tmp_path / "obj.npz")
 
 
 def test_each_rank_writes_its_own_file_or_only_the_ranks_asked_for(tmp_path, monkeypatch) -> None:
@@ -252,7 +252,7 @@ def test_a_training_loop_with_schedule_clipping_accumulation_and_autocast_passes
             sched.step()
     result = pa.audit(tmp_path / "loop.npz")
     assert result["passed"], format_table(result)
-    steps = audit.load(tmp_path / "loop.npz").meta["steps"]
+    steps = pa.load(tmp_path / "loop.npz").meta["steps"]
     lrs = [s["hyperparameters"]["lr"] for s in steps if s["params"] == [0]]
     assert lrs == pytest.approx([1e-2 / (1 + t) for t in range(6)], rel=1e-15)
     assert {r["dtype"] for r in result["steps"]} == {"torch.float32"}

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 geoopt = pytest.importorskip("geoopt")
 
-from proofs_checks.port_compare import audit as pa  # noqa: E402
+from proofs_checks.audit import replay as pa  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 STEPS, T = 6, 3  # a run of STEPS steps; a wrong optimizer departs at step T

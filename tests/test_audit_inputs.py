@@ -21,8 +21,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
+from proofs_checks.audit import replay as pa  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
-from proofs_checks.port_compare import audit as pa  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 META = "meta.json"
@@ -412,7 +412,7 @@ def test_a_step_that_raises_inside_the_block_leaves_a_valid_trace_of_the_complet
             (w**3).sum().backward()
             opt.step(boom if i == 2 else None)
     assert rec.close() is None  # closed once, by the block
-    trace = audit.load(tmp_path / "r.npz")
+    trace = pa.load(tmp_path / "r.npz")
     assert [s["step"] for s in trace.meta["steps"]] == [1, 2]
     assert not [k for k in trace.arrays if k.startswith("r2/")]  # nothing of the raised step
     assert pa.audit(tmp_path / "r.npz")["passed"]

@@ -11,8 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from proofs_checks.audit import replay as pa  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
-from proofs_checks.port_compare import audit as pa  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 LR, STEPS = 1e-2, 4

@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
+from proofs_checks.audit import replay as pa  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
-from proofs_checks.port_compare import audit as pa  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 #: A run of 6 steps that records every step and stops as ``how`` says after step 3.
@@ -141,7 +141,7 @@ def test_a_compiled_capturable_step_records_and_fullgraph_says_why_not(tmp_path)
     graph break, and torch refuses to call the recorder's hooks (Dynamo's ``Unsupported``,
     naming ``torch.compiler.disable``), before any step is taken."""
     import torch_port as tp
-    from proofs_checks.port_compare import audit as pa
+    from proofs_checks.audit import replay as pa
     from torch_port import audit
 
     def run(path, fullgraph):

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
-from proofs_checks.port_compare import audit as pa  # noqa: E402
-from proofs_checks.port_compare.audit_report import format_table  # noqa: E402
+from proofs_checks.audit import replay as pa  # noqa: E402
+from proofs_checks.audit.report import format_table  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 META = "meta.json"

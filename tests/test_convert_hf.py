@@ -179,8 +179,8 @@ def test_audit_rows_name_the_converted_factors(qk, vo, tmp_path):
     """A converted GPT-2's frames and points are labelled as a reader knows them (module path,
     then W_Q, W_K, W_V, W_O, S_VO), and ``rattn audit``'s rows say so, not
     "….c_attn.parametrizations.weight.original1"."""
-    from proofs_checks.port_compare import audit as pa
-    from proofs_checks.port_compare.audit_report import format_table
+    from proofs_checks.audit import replay as pa
+    from proofs_checks.audit.report import format_table
     from torch_port import audit
     from torch_port.nn import build_optimizer
 

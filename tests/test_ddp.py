@@ -64,8 +64,8 @@ def _model():
     return Tiny()
 
 
-def _data():
-    gen = torch.Generator().manual_seed(2)
+def _data(seed: int = 0):
+    gen = torch.Generator().manual_seed(2 + 100 * seed)
     x = torch.randn(BATCH, 5, 3, generator=gen, dtype=F64)
     y = torch.randn(BATCH, 5, generator=gen, dtype=F64)
     return x, y
@@ -93,18 +93,22 @@ def _worker(rank: int, out: str) -> None:
     """One DDP process: its shard of the batch, 20 steps, its parameters saved to ``out``."""
     from torch.nn.parallel import DistributedDataParallel
 
+    seed = int(Path(out, "seed").read_text()) if Path(out, "seed").exists() else 0
     model = _model()
     ddp = DistributedDataParallel(model)
-    x, y = _data()
+    x, y = _data(seed)  # another batch for each seed
     shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
     _train(ddp, x[shard], y[shard], ddp, trace=Path(out) / "run.npz")
     torch.save(model.state_dict(), Path(out) / f"rank{rank}.pt")
 
 
-@pytest.mark.skipif(
+needs_gloo = pytest.mark.skipif(
     not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
     reason="torch.distributed with gloo is not available",
 )
+
+
+@needs_gloo
 def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path):
     run_workers(__file__, WORLD, tmp_path, timeout=120, what="DDP")
 
@@ -120,8 +124,8 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
     assert worst <= DDP_BOUND, worst
 
     # each rank recorded its own trace, and every recorded step is the reference's
-    from proofs_checks.port_compare import audit
-    from proofs_checks.port_compare.audit_report import format_table
+    from proofs_checks.audit import replay as audit
+    from proofs_checks.audit.report import format_table
 
     for r in range(WORLD):
         result = audit.audit(tmp_path / f"run.rank{r}.npz")
@@ -136,6 +140,22 @@ def test_ddp_two_processes_equal_one_process_on_the_concatenated_batch(tmp_path)
         u = torch.finfo(F64).eps / 2  # the worker processes import this file: keep it light
         bound = 4 * r * (r + 1) * u + 2 * (d + r) * r * u
         assert float(tl.orthonormality_residual(w).max()) <= bound, name
+
+
+@needs_gloo
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(1, 20))
+def test_honest_ddp_runs_pass_over_seeds(tmp_path, seed) -> None:
+    """Nineteen more batches: both ranks' traces PASSED, every row passing (seed 0 is the test
+    above)."""
+    from proofs_checks.audit import replay as audit
+
+    (tmp_path / "seed").write_text(str(seed))
+    run_workers(__file__, WORLD, tmp_path, timeout=120, what="DDP")
+    for r in range(WORLD):
+        result = audit.audit(tmp_path / f"run.rank{r}.npz")
+        assert result["verdict"] == "passed", (seed, r, result["counts"])
+        assert result["counts"]["pass"] == len(result["steps"])
 
 
 if __name__ == "__main__":  # a DDP worker: python tests/test_ddp.py RANK PORT OUT_DIR

@@ -62,8 +62,7 @@ needs_gloo = pytest.mark.skipif(
 
 @needs_gloo
 def test_each_rank_records_its_whole_frames_and_the_audit_passes(tmp_path) -> None:
-    from proofs_checks.port_compare import audit as pa
-    from torch_port import audit as recorder
+    from proofs_checks.audit import replay as pa
 
     run_workers(__file__, 2, tmp_path, timeout=240, what="FSDP audit")
     seen: dict[str, list[int]] = {}
@@ -72,7 +71,7 @@ def test_each_rank_records_its_whole_frames_and_the_audit_passes(tmp_path) -> No
         result = pa.audit(path)
         assert result["verdict"] == "passed", result["counts"]
         assert {r["step"] for r in result["steps"]} == set(range(1, STEPS + 1))
-        for step in recorder.load(path).meta["steps"]:
+        for step in pa.load(path).meta["steps"]:
             if step["step"] == 1:
                 for name in step["names"]:
                     seen.setdefault(name, []).extend(step["elements"])
@@ -101,7 +100,7 @@ def test_each_rank_records_its_whole_frames_and_the_audit_passes(tmp_path) -> No
 @pytest.mark.parametrize("seed", range(1, 20))
 def test_honest_fsdp_runs_pass_over_seeds(tmp_path, seed) -> None:
     """Nineteen more batches and VO frames: both ranks' traces PASSED, every row passing."""
-    from proofs_checks.port_compare import audit as pa
+    from proofs_checks.audit import replay as pa
 
     (tmp_path / "seed").write_text(str(seed))
     run_workers(__file__, 2, tmp_path, timeout=240, what="FSDP audit")

@@ -15,14 +15,15 @@ metadata), so that recording a large model costs little. ``rank`` names the proc
 torch.distributed run: each rank writes its own file (``path`` with ``.rank{R}`` before the
 suffix) unless ``ranks=(0,)`` or another subset is asked for.
 
-The file is safe to open from strangers: one NumPy ``.npz`` read with ``allow_pickle=False``
-(``load``), its metadata (library and torch versions, devices, dtypes, the groups) a JSON
-document stored as bytes. Low-precision tensors (bfloat16, float16) are stored as float32,
-which holds them exactly; the metadata keeps their dtype. Each recorded step is written as it
-completes, as one complete file of the folder ``path.parts`` (``parts_dir``), so that a run
-killed, out of disk or never closed keeps every step written (``load`` reads the folder and
-marks the trace partial); the recorder's ``close()`` (or the end of its ``with`` block) joins
-them into ``path``. A recorder that cannot write warns and stops; it never raises out of a
+The file is safe to open from strangers: one NumPy ``.npz`` of ``.npy`` arrays, its metadata
+(library and torch versions, devices, dtypes, the groups) a JSON document stored as bytes; its
+schema, reader and validator are ``proofs_checks.audit.trace`` (NumPy only). Low-precision
+tensors (bfloat16, float16) are stored as float32, which holds them exactly; the metadata keeps
+their dtype. Each recorded step is written as it completes, as one complete file of the folder
+``path.parts`` (``parts_dir``), so that a run killed, out of disk or never closed keeps every
+step written (the reader reads the folder and marks the trace partial); the recorder's
+``close()`` (or the end of its ``with`` block) joins them into ``path``. A recorder that cannot
+write warns and stops; it never raises out of a
 step that was applied. The rule recorded is the one the optimizer runs: a preset of
 ``torch_port.optim`` or one of geoopt's rules (``audit_sources``, which also says how each
 optimizer's points and state are read).
@@ -31,12 +32,9 @@ optimizer's points and state are read).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-import stat
 import sys
-import tokenize
 import warnings
 import zipfile
 from collections.abc import Sequence
@@ -52,6 +50,8 @@ from torch_port.audit_layout import Layout, check_recordable
 from torch_port.audit_sources import source_of
 from torch_port.optim.groups import label_of
 
+# The layout that ``proofs_checks.audit.trace`` states and reads (its schema): this package does
+# not import it (DESIGN §2), and tests/test_audit_inputs.py checks that the two agree.
 META = "meta.json"
 #: The code of torch's wrapper around every optimizer class's ``step`` (which runs the hooks).
 _STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda *args: None).__code__
@@ -89,6 +89,20 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray], meta: dict[str, Any]) 
 
 def _json_bytes(meta: dict[str, Any]) -> np.ndarray:
     return np.frombuffer(json.dumps(meta).encode(), np.uint8)
+
+
+def _written(folder: Path) -> dict[str, np.ndarray]:
+    """The arrays of every step file this recorder wrote to its parts folder, in order (its own
+    files: ``.npy`` members, read without pickle)."""
+    arrays: dict[str, np.ndarray] = {}
+    for part in sorted(folder.glob("*.npz")):
+        with np.load(part, allow_pickle=False) as z:
+            arrays.update((k, z[k]) for k in z.files if k != META)
+    return arrays
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _rank() -> int | None:
@@ -192,7 +206,7 @@ class Recorder:
     def _write_part(self, first: int, arrays: dict[str, np.ndarray]) -> None:
         """This step's records as one complete file of the parts folder, written beside and
         renamed into place, so that every step written survives a kill, a full disk or a
-        missing ``close()`` (``load`` reads the folder of an unclosed recording)."""
+        missing ``close()`` (the reader reads the folder of an unclosed recording)."""
         name = self.parts / f"{first:09d}.npz"
         tmp = self.parts / f".{first:09d}.tmp"
         _write_npz(tmp, arrays, self._meta(self.steps[first:]))
@@ -335,7 +349,7 @@ class Recorder:
         if not self._open:
             return None
         self._open = False
-        arrays = _read_parts(self.parts).arrays if self.steps else {}  # no step recorded
+        arrays = _written(self.parts)
         if os.path.lexists(self.path) and not self.path.is_file():
             raise ValueError(
                 f"{self.path} is no longer a regular file; the trace stays in {self.parts}"
@@ -376,296 +390,4 @@ def record(
     return Recorder(optimizer, Path(path), every, frames, ranks, points)
 
 
-@dataclass(frozen=True)
-class Trace:
-    """A recorded run: ``meta`` (the JSON metadata) and ``arrays`` (name -> array)."""
-
-    meta: dict[str, Any]
-    arrays: dict[str, np.ndarray]
-
-    def parts(self, record: int, what: str) -> Sequence[np.ndarray]:
-        """The arrays ``what`` ("x", "g", "y" or "state/KEY") of a record, in order."""
-        out, i = [], 0
-        while f"r{record}/{what}/{i}" in self.arrays:
-            out.append(self.arrays[f"r{record}/{what}/{i}"])
-            i += 1
-        return out
-
-
-# torch_port does not import reference (DESIGN §2): the reader's two guards, as in
-# reference.safe_files.
-#: The most a deflated member can expand: deflate's largest ratio is 1032:1.
-DEFLATE_RATIO = 1032
-
-
-def open_regular(path: Path) -> Any:
-    """``path`` opened for reading if it is a regular file (a device such as /dev/zero, a FIFO,
-    a directory or a link to one is refused before a byte is read: opened without blocking,
-    then the descriptor itself ``fstat``-ed); ValueError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ValueError("not a regular file (a device, a FIFO or a directory)")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
-def check_member(info: zipfile.ZipInfo, length: int, suffix: str = ".npy") -> None:
-    """A member the reader may decompress: not a .npy, encrypted, compressed otherwise than
-    stored or deflated (bzip2 and lzma have no bound on their expansion), or declaring more
-    bytes than its compressed data can hold or than the file has, is refused by name."""
-    name = info.filename
-    if not name.endswith(suffix):
-        raise ValueError(f"member {name!r} is not a {suffix} array")
-    if info.flag_bits & 0x1:
-        raise ValueError(f"member {name!r} is encrypted")
-    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        raise ValueError(
-            f"member {name!r} is compressed with method {info.compress_type}; a trace's "
-            "members are stored or deflated"
-        )
-    if info.header_offset + info.compress_size > length:
-        raise ValueError(f"member {name!r} declares {info.compress_size} bytes past the file's end")
-    most = info.compress_size * (1 if info.compress_type == zipfile.ZIP_STORED else DEFLATE_RATIO)
-    if info.file_size > most:
-        raise ValueError(
-            f"member {name!r} declares {info.file_size} bytes, more than its "
-            f"{info.compress_size} compressed bytes can hold"
-        )
-
-
-def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    """Every member of the ``.npz`` at ``path`` as an array, each header checked before its data
-    is read: a ``.npy`` member with a well-formed header, no object dtype (nothing is
-    unpickled), and a declared size that the member's bytes hold (so no header can make the
-    loader allocate more than the file has); member names unique. ValueError otherwise."""
-    arrays: dict[str, np.ndarray] = {}
-    with open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
-        infos = zf.infolist()
-        names = [i.filename for i in infos]
-        if len(set(names)) != len(names):
-            raise ValueError("a member name appears twice")
-        length = os.fstat(raw.fileno()).st_size
-        for info in infos:
-            check_member(info, length, ".npy")
-            with zf.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                headers = {
-                    (1, 0): np.lib.format.read_array_header_1_0,
-                    (2, 0): np.lib.format.read_array_header_2_0,
-                }
-                if version not in headers:
-                    raise ValueError(f"member {info.filename!r}: .npy version {version}")
-                read_header = headers[version]
-                shape, fortran, dtype = read_header(f)
-                if dtype.hasobject:
-                    raise ValueError(f"member {info.filename!r} holds Python objects")
-                start = f.tell()
-                size = math.prod(shape) * dtype.itemsize
-                if size != info.file_size - start:
-                    raise ValueError(
-                        f"member {info.filename!r} declares {size} bytes of data but holds "
-                        f"{info.file_size - start}"
-                    )
-                data = f.read(size)
-            array = np.frombuffer(data, dtype=dtype)
-            order = "F" if fortran else "C"
-            arrays[info.filename.removesuffix(".npy")] = array.reshape(shape, order=order).copy()
-    return arrays
-
-
-def _read_one(path: Path) -> Trace:
-    """One ``.npz`` of the recorder: its arrays and its metadata (not yet checked)."""
-    arrays = _read_npz(path)
-    return Trace(json.loads(bytes(arrays.pop(META)).decode()), arrays)
-
-
-def _read_parts(folder: Path) -> Trace:
-    """The steps written to the parts folder of a recording, in order, as one trace."""
-    files = sorted(p for p in folder.iterdir() if p.suffix == ".npz" and p.is_file())
-    if not files:
-        raise ValueError(f"{folder}: a recording's folder that holds no recorded step")
-    pieces = [_read_one(p) for p in files]
-    meta = {**pieces[0].meta, "steps": [s for piece in pieces for s in piece.meta["steps"]]}
-    if any(
-        {k: v for k, v in p.meta.items() if k != "steps"}
-        != {k: v for k, v in pieces[0].meta.items() if k != "steps"}
-        for p in pieces
-    ):
-        raise ValueError(f"{folder}: its files are not parts of one recording")
-    return Trace(meta, {k: v for piece in pieces for k, v in piece.arrays.items()})
-
-
-def load(path: str | os.PathLike) -> Trace:
-    """A recorded run, read without running any code from the file (``_read_npz``: no pickle,
-    every header checked before its data) and checked (``check_trace``); ValueError naming the
-    file for anything that is not one. A recording that was never closed (killed, out of disk,
-    no ``close()``) is read from its parts folder (``run.npz.parts``, or that folder named
-    itself) with every step written before it stopped; its metadata says ``partial``."""
-    path = Path(path)
-    folder = path if path.name.endswith(".parts") else parts_dir(path)
-    partial = not os.path.lexists(path) or path == folder
-    try:
-        if partial and folder.is_dir():
-            trace = _read_parts(folder)
-            trace.meta["partial"] = True
-        else:
-            trace = _read_one(path)
-        meta = trace.meta
-    except (
-        OSError,
-        ValueError,
-        KeyError,
-        EOFError,
-        OverflowError,
-        RecursionError,
-        SyntaxError,
-        tokenize.TokenError,
-        zipfile.BadZipFile,
-        UnicodeDecodeError,
-        TypeError,
-        AttributeError,
-    ) as err:
-        raise ValueError(f"{path}: not an audit trace ({type(err).__name__}: {err})") from None
-    if isinstance(meta, dict) and meta.get("format") == "rattn-audit 1":
-        raise ValueError(
-            f"{path}: an audit trace of format 'rattn-audit 1', which keeps no state after a "
-            f"step and so cannot show the state's update; record the run again ({FORMAT!r})"
-        )
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: not an audit trace of format {FORMAT!r}")
-    try:
-        check_trace(trace)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
-    return trace
-
-
-#: The fields of a recorded step and their types (``Recorder._after``).
-STEP_FIELDS: dict[str, Any] = {
-    "record": int,
-    "step": int,
-    "taken": bool,
-    "group": int,
-    "params": list,
-    "names": (list, type(None)),
-    "geometry": dict,
-    "gradient": str,
-    "elements": list,
-    "batch": list,
-    "hyperparameters": dict,
-    "dtypes": list,
-    "device": str,
-    "state_keys": list,
-    "after_keys": list,
-    "nonfinite_gradient": bool,
-}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-#: Declared dtype -> (the stored NumPy dtype, the torch dtype its values must be exact in).
-STORED = {
-    "torch.float64": (np.float64, torch.float64),
-    "torch.float32": (np.float32, torch.float32),
-    "torch.bfloat16": (np.float32, torch.bfloat16),
-    "torch.float16": (np.float32, torch.float16),
-}
-
-
-def _holds(a: np.ndarray, declared: str) -> bool:
-    """Whether ``a`` is what the recorder stores for a tensor of dtype ``declared``: float64 or
-    float32 (``STORED``), with values exactly representable in it (bfloat16, float16)."""
-    if declared not in STORED or a.dtype != STORED[declared][0]:
-        return False
-    low = STORED[declared][1]
-    if low in (torch.float64, torch.float32):
-        return True
-    t = torch.from_numpy(np.ascontiguousarray(a))
-    return bool(torch.equal(t.to(low).to(t.dtype), t))
-
-
-def check_trace(trace: Trace) -> None:
-    """ValueError naming the record and the field unless the metadata has the recorder's
-    layout (``STEP_FIELDS``, a geometry with a name, integer sizes and options, step numbers
-    ≥ 1) and every record has its arrays: x and g (and y when the step was taken) with one
-    entry per kept element, y of x's shapes, every state entry named, all of them real floating
-    arrays, x finite, x and y of the declared dtype (bfloat16 and float16 values exact)."""
-    meta = trace.meta
-    if (
-        not isinstance(meta.get("optimizer"), str)
-        or not isinstance(meta.get("steps"), list)
-        or not isinstance(meta.get("versions"), dict)
-    ):
-        raise ValueError("the metadata has no optimizer name, no list of steps or no versions")
-    for k, step in enumerate(meta["steps"]):
-        where = f"record {k}"
-        if not isinstance(step, dict):
-            raise ValueError(f"{where}: not a JSON object")
-        for name, kind in STEP_FIELDS.items():
-            value = step.get(name)
-            ok = _is_int(value) if kind is int else isinstance(value, kind)
-            if not ok:
-                raise ValueError(f"{where}: field {name!r} is {value!r}")
-        if step["record"] != k or step["step"] < 1:
-            raise ValueError(f"{where}: record {step['record']!r}, step {step['step']!r}")
-        geometry = step["geometry"]
-        sizes = geometry.get("sizes")
-        if (
-            not isinstance(geometry.get("name"), str)
-            or not isinstance(sizes, dict)
-            or not all(_is_int(v) and v > 0 for v in sizes.values())
-            or not isinstance(geometry.get("options"), dict)
-        ):
-            raise ValueError(f"{where}: geometry {geometry!r} has no name, sizes or options")
-        count = len(step["elements"])
-        elements = step["elements"]
-        if (
-            not count
-            or not all(_is_int(e) and e >= 0 for e in elements)
-            or (len(set(elements)) != count)
-        ):
-            raise ValueError(f"{where}: elements {elements!r} (distinct integers ≥ 0 expected)")
-        if not step["params"] or not all(_is_int(i) and i >= 0 for i in step["params"]):
-            raise ValueError(f"{where}: params {step['params']!r} (parameter indices expected)")
-        if step["names"] is not None and not all(isinstance(n, str) for n in step["names"]):
-            raise ValueError(f"{where}: names {step['names']!r}")
-        if not step["dtypes"] or not all(isinstance(d, str) for d in step["dtypes"]):
-            raise ValueError(f"{where}: dtypes {step['dtypes']!r}")
-        parts = {what: trace.parts(k, what) for what in ("x", "g", "y")}
-        for kind, keys in (("state", step["state_keys"]), ("after", step["after_keys"])):
-            for key in keys:
-                if not isinstance(key, str) or not trace.parts(k, f"{kind}/{key}"):
-                    raise ValueError(f"{where}: the {kind} entry {key!r} has no arrays")
-                parts[f"{kind}/{key}"] = trace.parts(k, f"{kind}/{key}")
-        if step["taken"] and not step["after_keys"] and step["state_keys"]:
-            raise ValueError(f"{where}: a step taken from a state keeps no state after it")
-        if not parts["x"] or len(parts["g"]) != len(parts["x"]):
-            raise ValueError(f"{where}: {len(parts['x'])} point arrays, {len(parts['g'])} gradient")
-        if step["taken"] != bool(parts["y"]):
-            raise ValueError(
-                f"{where}: taken is {step['taken']} but it has {len(parts['y'])} new points"
-            )
-        if parts["y"] and [a.shape for a in parts["y"]] != [a.shape for a in parts["x"]]:
-            raise ValueError(f"{where}: the new point's shapes differ from the point's")
-        for what, arrays in parts.items():
-            for i, a in enumerate(arrays):
-                if a.dtype.kind != "f" or a.ndim < 1 or a.shape[0] != count:
-                    raise ValueError(
-                        f"{where}: {what}/{i} has dtype {a.dtype} and shape {a.shape}, expected "
-                        f"a real floating array of {count} elements"
-                    )
-        if not all(np.isfinite(a).all() for a in parts["x"]):
-            raise ValueError(f"{where}: the point has non-finite entries")
-        declared = step["dtypes"][0]
-        for what in ("x", "y"):
-            for i, a in enumerate(parts[what]):
-                if not _holds(a, declared):
-                    raise ValueError(
-                        f"{where}: {what}/{i} ({a.dtype}) is not what a {declared} point stores"
-                    )
-
-
-__all__ = ["STEP_FIELDS", "Recorder", "Trace", "check_trace", "load", "rank_path", "record"]
+__all__ = ["FORMAT", "Recorder", "parts_dir", "rank_path", "record"]

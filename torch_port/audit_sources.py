@@ -36,7 +36,7 @@ import torch
 from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.presets import RSGD, NormalizedRSGD, RiemannianAdam, RiemannianMomentum
 
-#: The optimizers whose rules have a reference (``proofs_checks.port_compare.audit``).
+#: The optimizers whose rules have a reference (``proofs_checks.audit.replay``).
 PRESETS = (RiemannianAdam, RiemannianMomentum, RSGD, NormalizedRSGD)
 
 #: geoopt's optimizer classes -> the rule of ``proofs_checks.reference_rules`` they run.

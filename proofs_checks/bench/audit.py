@@ -55,6 +55,7 @@ def bench_audit(
     import torch
 
     import torch_port as tp
+    from proofs_checks.audit import trace as trace_file
     from torch_port import audit
 
     _check_repeats(repeats)
@@ -101,7 +102,7 @@ def bench_audit(
             for rec in recorders:
                 rec.close()
         size = (Path(tmp) / "recorded.npz").stat().st_size
-        n_recorded = len(audit.load(Path(tmp) / "recorded.npz").meta["steps"])
+        n_recorded = len(trace_file.load(Path(tmp) / "recorded.npz").meta["steps"])
     median = {k: float(sorted(v)[len(v) // 2]) for k, v in samples.items()}
     base = median[STEP_ROW]
     record_extra = median[RECORDED_ROW] - base

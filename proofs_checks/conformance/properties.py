@@ -18,7 +18,7 @@ R = 10·(d + r)·u·‖W‖ (u = 2⁻⁵³); so, relative to ‖hD‖ and ‖hD�
     τ_D = 4.83·(81·η³ + R/η),    τ_C = 5·(81·η² + R/η²).
 
 Trajectories. Where two runs must agree (scale, equivariance, decay), each step may differ by
-the audit's per-step rounding bound B_t (``port_compare.audit.step_bound``) and carries the
+the audit's per-step rounding bound B_t (``proofs_checks.audit.replay.step_bound``) and carries the
 difference before it with a Lipschitz factor L = 2, so e_T ≤ Σ_t L^{T−t}·B_t. These are
 properties of the rule, not of its rounding, and L^T makes the bound useless in float32
 (~10 at 20 steps), so they too run in float64; a bound above ``RESOLUTION`` of the path's
@@ -39,14 +39,14 @@ import numpy as np
 import torch
 
 from proofs_checks import reference_rules
-from proofs_checks.conformance.problem import Problem, Run, TargetError, drive
-from proofs_checks.port_compare.audit import (
+from proofs_checks.audit.replay import (
     FACTORING_RETRACTIONS,
     LIPSCHITZ,
     RESOLUTION,
     SAFETY,
     step_bound,
 )
+from proofs_checks.conformance.problem import Problem, Run, TargetError, drive
 from proofs_checks.port_compare.geometries import unit_roundoff
 from reference import optim as ro
 

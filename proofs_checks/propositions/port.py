@@ -88,7 +88,7 @@ def _scale_stretched(k: float):
 def replayed_ratio(path: Path) -> tuple[float, int]:
     """The largest deviation/bound of a recorded step or of the state it carried into the
     next (``rattn audit``'s replay through ``reference.optim`` in float64), and its step."""
-    from proofs_checks.port_compare import audit as replay
+    from proofs_checks.audit import replay as replay
 
     worst, where = 0.0, 0
     for row in replay.audit(path)["steps"]:
@@ -113,7 +113,7 @@ def agreement(
     """Every case (``_cases``): the port's trajectory of ``AGREEMENT_STEPS`` steps, recorded by
     ``torch_port.audit`` and replayed by ``rattn audit`` through ``reference.optim`` in float64;
     residual the largest deviation/bound of a step or of the state it carried into the next
-    (bounds of ``proofs_checks.port_compare.audit``), tolerance 1; the first case past its
+    (bounds of ``proofs_checks.audit.replay``), tolerance 1; the first case past its
     bound decides, and the check stops there. Control: the port's Adam with its bias
     corrections one step ahead, substituted into ``torch_port.optim.transforms`` (or the
     transformation and variant of ``control``, on the cases of ``cases_of``)."""

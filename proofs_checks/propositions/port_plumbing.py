@@ -83,6 +83,7 @@ def groups_and_schedule(ctx: Context, wrong: bool) -> Outcome:
     import torch
 
     import torch_port as tp
+    from proofs_checks.audit import trace as trace_file
     from torch_port import audit
     from torch_port.optim import optimizer as chain
 
@@ -106,7 +107,7 @@ def groups_and_schedule(ctx: Context, wrong: bool) -> Outcome:
                 opt.step()
                 sched.step()
         ratio, step = replayed_ratio(path)
-        records = audit.load(path).meta["steps"]
+        records = trace_file.load(path).meta["steps"]
     wrong_lrs = [
         (r["step"], r["group"], r["hyperparameters"]["lr"])
         for r in records
@@ -488,6 +489,7 @@ def recorded_copies(ctx: Context, wrong: bool) -> Outcome:
     import torch
 
     import torch_port as tp
+    from proofs_checks.audit import trace as trace_file
     from torch_port import audit
 
     gen = torch.Generator().manual_seed(ctx.seed)
@@ -508,7 +510,7 @@ def recorded_copies(ctx: Context, wrong: bool) -> Outcome:
                 opt.step()
                 for gi, w in enumerate(ws):
                     seen[(gi, t)]["y"] = [w.detach().clone()]
-        trace = audit.load(path)
+        trace = trace_file.load(path)
     differ, compared = [], 0
     for k, record in enumerate(trace.meta["steps"]):
         copies = seen[(record["group"], record["step"])]

@@ -1,19 +1,21 @@
 """``rattn audit``: replay every recorded step of a training run through ``reference.optim`` in
-float64 and compare the point the port reached with the exact one.
+float64 and compare the point the port reached with the exact one (NumPy only: a trace recorded
+with torch is replayed where torch is not installed).
 
-A record (``torch_port.audit``) holds, for one point of one geometry group at one step t, the
-elements kept (frames of a Stiefel parameter, points of a factored group's batch), each with
-its point x before the step, its Euclidean gradient, the optimizer state before and the point y
-after, in the port's internal layout and dtype, plus the hyperparameters in force and how the
-geometry is built. For every element the replay
+A record (``torch_port.audit``; its schema and reader: ``proofs_checks.audit.trace``) holds, for
+one point of one geometry group at one step t, the elements kept (frames of a Stiefel parameter,
+points of a factored group's batch), each with its point x before the step, its Euclidean
+gradient, the optimizer state before and the point y after, in the port's internal layout and
+dtype, plus the hyperparameters in force and how the geometry is built. For every element the
+replay
 
 1. builds the reference geometry and the reference optimizer of the recorded rule
-   (``REFERENCE_RULES``: the four presets with every option, on the Riemannian or the Euclidean
-   gradient; ``FIELD_RULES``: geoopt's RiemannianAdam and RiemannianSGD as
-   ``reference.field_rules`` states them) with the recorded hyperparameters;
+   (``PRESETS``: the four presets of ``reference.optim.PRESET_CHAINS`` with every option, on
+   the Riemannian or the Euclidean gradient; ``FIELD_RULES``: geoopt's RiemannianAdam and
+   RiemannianSGD as ``reference.field_rules`` states them) with the recorded hyperparameters;
 2. projects x to its manifold in float64 (the polar factor of each orthonormal factor) and
    reports the distance δ = ‖C(x) − C(x̄)‖, C what is compared (the point, or W = A Bᵀ where the
-   factors are defined up to a group action: ``geometries``);
+   factors are defined up to a group action: ``Elements``);
 3. converts the port's state to the reference's (``reference_state``: the count t − 1, the
    moments' arrays and √v filled into the layout the reference's ``init`` makes at x̄);
 4. takes the reference step ȳ = step(x̄, g, state) and measures e = ‖C(y) − C(ȳ)‖.
@@ -72,9 +74,10 @@ step was replayed (``overall``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,15 +87,10 @@ from tqdm import tqdm
 
 import reference as ref
 from proofs_checks import reference_rules
-from proofs_checks.port_compare.geometries import FrameAdapter, PointAdapter, unit_roundoff
+from proofs_checks.audit.trace import DTYPES, Trace, load
 from reference import field_rules as fr
 from reference import optim as ro
 from reference.geometry import like, parts
-from torch_port import audit as recorder
-from torch_port.geometries import GEOMETRIES
-from torch_port.geometry import default_atol
-from torch_port.optim.checks import FRAME_GEOMETRIES
-from torch_port.optim.presets import frame_momentum
 
 Array = np.ndarray
 
@@ -105,50 +103,15 @@ LARGEST_STEP = 0.5
 
 
 def _roundoff(dtype: str) -> float:
-    """u of a recorded dtype ("torch.float32", …; ``torch_port.audit.STORED`` names them)."""
-    return unit_roundoff(recorder.STORED[dtype][1])
+    """u of a recorded dtype ("torch.float32", …: ``trace.DTYPES``)."""
+    return DTYPES[dtype].roundoff
 
 
 def _accepted(dtype: str) -> float:
     """The orthonormality residual ‖FᵀF − I‖ up to which the port accepts a point of this
-    dtype as on its manifold (``torch_port.geometry.default_atol``, sqrt(ε)). A recorded point
+    dtype as on its manifold (sqrt(ε), ``torch_port.geometry.default_atol``). A recorded point
     beyond it is one the port would have refused: that step fails."""
-    return default_atol(recorder.STORED[dtype][1])
-
-
-# -- the reference rule of a recorded optimizer -------------------------------------------------
-def _adam(h: dict[str, Any]) -> ro.Transform:
-    b1, b2 = h["betas"]
-    steps = [ro.scale_by_adam(b1, b2, h["eps"], h["moment"], h["reduction"]), ro.scale(-h["lr"])]
-    if h["trust_radius"] is not None:
-        steps.append(ro.trust_region(h["trust_radius"]))
-    return ro.chain(*steps)
-
-
-def _momentum(h: dict[str, Any]) -> ro.Transform:
-    beta = frame_momentum(h)
-    return ro.chain(ro.trace(beta), ro.normalize_by_max(h["c"]), ro.scale(-h["lr"]))
-
-
-def _rsgd(h: dict[str, Any]) -> ro.Transform:
-    steps = [ro.scale(-h["lr"])]
-    if h["trust_radius"] is not None:
-        steps.append(ro.trust_region(h["trust_radius"]))
-    return ro.chain(*steps)
-
-
-def _normalized(h: dict[str, Any]) -> ro.Transform:
-    return ro.chain(ro.normalize_by_rms(), ro.scale(-h["lr"]))
-
-
-#: Optimizer class name (``torch_port.optim``) -> the reference chain of a group's
-#: hyperparameters, the same chain as the preset's ``rule``.
-REFERENCE_RULES: dict[str, Callable[[dict[str, Any]], ro.Transform]] = {
-    "RiemannianAdam": _adam,
-    "RiemannianMomentum": _momentum,
-    "RSGD": _rsgd,
-    "NormalizedRSGD": _normalized,
-}
+    return DTYPES[dtype].accepted
 
 
 class TraceError(ValueError):
@@ -163,15 +126,33 @@ class MissingState(TraceError):
 #: ``reference.field_rules``), recorded under their own names (``torch_port.audit_sources``).
 FIELD_RULES = ("geoopt_riemannian_adam", "geoopt_riemannian_sgd")
 
+#: ``torch_port.optim``'s class of each preset of ``reference.optim.PRESET_CHAINS``: the name a
+#: trace records for it.
+PRESETS = {
+    "RiemannianAdam": "riemannian_adam",
+    "RiemannianMomentum": "riemannian_momentum",
+    "RSGD": "rsgd",
+    "NormalizedRSGD": "normalized_rsgd",
+}
+
 #: ``rattn audit --rule NAME``: the name a trace records for each rule of
 #: ``proofs_checks.reference_rules`` (the optimizers whose state the replay reads).
 RECORDED_AS = {
-    "riemannian_adam": "RiemannianAdam",
-    "riemannian_momentum": "RiemannianMomentum",
-    "rsgd": "RSGD",
-    "normalized_rsgd": "NormalizedRSGD",
+    **{rule: optimizer for optimizer, rule in PRESETS.items()},
     **{name: name for name in FIELD_RULES},
 }
+
+
+def preset_chain(optimizer: str, h: dict[str, Any]) -> ro.Transform:
+    """The chain of the preset that the class ``optimizer`` runs, with a group's
+    hyperparameters ``h`` (torch's names, the chain's arguments). The frames' β of
+    ``RiemannianMomentum`` is its ``beta``, or ``betas[0]`` when ``beta`` is None (how
+    ``torch_port.optim.presets.frame_momentum`` reads a group, so that a scheduler cycling
+    ``betas`` reaches it)."""
+    make = ro.PRESET_CHAINS[PRESETS[optimizer]]
+    if optimizer == "RiemannianMomentum" and h.get("beta") is None:
+        h = {**h, "beta": h["betas"][0]}
+    return make(**{k: h[k] for k in inspect.signature(make).parameters})
 
 
 @dataclass(frozen=True)
@@ -200,7 +181,7 @@ class Claim:
         return RECORDED_AS[self.rule], {**step, "hyperparameters": h}
 
 
-def reference_optimizer(optimizer: str, step: dict[str, Any]) -> Any:
+def reference_optimizer(optimizer: str, step: dict[str, Any], geometry: Any) -> Any:
     """The reference optimizer of one recorded step: the rule's chain with the hyperparameters in
     force, the group's weight decay (coupled; none on frames, where the port applies none: RA-5)
     and its gradient ("riemannian" or "euclidean"); for another library's rule
@@ -215,21 +196,20 @@ def reference_optimizer(optimizer: str, step: dict[str, Any]) -> Any:
         except ValueError as err:
             message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
             raise TraceError(message) from None
-    if optimizer not in REFERENCE_RULES:
+    if optimizer not in PRESETS:
         raise TraceError(
             f"no reference rule for optimizer {optimizer!r}; rattn audit replays "
-            f"{', '.join([*REFERENCE_RULES, *FIELD_RULES])}, and any optimizer against the rule "
+            f"{', '.join([*PRESETS, *FIELD_RULES])}, and any optimizer against the rule "
             "it claims (--rule NAME)"
         )
-    frames = step["geometry"]["name"] in FRAME_GEOMETRIES
+    frames = hasattr(geometry, "project_point")  # points made of frames only (RA-5)
     decay = 0.0 if frames else float(h.get("weight_decay", 0.0))
     try:
         # the optimizer's own lr only scales decoupled decay, which is not used here: at lr 0
         # the chain's step is 0 and its state moves on (a schedule's first or last step)
         own_lr = 1.0 if h["lr"] == 0 else h["lr"]
-        return ro.Optimizer(
-            REFERENCE_RULES[optimizer](h), own_lr, decay, "coupled", step["gradient"]
-        )
+        chain = preset_chain(optimizer, h)
+        return ro.Optimizer(chain, own_lr, decay, "coupled", step["gradient"])
     except (KeyError, TypeError, ValueError, OverflowError) as err:
         message = f"step {step['step']}: hyperparameters {h} do not make a rule: {err}"
         raise TraceError(message) from None
@@ -238,27 +218,31 @@ def reference_optimizer(optimizer: str, step: dict[str, Any]) -> Any:
 # -- geometries, elements and states -------------------------------------------------------------
 @dataclass(frozen=True)
 class Elements:
-    """How the elements of one record are read: the adapter (what is compared), the reference
-    geometry, the number of block groups (0 for a plain point) and the orthonormal factors."""
+    """How the elements of one record are read, from the reference geometry of one element:
+    the number of block groups (0 for a plain point), the factors that are frames, the trailing
+    shapes of the point's parts in the port's layout (a block point's groups first: the port
+    keeps the ``reference.blocks`` groups stacked), whether the point is a single frame
+    (Stiefel), and what is compared: the factors where both sides keep the same ones (a frame;
+    P1, whose retraction aligns the new factors to the old; P3), else W = A Bᵀ (the quotients
+    R2 and P2, whose factors are defined up to a group action, and R1, whose (U, S, V) represent
+    W up to U ↦ UQ, S ↦ QᵀSP, V ↦ VP)."""
 
-    adapter: Any
     geometry: Any
     n_groups: int
     orthonormal: tuple[int, ...]
-    shapes: tuple[tuple[int, ...], ...]  # trailing shapes of the point's parts
+    shapes: tuple[tuple[int, ...], ...]
+    frame: bool
+    compares_matrix: bool
+
+    def _sets(self, x: Any) -> list[tuple[Array, ...]]:
+        """The factor tuples of x: one per block group; (x,) for a frame."""
+        if self.frame:
+            return [(x,)]
+        return list(x) if self.n_groups else [x]
 
     def residual(self, x: Any) -> float:
         """max ‖FᵀF − I‖_F over the orthonormal factors F of x (0 when it has none)."""
-        frames = (
-            [x]
-            if isinstance(self.adapter, FrameAdapter)
-            else [
-                f
-                for s in (x if self.n_groups else (x,))
-                for i, f in enumerate(s)
-                if i in self.orthonormal
-            ]
-        )
+        frames = [f for s in self._sets(x) for i, f in enumerate(s) if i in self.orthonormal]
         return max(
             (float(np.linalg.norm(f.T @ f - np.eye(f.shape[1]))) for f in frames), default=0.0
         )
@@ -266,7 +250,7 @@ class Elements:
     def point(self, arrays: Sequence[Array], e: int) -> Any:
         """Element e of parts kept as (elements, *trailing): a frame, a tuple of factors, or a
         tuple over the block groups of tuples of factors."""
-        if isinstance(self.adapter, FrameAdapter):
+        if self.frame:
             return arrays[0][e]
         if self.n_groups:
             return tuple(tuple(a[e][c] for a in arrays) for c in range(self.n_groups))
@@ -274,7 +258,7 @@ class Elements:
 
     def project(self, x: Any) -> Any:
         """x with each orthonormal factor replaced by its polar factor (float64)."""
-        if isinstance(self.adapter, FrameAdapter):
+        if self.frame:
             return ref.linalg.polar(x)
 
         def one(factors: tuple) -> tuple:
@@ -285,17 +269,18 @@ class Elements:
         return tuple(one(s) for s in x) if self.n_groups else one(x)
 
     def compared(self, x: Any) -> Array:
-        return np.concatenate([np.ravel(p) for p in self.adapter.compared(x)])
+        """C(x): W of every group, or the factors, as one vector (class docstring)."""
+        if self.compares_matrix:
+            w = self.geometry.to_matrix(x)
+            return np.concatenate([np.ravel(a) for a in (w if isinstance(w, tuple) else (w,))])
+        return np.concatenate([np.ravel(f) for s in self._sets(x) for f in s])
 
     def conditioning(self, x: Any) -> float:
         """κ = max over the factors that are not frames (S of R1, A and B of R2) of cond(F)²,
         the condition number of their Gram matrices FᵀF, which the Riemannian gradient, the
         projections and the transports solve with (1 for points made of frames only)."""
-        if isinstance(self.adapter, FrameAdapter):
-            return 1.0
-        sets = x if self.n_groups else (x,)
         kappa = 1.0
-        for factors in sets:
+        for factors in self._sets(x):
             for i, f in enumerate(factors):
                 if i not in self.orthonormal:
                     sv = np.linalg.svd(f, compute_uv=False)
@@ -304,20 +289,29 @@ class Elements:
 
 
 def elements(spec: dict[str, Any]) -> Elements:
-    """The ``Elements`` of a recorded geometry (name, sizes, options)."""
+    """The ``Elements`` of a recorded geometry (name, sizes, options), read from the reference
+    geometry of one element (``tests/test_audit.py`` checks that the port's layout is the
+    reference's for each of the ten)."""
     name, sizes, options = spec["name"], spec["sizes"], dict(spec["options"])
     if name == "stiefel":
-        adapter = FrameAdapter(**options)
         geometry = ref.Stiefel(sizes["d"], sizes["r"], **options)
-        return Elements(adapter, geometry, 0, (0,), ((sizes["d"], sizes["r"]),))
-    if name not in GEOMETRIES:
+        return Elements(geometry, 0, (0,), ((sizes["d"], sizes["r"]),), True, False)
+    if name not in ref.GEOMETRIES:
         raise TraceError(f"unknown geometry {name!r} in the trace")
-    if "pattern" in options and options["pattern"] is not None:
+    if options.get("pattern") is not None:
         options["pattern"] = tuple(tuple(e) for e in options["pattern"])
-    adapter = PointAdapter(name, sizes["m"], sizes["n"], sizes["r"], tuple(sorted(options.items())))
-    rg, tg = adapter.geometries()
-    shapes = tuple(tuple(t) for t in tg.point_shapes)
-    return Elements(adapter, rg, getattr(tg, "n_groups", 0), tuple(tg.orthonormal_factors), shapes)
+    geometry = ref.GEOMETRIES[name](sizes["m"], sizes["n"], sizes["r"], **options)
+    compares_matrix = name.endswith(("_quotient", "fixed_rank_embedded"))
+    if not name.startswith("block_"):
+        shapes = tuple(geometry.point_shapes)
+        return Elements(geometry, 0, geometry.orthonormal_factors, shapes, False, compares_matrix)
+    bases = geometry.factors
+    if len({b.point_shapes for b in bases}) != 1:
+        raise TraceError(f"{name}: its groups differ in shape, which the port does not stack")
+    shapes = tuple((len(bases), *s) for s in bases[0].point_shapes)
+    return Elements(
+        geometry, len(bases), bases[0].orthonormal_factors, shapes, False, compares_matrix
+    )
 
 
 def reference_state(
@@ -552,9 +546,7 @@ def state_deviation(
     return worst
 
 
-def replay_record(
-    trace: recorder.Trace, k: int, claim: Claim | None = None
-) -> list[dict[str, Any]]:
+def replay_record(trace: Trace, k: int, claim: Claim | None = None) -> list[dict[str, Any]]:
     """Every kept element of record k: deviation, bound, the state after the step against the
     reference's, and the row's verdict (module docstring); against ``claim`` when given."""
     step = trace.meta["steps"][k]
@@ -574,9 +566,7 @@ def replay_record(
         raise TraceError(f"{where}: cannot be replayed ({type(err).__name__}: {err})") from None
 
 
-def _replay_record(
-    trace: recorder.Trace, k: int, where: str, claim: Claim | None
-) -> list[dict[str, Any]]:
+def _replay_record(trace: Trace, k: int, where: str, claim: Claim | None) -> list[dict[str, Any]]:
     meta = trace.meta
     optimizer, step = meta["optimizer"], meta["steps"][k]
     if claim is not None:
@@ -598,11 +588,11 @@ def _replay_record(
                 f"{where}: {what} has parts of shapes {list(got)}; a {spec['name']} point of "
                 f"these sizes has {list(el.shapes)}"
             )
-    opt = reference_optimizer(optimizer, step)
+    opt = reference_optimizer(optimizer, step, el.geometry)
     # an optimizer that is neither the library's nor geoopt's keeps its state under its own
     # names (``FramesSource``): what the claimed rule needs and it lacks is not checked
     unmapped = meta["optimizer"] not in RECORDED_AS.values()
-    dtype = step["dtypes"][0]  # one of ``recorder.STORED``: ``check_trace`` refused others
+    dtype = step["dtypes"][0]  # one of ``trace.DTYPES``: ``check_trace`` refused others
     n, r = _dims(spec)
     h = step["hyperparameters"]
     rows = []
@@ -688,7 +678,7 @@ def _replay_record(
                 raise TraceError(message) from None
             if recorded is not None:
                 expected = new_state
-                if el.adapter.compares_matrix:
+                if el.compares_matrix:
                     recorded = in_matrix_form(recorded, el.geometry, yp)
                     expected = in_matrix_form(new_state, el.geometry, y_ref)
                 kappa_state = max(kappa, el.conditioning(yp))
@@ -761,7 +751,7 @@ def _said(what: str, reason: str | None) -> dict[str, Any]:
     return {"verdict": what, "passed": what == "pass", "reason": reason}
 
 
-def _skipped_verdict(trace: recorder.Trace, step: dict[str, Any], el: Elements, g: Any) -> dict:
+def _skipped_verdict(trace: Trace, step: dict[str, Any], el: Elements, g: Any) -> dict:
     """A step the port skipped (``skip_nonfinite``) is right only for a non-finite gradient:
     "pass" when one of the gradients recorded at this step has a non-finite entry, "fail" when
     every gradient of the step is finite (the trace says none was not), "not auditable" when
@@ -792,9 +782,7 @@ def _element_entries(el: Elements, arrays: Sequence[Array], j: int) -> list[Any]
     return [a[j] for a in arrays]
 
 
-def replay(
-    trace: recorder.Trace, *, progress: bool = False, claim: Claim | None = None
-) -> dict[str, Any]:
+def replay(trace: Trace, *, progress: bool = False, claim: Claim | None = None) -> dict[str, Any]:
     """Every record of a trace: one JSON-ready document with ``passed``,
     ``first_failure_step`` and ``steps`` (one row per element of each record); against the
     claimed rule when given (``Claim``), else the recorded one."""
@@ -843,11 +831,11 @@ def overall(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def audit(
     path: str | Path, *, progress: bool = False, claim: Claim | None = None
 ) -> dict[str, Any]:
-    """Load a trace (``torch_port.audit.load``, which checks its layout) and replay it (against
+    """Load a trace (``trace.load``, which checks its layout) and replay it (against
     ``claim`` when given); TraceError naming the file for one that cannot be read or
     replayed."""
     try:
-        trace = recorder.load(path)
+        trace = load(path)
     except ValueError as err:
         raise TraceError(str(err)) from None
     if not trace.meta["steps"]:

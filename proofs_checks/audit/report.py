@@ -1,12 +1,12 @@
 """The report of ``rattn audit``: a Markdown table (the worst element of each step and group)
-and a plot of deviation/bound over the steps (``proofs_checks.port_compare.audit`` replays)."""
+and a plot of deviation/bound over the steps (``proofs_checks.audit.replay`` replays)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from proofs_checks.port_compare.audit import RESOLUTION, TraceError, row_ratio
+from proofs_checks.audit.replay import RESOLUTION, TraceError, row_ratio
 
 
 def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,3 @@
+"""``rattn audit``: a recorded training run (``torch_port.audit.record``) replayed through the
+float64 reference, step by step. NumPy only: ``trace`` reads and checks the file, ``replay``
+replays it and gives each row its verdict, ``report`` writes the table and the plot."""
