@@ -237,6 +237,8 @@ class Recorder:
             if t % self.every:
                 continue
             layout = Layout.of(point, len(self.source.trailing(point)), self.frames)
+            if not layout.elements:  # an FSDP2 shard that holds none of the point's elements
+                continue
             k = len(self.steps) + len(self._pending)
             for i, xi in enumerate(layout.value(point)):  # the gradients after the step
                 self._keep(f"r{k}/x/{i}", xi, layout)

@@ -419,8 +419,12 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         wd = group["weight_decay"]
         if wd > 0.0 and group["geometry"] not in checks.FRAME_GEOMETRIES:  # decay="coupled"
             egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
-        g = Step(tuple(geometry.egrad_to_rgrad(x, egrad)), fresh=geometry.rgrad_is_fresh)
         t = int(stored["step"].item()) + 1
+        if any(part.numel() == 0 for part in x):
+            # an FSDP2 shard that holds no element of the point (a tensor of fewer heads than
+            # ranks): nothing moves, and the step count advances with the other ranks'
+            return point.unpack(x), {**stored, "step": torch.full_like(stored["step"], t)}
+        g = Step(tuple(geometry.egrad_to_rgrad(x, egrad)), fresh=geometry.rgrad_is_fresh)
         step, new = rule.update(geometry, x, g, state, t)
         u, c = step.resolve(geometry, x)
         try:
