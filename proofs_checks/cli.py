@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from proofs_checks import early_interrupt
 from proofs_checks.certificate import certify, check_destination, resolve_ids, summary_table
+from proofs_checks.early_interrupt import INTERRUPTED
 from proofs_checks.rank import add_rank_arguments, run_rank_command
 from proofs_checks.registry import REGISTRY
 
@@ -19,9 +21,6 @@ BENCHMARKS = ("stiefel", "geometries", "port", "model", "audit")
 #: ``--seeds`` must lie in 0 ≤ s < SEED_LIMIT = 2**32, the seed range of NumPy's legacy
 #: ``np.random.seed`` / ``RandomState``; larger values overflow where a run uses them.
 SEED_LIMIT = 2**32
-
-#: Exit status after Ctrl-C (SIGINT), as a shell reports it: 128 + 2.
-INTERRUPTED = 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     aud.add_argument("trace", help="the .npz file written by torch_port.audit.record")
     aud.add_argument("--json", action="store_true", help="print one JSON document")
-    aud.add_argument("--plot", metavar="FILE", default=None, help="draw deviation/bound (PNG)")
+    aud.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="draw deviation/bound (PNG; a folder: audit.png in it)",
+    )
     aud.add_argument(
         "--rule", default=None, help="replay against this rule (rattn conform's names)"
     )
@@ -315,10 +319,15 @@ def run_certify(args: argparse.Namespace) -> int:
 
 
 def run_geometries(args: argparse.Namespace) -> int:
-    from proofs_checks.geometry_table import describe, format_table
+    from proofs_checks.geometry_table import describe, describe_bytes, format_table
+    from proofs_checks.memory import require_memory
 
     if not (1 <= args.r <= min(args.m, args.n)):
         raise ValueError(f"needs 1 ≤ r ≤ min(m, n), got m={args.m}, n={args.n}, r={args.r}")
+    require_memory(
+        f"rattn geometries at m={args.m}, n={args.n}, r={args.r}",
+        describe_bytes(args.m, args.n, args.r),
+    )
     rows = describe(args.m, args.n, args.r)
     print(json.dumps(rows, indent=2, ensure_ascii=False) if args.json else format_table(rows))
     return 0
@@ -376,26 +385,27 @@ def run_audit(args: argparse.Namespace) -> int:
     from proofs_checks.audit import replay as audit
     from proofs_checks.audit import report as audit_report
 
+    plot = None
     if args.plot is not None:
-        from proofs_checks.rank import require_matplotlib
+        from proofs_checks.rank import plot_destination, require_matplotlib
 
         require_matplotlib()
-        folder = Path(args.plot).resolve().parent
-        if not folder.is_dir():
-            raise ValueError(f"--plot {args.plot}: the folder {folder} does not exist")
+        plot = plot_destination(args.plot, "audit.png")
     if args.set and args.rule is None:
         raise ValueError("--set needs --rule NAME")
     try:
         claim = None if args.rule is None else audit.Claim(args.rule, parse_overrides(args.set))
         result = audit.audit(args.trace, progress=not args.json, claim=claim)
-        if args.plot is not None:
-            audit_report.plot(result, args.plot)
+        if plot is not None:
+            result["plot"] = str(audit_report.plot(result, plot))
     except audit.TraceError as exc:
         raise ValueError(str(exc)) from None
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
         print(audit_report.format_table(result))
+        if plot is not None:
+            print(f"plot: {plot}")
     return 0 if result["passed"] else 1
 
 
@@ -531,10 +541,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     stderr, tracker = sys.stderr, None
     try:
         sys.stderr = tracker = _LineEndTracker(stderr)
+        early_interrupt.release()  # from here on, Ctrl-C is a KeyboardInterrupt handled below
         return _main(argv)
     except KeyboardInterrupt:
         end = "\n" if tracker is not None and tracker.mid_line else ""
-        print(f"{end}rattn: interrupted", file=stderr, flush=True)
+        print(f"{end}{early_interrupt.MESSAGE}", file=stderr, flush=True)
         return INTERRUPTED
     finally:
         sys.stderr = stderr

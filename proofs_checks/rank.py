@@ -370,6 +370,18 @@ def require_matplotlib() -> None:
         )
 
 
+def plot_destination(plot: str | Path, default_name: str) -> Path:
+    """Where ``--plot`` writes, decided before the work: the file given, or ``default_name``
+    inside it when it names a directory; ValueError when its folder does not exist."""
+    path = Path(plot)
+    if path.is_dir():
+        path = path / default_name
+    folder = path.resolve().parent
+    if not folder.is_dir():
+        raise ValueError(f"--plot {plot}: the folder {folder} does not exist")
+    return path
+
+
 def plot_spectrum(report: dict[str, Any], path: str | Path) -> None:
     """A PNG of the spectrum on a log scale, the floor/threshold, and the recommended rank."""
     require_matplotlib()
@@ -420,6 +432,7 @@ def run_rank(
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if plot is not None:
         require_matplotlib()  # refuse before the work, not after
+        plot = plot_destination(plot, "rank.png")
     x, y = load_sequences(path, x_key, y_key)
     report = {"file": str(path), **estimate(x, y, attention)}
     if plot is not None:
@@ -441,7 +454,12 @@ def add_rank_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--attention", choices=ATTENTION, default="linear", help="mixing kind (default linear)"
     )
-    parser.add_argument("--plot", metavar="FILE", default=None, help="write a PNG of the spectrum")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="write a PNG of the spectrum (a folder: rank.png in it)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 

@@ -457,6 +457,10 @@ def test_the_command_exit_codes_json_and_plot(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"FAILED: 2 of 12 elements, first at step {T}" in out
     assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a folder: the plot goes into it as audit.png, and the command says where
+    assert main(["audit", str(tmp_path / "bad.npz"), "--plot", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.endswith(f"plot: {tmp_path / 'audit.png'}\n")
+    assert (tmp_path / "audit.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     (tmp_path / "junk.npz").write_bytes(b"junk")
     assert main(["audit", str(tmp_path / "junk.npz")]) == 2

@@ -102,6 +102,10 @@ def test_plot(tmp_path, capsys, monkeypatch):
         assert rank.run_rank(path, attention="static", plot=png) == 0
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         capsys.readouterr()
+        # a folder: the plot goes into it, under the command's name, and the report says where
+        assert rank.run_rank(path, attention="static", plot=tmp_path, as_json=True) == 0
+        assert json.loads(capsys.readouterr().out)["plot"] == str(tmp_path / "rank.png")
+        assert (tmp_path / "rank.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import zipfile
 
 import numpy as np
@@ -273,6 +274,66 @@ def test_real_sigint_during_certify(tmp_path):
     assert err.endswith("\nrattn: interrupted\n") and err.count("rattn: interrupted") == 1, err
     assert err.splitlines()[-1] == "rattn: interrupted" and "Traceback" not in err, err
     assert snapshot(out) == before
+
+
+def test_real_sigint_while_the_command_loads() -> None:
+    """The ``rattn`` console script sent SIGINT 0.3 s after it starts, while its modules are
+    still being imported (about 2 s, before ``main`` runs): exit 130, one line, no traceback
+    (``early_interrupt``)."""
+    import shutil
+
+    command = shutil.which("rattn")
+    if command is None:
+        pytest.skip("the rattn console script is not on PATH")
+    proc = subprocess.Popen(
+        [command, "geometries"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and err == "rattn: interrupted\n", (proc.returncode, err)
+
+
+def test_geometries_at_sizes_beyond_memory_are_refused_before_any_work(capsys) -> None:
+    assert main(["geometries", "--m", "100000", "--n", "100000", "--r", "50000"]) == 2
+    assert re.search(
+        r"rattn geometries at m=100000.* needs about .* more than the limit", one_error_line(capsys)
+    )
+
+
+def test_the_geometries_memory_estimate_covers_the_measured_peak() -> None:
+    import tracemalloc
+
+    from proofs_checks.geometry_table import describe, describe_bytes
+
+    tracemalloc.start()
+    try:
+        describe(90, 60, 5)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= describe_bytes(90, 60, 5), (peak, describe_bytes(90, 60, 5))
+
+
+@pytest.mark.parametrize("name", ["results.json", "results.md"])
+def test_experiment_refuses_a_results_file_that_is_a_directory_before_training(
+    name, tmp_path, capsys
+) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    (tmp_path / "grokking" / name).mkdir(parents=True)
+    argv = ["experiment", "grokking", "--preset", "smoke", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert f"{name}': it exists and is not a regular file" in one_error_line(capsys)
+    assert sorted(p.name for p in (tmp_path / "grokking").iterdir()) == [name]  # nothing ran
 
 
 # -- rank: every unreadable file is named with its problem -----------------------------------------

@@ -154,6 +154,9 @@ def results_document(
     )
 
 
+#: What every run writes last (``write_results``).
+RESULT_FILES = ("results.json", "results.md")
+
 #: Output directories this process holds the lock of: path -> open lock file.
 _LOCKS: dict[Path, Any] = {}
 
@@ -171,6 +174,12 @@ def output_dir(options: RunOptions, name: str) -> Path:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ValueError(f"cannot write results to {str(path)!r}: {exc.strerror}") from None
+    for target in (path / f for f in RESULT_FILES):  # written last: refused before the run
+        if os.path.lexists(target) and not target.is_file():
+            raise ValueError(
+                f"cannot write results to {str(target)!r}: it exists and is not a regular file "
+                "(a directory?); remove it or choose another --out"
+            )
     key = path.resolve()
     if key in _LOCKS:
         return path
@@ -213,7 +222,7 @@ def _release_all() -> None:
 def write_results(directory: Path, document: Mapping[str, Any], markdown: str) -> list[Path]:
     """Write ``results.json`` and ``results.md`` into ``directory`` and release its lock
     (``output_dir``); return their paths."""
-    json_path, md_path = directory / "results.json", directory / "results.md"
+    json_path, md_path = (directory / f for f in RESULT_FILES)
     json_path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", "utf-8")
     md_path.write_text(markdown.rstrip() + "\n", "utf-8")
     release_output_dir(directory)
