@@ -198,18 +198,6 @@ def _floats(values) -> list[float]:
     return [float(v) for v in values]
 
 
-def _agreement(estimators: dict[str, Any], recommended: int) -> list[str]:
-    keys = ("energy_threshold_rank(eta=0.9)", "energy_threshold_rank(eta=0.99)")
-    others = {k: estimators[k] for k in keys}
-    if all(v == recommended for v in others.values()):
-        return []
-    listed = ", ".join(f"{k} = {v}" for k, v in others.items())
-    return [
-        f"the estimators disagree ({listed}; recommended {recommended}): the spectrum has no "
-        "single clear gap; inspect it (--plot) before choosing a rank"
-    ]
-
-
 def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     s, n, d = x.shape
     dv = y.shape[2]
@@ -218,7 +206,7 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     floor = math.sqrt(max(gc.threshold - gc.noise, 0.0))
     estimators = capacity.estimate_all(signal, floor=floor)
     estimators["token_gram_count"] = gc.rank
-    caveats = [
+    assumptions = [
         "assumes a static (input-independent) mixer Y = A*XW* + noise, with noise iid across "
         "tokens; with input-conditioned attention use --attention linear or softmax (a static "
         "summary of attention is aI + b11ᵀ, EB-5)",
@@ -226,6 +214,11 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         "directions weaker than about σ̂²·2√(n/(S·d_v)) are not detected",
         "the spectrum estimators act on sqrt(max(λ − σ̂², 0)), the token Gram's signal part",
     ]
+    caveats = _near_threshold(
+        gc.eigenvalues[: gc.rank] - gc.noise,
+        gc.threshold - gc.noise,
+        "eigenvalue excess(es) λ − σ̂²",
+    )
     extra: dict[str, Any] = {}
     if d == dv and s * d >= n:
         mixer = capacity.ols_static_mixer(x, y)
@@ -234,11 +227,10 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
             "spectrum": _floats(sv),
             "estimators": capacity.estimate_all(sv),
         }
-        caveats.append(
+        assumptions.append(
             "the OLS static mixer (Σ YXᵀ)(Σ XXᵀ)⁻¹ models Y ≈ A X: it is meaningful only when "
             "the value map is close to the identity (it is diluted by tr W*)"
         )
-    caveats += _agreement(estimators, gc.rank)
     return {
         "operator": "token Gram G = Σ_s Y_s Y_sᵀ/(S·d_v), eigenvalues",
         "spectrum_of": "token-Gram eigenvalues",
@@ -248,9 +240,33 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         "estimators": estimators,
         "recommended_rank": int(gc.rank),
         "recommended_by": "token-Gram eigenvalues above the noise's Tracy–Widom 99% edge",
+        "zero_means": (
+            f"no token-Gram eigenvalue above the threshold {gc.threshold:.3g} (λ₁ = "
+            f"{gc.eigenvalues[0]:.3g}, noise σ̂² = {gc.noise:.3g}): no direction is "
+            "distinguishable from the noise at this S; a direction would count from "
+            f"λ > {gc.threshold:.3g}"
+        ),
+        "assumptions": assumptions,
         "caveats": caveats,
         **extra,
     }
+
+
+#: A counted value less than this factor above the threshold is "near" it (the caveat of
+#: ``_near_threshold``): a sample of the same size may not count it.
+NEAR = 1.25
+
+
+def _near_threshold(values: np.ndarray, threshold: float, what: str) -> list[str]:
+    """The caveat that fires when a counted value lies in (threshold, NEAR·threshold]."""
+    near = [float(v) for v in values if threshold < v <= NEAR * threshold]
+    if not near:
+        return []
+    listed = ", ".join(f"{v:.3g}" for v in near)
+    return [
+        f"{len(near)} counted {what} less than {NEAR}× the threshold {threshold:.3g} ({listed}): "
+        "another sample of this size may not count them"
+    ]
 
 
 def _attention(x: np.ndarray, y: np.ndarray, attention: str) -> dict[str, Any]:
@@ -264,43 +280,54 @@ def _attention(x: np.ndarray, y: np.ndarray, attention: str) -> dict[str, Any]:
             "first-order estimator: y_i on [x_i, x̄], the x_i block (d_v × d), singular values"
         )
     sv = capacity.singular_values(reg.coef)
-    floor = capacity.attention_gap_floor(sv, reg.stderr, n)  # max(SE, σ₁/n)
+    edge = capacity.noise_edge(reg)
+    floor = capacity.attention_gap_floor(sv, edge, n)  # max(noise edge, σ₁/n)
     estimators = capacity.estimate_all(sv, floor=floor)
     rank = capacity.largest_gap_rank(sv, floor)
-    caveats = [
-        f"values below the floor max(standard error {reg.stderr:.3g}, σ₁/n = {sv[0] / n:.3g}) "
-        "are treated as sampling error or finite-n tail: the pooled coefficient "
-        "W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞ (EB-7)",
-        "the numerical rank and erank_RV count the finite-n tail and over-estimate",
+    assumptions = [
+        "the floor is the larger of the noise edge (the 95% quantile of ‖Ĉ − E Ĉ‖₂ by a "
+        "sign-flip bootstrap over sequences) and σ₁/n, the finite-n tail of EB-7: the pooled "
+        "coefficient W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞",
         "the estimate is at most rank(W_V): a value map of low rank hides kernel directions",
     ]
     if attention == "softmax":
-        caveats.append(
+        assumptions.append(
             "softmax: partial recovery. The first-order estimator assumes no systematic "
             "self-attention bias; with a PSD part in K (tokens attending to themselves) the value "
-            "map's full rank leaks into the coefficient and energy estimators over-count as β "
-            "grows; the largest-gap rank is the most robust (background §6 P4c)"
+            "map's full rank leaks into the coefficient (background §6 P4c)"
         )
-        if rank < sv.size and sv[rank] > 2 * floor:
-            caveats.append(
-                f"the tail after the gap (σ_{rank + 1} = {sv[rank]:.3g}) is above twice the floor: "
-                "part of the operator is full rank (e.g. a self-attention bias or a large β)"
-            )
+    caveats = _near_threshold(sv[:rank], floor, "singular value(s)")
+    if 0 < rank < sv.size and sv[rank] > floor:
         caveats.append(
-            "the inversion estimator (reference.capacity.inversion_estimator) needs W_V and "
-            f"n ≤ d_v; here n = {n}, d_v = {dv}"
-            + (" (identifiable if W_V is known)" if n <= dv else " (not identifiable)")
+            f"{int(np.sum(sv[rank:] > floor))} singular value(s) after the gap (σ_{rank + 1} = "
+            f"{sv[rank]:.3g}) are above the floor {floor:.3g}: a finite-n tail (EB-7) or a "
+            "full-rank part (under softmax, a self-attention bias or a large β); not counted"
         )
-    caveats += _agreement(estimators, rank)
+    if attention == "softmax" and n > dv:
+        caveats.append(
+            "the inversion estimator (reference.capacity.inversion_estimator), which needs W_V, "
+            f"cannot identify K here: it needs n ≤ d_v, and n = {n} > d_v = {dv}"
+        )
     return {
         "operator": operator,
         "spectrum_of": "coefficient singular values",
         "spectrum": _floats(sv),
+        "threshold": float(floor),
+        "noise_edge": edge,
         "noise_floor": float(floor),
         "standard_error": float(reg.stderr),
         "estimators": estimators,
         "recommended_rank": int(rank),
-        "recommended_by": "largest-gap rank of the coefficient, floored at max(SE, σ₁/n)",
+        "recommended_by": (
+            "largest-gap rank of the coefficient's singular values above the threshold "
+            "max(noise edge, σ₁/n)"
+        ),
+        "zero_means": (
+            f"no singular value above the threshold {floor:.3g} (σ₁ = {sv[0]:.3g}): no direction "
+            "is distinguishable from the sampling error at this S; a direction would count from "
+            f"σ > {floor:.3g}"
+        ),
+        "assumptions": assumptions,
         "caveats": caveats,
     }
 
@@ -351,12 +378,11 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"{'naive_static_token_gram_count':<34} {report['naive_static_token_gram_count']}"
         )
-    lines += [
-        "",
-        f"recommended rank: {report['recommended_rank']} ({report['recommended_by']})",
-        "caveats:",
-        *(f"  - {c}" for c in report["caveats"]),
-    ]
+    lines += ["", f"recommended rank: {report['recommended_rank']} ({report['recommended_by']})"]
+    if report["recommended_rank"] == 0:
+        lines.append(f"  0 means: {report['zero_means']}")
+    lines += ["assumptions:", *(f"  - {c}" for c in report["assumptions"])]
+    lines += ["caveats:", *(f"  - {c}" for c in report["caveats"] or ["none measured"])]
     if "plot" in report:
         lines.append(f"plot: {report['plot']}")
     return "\n".join(lines)

@@ -168,9 +168,9 @@ def test_eb4_and_eb8_use_the_attention_gap_floor_of_rattn_rank(monkeypatch):
     calls = []
     real = capacity.attention_gap_floor
 
-    def spy(s, standard_error, n):
+    def spy(s, noise, n):
         calls.append(n)
-        return real(s, standard_error, n)
+        return real(s, noise, n)
 
     monkeypatch.setattr(capacity, "attention_gap_floor", spy)
     assert eb_data.linear_pooled(Context(seed=0), False).passed

@@ -271,8 +271,8 @@ def test_native_rank_frontier_floor_is_the_rank_rule() -> None:
     config = dict(native_rank.PRESETS["smoke"])
     cell = native_rank_cells.frontier_cell(config, "linear", 8, None, "UV^T", 0)
     s = np.asarray(cell["spectrum"])
-    assert cell["floor"] == capacity.attention_gap_floor(s, cell["stderr"], 8)
-    assert cell["floor"] == max(cell["stderr"], s[0] / 8)
+    assert cell["floor"] == capacity.attention_gap_floor(s, cell["noise_edge"], 8)
+    assert cell["floor"] == max(cell["noise_edge"], s[0] / 8)
 
 
 def test_native_rank_cells_are_deterministic() -> None:

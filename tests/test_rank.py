@@ -39,11 +39,11 @@ def test_planted_files_recover_the_planted_rank(tmp_path, capsys, attention):
     assert {"energy_effective_rank", "roy_vetterli_rank", "largest_gap_rank"} <= set(
         report["estimators"]
     )
-    assert report["caveats"] and len(report["spectrum"]) == (
+    assert report["assumptions"] and len(report["spectrum"]) == (
         task.x.shape[1] if attention == "static" else task.x.shape[2]
     )
     if attention == "softmax":
-        assert any("partial recovery" in c for c in report["caveats"])
+        assert any("partial recovery" in c for c in report["assumptions"])
 
 
 @pytest.mark.parametrize("attention", ["linear", "softmax"])
@@ -54,14 +54,14 @@ def test_attention_floor_is_the_one_function_of_reference_capacity(monkeypatch, 
     calls = []
     real = cap.attention_gap_floor
 
-    def spy(s, standard_error, n):
-        calls.append((standard_error, n))
-        return real(s, standard_error, n)
+    def spy(s, noise, n):
+        calls.append((noise, n))
+        return real(s, noise, n)
 
     monkeypatch.setattr(cap, "attention_gap_floor", spy)
     report = rank.estimate(task.x, task.y, attention)
-    assert calls == [(report["standard_error"], task.x.shape[1])]
-    expected = max(report["standard_error"], max(report["spectrum"]) / task.x.shape[1])
+    assert calls == [(report["noise_edge"], task.x.shape[1])]
+    expected = max(report["noise_edge"], max(report["spectrum"]) / task.x.shape[1])
     assert report["noise_floor"] == expected
     assert report["estimators"]["largest_gap_rank"] == report["recommended_rank"] == 3
 
@@ -71,7 +71,7 @@ def test_table_output_and_custom_keys(tmp_path, capsys):
     path = write(tmp_path, inputs=task.x, outputs=task.y)
     assert rank.run_rank(path, x_key="inputs", y_key="outputs") == 0
     out = capsys.readouterr().out
-    assert "recommended rank: 3" in out and "largest_gap_rank" in out and "caveats:" in out
+    assert "recommended rank: 3" in out and "largest_gap_rank" in out and "assumptions:" in out
 
 
 def test_softmax_with_self_attention_bias_still_finds_the_gap(tmp_path, capsys):

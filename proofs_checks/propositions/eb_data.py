@@ -5,7 +5,7 @@ Two pre-training rules of ``reference.capacity`` (docs/entropic_bound.md §1, §
 - static surrogate: the token-Gram count ``token_gram_count`` (eigenvalues of
   Σ_s Y_sY_sᵀ/(S·d_v) above the Tracy–Widom 99% quantile of the noise's largest eigenvalue);
 - linear QK attention with the value map unknown: the largest-gap rank of σ(Ĉ) of the pooled
-  regression ``pooled_regression``, floored at max(standard error, σ₁/n) (the rule of
+  regression ``pooled_regression``, floored at max(noise edge, σ₁/n) (the rule of
   ``rattn rank``; the σ₁/n floor covers the O(1/n) tail of EB-7).
 
 Both return r* with high probability at the stated sizes. The naive transfer of the static rule
@@ -171,20 +171,20 @@ def naive_transfer(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
-def floored_gap(sv: np.ndarray, stderr: float, n: int) -> int:
-    """The largest-gap rank of ``sv`` floored at ``capacity.attention_gap_floor(sv, stderr, n)``
-    = max(stderr, σ₁/n): the rule of ``rattn rank`` for attention, called, not restated."""
-    return capacity.largest_gap_rank(sv, capacity.attention_gap_floor(sv, stderr, n))
+def floored_gap(sv: np.ndarray, edge: float, n: int) -> int:
+    """The largest-gap rank of ``sv`` floored at ``capacity.attention_gap_floor(sv, edge, n)``
+    = max(noise edge, σ₁/n): the rule of ``rattn rank`` for attention, called, not restated."""
+    return capacity.largest_gap_rank(sv, capacity.attention_gap_floor(sv, edge, n))
 
 
 def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
     """Statistical criterion over 100 independent replicates (default_rng([seed, 402, i])):
     ``linear_qk_task`` with S = 300, n = 16, d = d_v = 12, r* = 3 (flat K = UVᵀ), noise 0.1,
     W_V unknown; r̂ = the largest-gap rank of σ(Ĉ) of ``pooled_regression``, floored at
-    max(SE, σ₁/n). Pass: P(r̂ = r*) ≥ 0.9 by the exact binomial test (``binomial``). Control (a near
-    miss, one less), substituted into the package namespace ``reference.capacity`` that the
-    rule is called through: the largest-gap rank's + 1 dropped. Subtler variants are not
-    rejected at these sizes (docs/verification.md)."""
+    max(noise edge, σ₁/n). Pass: P(r̂ = r*) ≥ 0.9 by the exact binomial test (``binomial``).
+    Control (a near miss, one less), substituted into the package namespace
+    ``reference.capacity`` that the rule is called through: the largest-gap rank's + 1
+    dropped. Subtler variants are not rejected at these sizes (docs/verification.md)."""
     found = []
     near_miss = substituted(capacity, "largest_gap_rank", zero_based_gap)
     with near_miss if wrong else contextlib.nullcontext():
@@ -192,7 +192,8 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
             rng = np.random.default_rng([ctx.seed, TAG_LINEAR, i])
             task = capacity.linear_qk_task(LQ_S, LQ_N, LQ_D, LQ_D, RSTAR, rng, noise=NOISE)
             reg = capacity.pooled_regression(task.x, task.y)
-            found.append(floored_gap(np.linalg.svd(reg.coef, compute_uv=False), reg.stderr, LQ_N))
+            sv = np.linalg.svd(reg.coef, compute_uv=False)
+            found.append(floored_gap(sv, capacity.noise_edge(reg), LQ_N))
     return _verdict(
         found,
         "floored gap of the pooled regression",
@@ -203,7 +204,7 @@ def linear_pooled(ctx: Context, wrong: bool) -> Outcome:
             f"S = {LQ_S}, n = {LQ_N}, d = d_v = {LQ_D}, r* = {RSTAR}, flat K = UVᵀ, "
             f"noise σ = {NOISE:g}",
             "linear_qk_task data, W_V unknown; pooled_regression, largest-gap rank floored "
-            "at max(SE, σ₁/n)",
+            "at max(noise edge, σ₁/n)",
         ),
     )
 
@@ -342,7 +343,8 @@ register(
             r"(b) Linear QK attention $Y_s=(X_sKX_s^\top/n)X_sW_V+\sigma E_s$, $W_V$ unknown: "
             r"the largest-gap rank of the singular values of the pooled regression coefficient "
             r"$\hat C=(\sum yx^\top)(\sum xx^\top)^{-1}$, with denominators floored at "
-            r"$\max(\mathrm{SE},\sigma_1/n)$ (SE the cluster-robust standard error; "
+            r"$\max(e_{95},\sigma_1/n)$ ($e_{95}$ the 95\% quantile of $\|\hat C-E\hat C\|_2$ by a "
+            r"sign-flip bootstrap over sequences; "
             r"$\sigma_1/n$ covers the $O(1/n)$ tail of EB-7), equals $r^*=\operatorname{rank}K$. "
             r"Statistical claim (checked): (a) at $S=200$, $n=16$, $d=16$, $d_v=8$, "
             r"$\sigma(A^*)=(1,0.75,0.5)$, $\sigma=0.1$ and (b) at $S=300$, $n=16$, $d=d_v=12$, "

@@ -55,8 +55,9 @@ def replicates(seed: int, psd: bool, near_miss: tuple[str, object] | None) -> tu
 @functools.lru_cache(maxsize=8)
 def estimates(seed: int, psd: bool) -> tuple[tuple[int, int, int, float], ...]:
     """Per replicate: (floored gap rank, r_0.9, r_0.99, σ_{r*+1}/floor) of the x_i coefficient of
-    ``first_order_softmax``, the floor being ``capacity.attention_gap_floor`` = max(SE, σ₁/n), the
-    rule of ``rattn rank``. Cached per (seed, psd): both checks read the same replicates."""
+    ``first_order_softmax``, the floor being ``capacity.attention_gap_floor`` = max(noise edge,
+    σ₁/n), the rule of ``rattn rank``. Cached per (seed, psd): both checks read the same
+    replicates."""
     out = []
     for i in range(REPLICATES):
         task = capacity.softmax_task(
@@ -64,7 +65,7 @@ def estimates(seed: int, psd: bool) -> tuple[tuple[int, int, int, float], ...]:
         )
         reg = capacity.first_order_softmax(task.x, task.y)
         sv = np.linalg.svd(reg.coef, compute_uv=False)
-        floor = capacity.attention_gap_floor(sv, reg.stderr, N)
+        floor = capacity.attention_gap_floor(sv, capacity.noise_edge(reg), N)
         out.append(
             (
                 capacity.largest_gap_rank(sv, floor),
@@ -107,8 +108,8 @@ def full_recovery(ctx: Context, wrong: bool) -> Outcome:
     """Statistical criterion over 100 independent replicates (default_rng([seed, 801, i])):
     ``softmax_task`` with S = 500, n = 16, d = d_v = 8, r* = 3, K = UVᵀ (flat), β = 2, noise
     0.01, W_V unknown. A replicate recovers r* when the largest-gap rank of σ(coef) floored at
-    max(SE, σ₁/n) AND the energy rank r_0.9 both equal r*. Pass: P ≥ 0.9 by the exact binomial
-    test (``binomial``; residual = misses). Control (a near miss), substituted into
+    max(noise edge, σ₁/n) AND the energy rank r_0.9 both equal r*. Pass: P ≥ 0.9 by the exact
+    binomial test (``binomial``; residual = misses). Control (a near miss), substituted into
     ``reference.capacity``: the energy rank's + 1 dropped."""
     rows = replicates(
         ctx.seed, False, ("energy_threshold_rank", _zero_based_energy) if wrong else None

@@ -49,6 +49,7 @@ from reference.capacity.pretraining import (
     Regression,
     first_order_softmax,
     inversion_estimator,
+    noise_edge,
     ols_static_mixer,
     pooled_regression,
 )
@@ -130,6 +131,7 @@ __all__ = [
     "linear_qk_statistics",
     "linear_qk_task",
     "mp_edge",
+    "noise_edge",
     "numerical_rank",
     "ols_static_mixer",
     "orthonormal",

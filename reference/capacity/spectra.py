@@ -145,28 +145,31 @@ def largest_gap_rank(s: Array | Sequence[float], floor: float = 0.0) -> int:
     return int(np.argmax(ratio)) + 1
 
 
-def attention_gap_floor(s: Array | Sequence[float], standard_error: float, n: int) -> float:
-    """The floor of the largest-gap rank under attention: max(standard_error, σ₁/n).
+def attention_gap_floor(s: Array | Sequence[float], noise: float, n: int) -> float:
+    """The floor of the largest-gap rank under attention: max(noise, σ₁/n).
 
     This is the rule of ``rattn rank`` for ``--attention linear`` and ``softmax``, and the rule
-    that EB-4 (b) and EB-8 certify: ``largest_gap_rank(s, attention_gap_floor(s, SE, n))`` with
-    ``s`` the singular values of the pooled (or first-order) coefficient, SE its cluster-robust
-    standard error and n the number of tokens per sequence. Values below the floor cannot make a
-    gap. Reason for each term: SE bounds the sampling error of every singular value (Weyl) at the
-    one-standard-error level; σ₁/n covers the finite-n tail of EB-7, since the pooled population
-    coefficient W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞ and its tail singular values
-    are of order (‖K‖₂ + |tr K|)/n (σ_{r*+1} ≤ (‖K‖₂ + |tr K|)/n by Weyl), i.e. of order σ₁/n.
+    that EB-4 (b) and EB-8 certify: ``largest_gap_rank(s, attention_gap_floor(s, edge, n))``
+    with ``s`` the singular values of the pooled (or first-order) coefficient Ĉ, ``edge`` the
+    95% quantile of its sampling error's spectral norm ‖Ĉ − E Ĉ‖₂ (``noise_edge``) and n the
+    number of tokens per sequence. Values below the floor cannot make a gap. Reason for each
+    term: by Weyl no singular value moves by more than ‖Ĉ − E Ĉ‖₂, so a value of E Ĉ that is 0
+    stays below the edge with probability ≥ 95%; σ₁/n covers the finite-n tail of EB-7, since
+    the pooled population coefficient W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞ and
+    its tail singular values are of order (‖K‖₂ + |tr K|)/n (σ_{r*+1} ≤ (‖K‖₂ + |tr K|)/n by
+    Weyl), i.e. of order σ₁/n; a tail above σ₁/n (|tr K| > ‖K‖₂, e.g. a PSD K) is a plateau
+    that the largest gap separates from the signal.
 
     Validation: ``s`` a finite non-negative 1-D spectrum (σ₁ = 0 when it is empty or zero),
-    ``standard_error`` finite and ≥ 0, ``n`` an integer ≥ 1; otherwise ``ValueError``.
+    ``noise`` finite and ≥ 0, ``n`` an integer ≥ 1; otherwise ``ValueError``.
     """
     s = spectrum(s)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n (tokens per sequence) must be an integer ≥ 1, got {n!r}")
-    if not (np.isfinite(standard_error) and standard_error >= 0.0):
-        raise ValueError(f"standard_error must be finite and ≥ 0, got {standard_error}")
+    if not (np.isfinite(noise) and noise >= 0.0):
+        raise ValueError(f"noise must be finite and ≥ 0, got {noise}")
     top = float(s[0]) if s.size else 0.0
-    return max(float(standard_error), top / int(n))
+    return max(float(noise), top / int(n))
 
 
 def estimate_all(

@@ -20,7 +20,7 @@ K* = U Vᵀ of rank r* with a flat spectrum, W_V* = ``orthonormal(d, d_v)``, noi
 3. **Data-only frontier** (no training, no W_V): ``capacity.pooled_regression`` on linear QK
    data against n, and ``capacity.first_order_softmax`` on softmax data against n and β, for
    K* = U Vᵀ and the PSD K* = U Uᵀ (self-attention bias). Reported: every estimator on the
-   coefficient's spectrum (gap above max(standard error, σ₁/n), the rule of ``rattn rank``),
+   coefficient's spectrum (gap above max(noise edge, σ₁/n), the rule of ``rattn rank``),
    and σ_{r*+1}/σ_{r*}; for linear QK also its population value from
    ``capacity.pooled_population`` (W_Vᵀ[Kᵀ + (K + tr(K)I)/n], EB-7: the tail falls like 1/n).
    The number of sequences is ``max(min_sequences, tokens // n)``; the gap floor is

@@ -121,10 +121,12 @@ def frontier_cell(
         )
         reg = capacity.first_order_softmax(task.x, task.y)
     s = capacity.singular_values(reg.coef)
-    floor = capacity.attention_gap_floor(s, reg.stderr, n)
+    edge = capacity.noise_edge(reg)
+    floor = capacity.attention_gap_floor(s, edge, n)
     record |= {
         "spectrum": s,
         "stderr": reg.stderr,
+        "noise_edge": edge,
         "floor": floor,
         "estimators": st.estimators(s, floor=floor),
         "ratio": float(s[r] / s[r - 1]),

@@ -148,7 +148,8 @@ def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: flo
     out.append(markdown_table(["attention", *cols, "σ(K̂)/σ₁ (mean)", "rel. excess"], rows))
     out.append("\n## Data-only frontier (no training, W_V unknown)\n")
     out.append(
-        "Linear: pooled regression; softmax: first-order estimator. Gap above max(SE, σ₁/n). "
+        "Linear: pooled regression; softmax: first-order estimator. "
+        "Gap above max(noise edge, σ₁/n). "
         "Ratio = σ_{r*+1}/σ_{r*} of the coefficient (population: EB-7 closed form).\n"
     )
     cols = ["num_rank(1e-2)", "r_0.9", "r_0.99", "gap", "erank_E", "erank_RV"]
