@@ -169,7 +169,8 @@ def add_certify_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "name", help="grokking, patches, lm, movement, ablation, trust, ladder, native-rank"
+        "name",
+        help="grokking, patches, lm, movement, ablation, trust, ladder, native-rank, rank-edge",
     )
     parser.add_argument(
         "--preset",

@@ -19,6 +19,7 @@ EXPERIMENTS: dict[str, str] = {
     "trust": "torch_port.experiments.trust",
     "ladder": "torch_port.experiments.ladder",
     "native-rank": "torch_port.experiments.native_rank",
+    "rank-edge": "torch_port.experiments.rank_edge",
 }
 
 

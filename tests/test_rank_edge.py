@@ -1,0 +1,120 @@
+"""``rattn rank`` at the detection edge: the noise edge of the attention coefficient, the
+messages, and ``rattn experiment rank-edge`` (the comparison with established estimators)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from proofs_checks import rank
+from proofs_checks.cli import main
+from reference import capacity
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+from torch_port.experiments import rank_edge
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _linear(seed: int, noise: float = 8.0) -> tuple:
+    task = capacity.linear_qk_task(2000, 16, 16, 16, 3, seed=seed, noise=noise)
+    mean = capacity.pooled_population(task.kernel, task.value, 16)
+    return task, mean
+
+
+def test_the_noise_edge_bounds_the_spectral_error_and_the_frobenius_error_is_wider() -> None:
+    """Over 12 data sets, ‖Ĉ − E Ĉ‖₂ (E Ĉ in closed form, EB-7) exceeds the 95% sign-flip edge
+    in at most 3 (P(≥ 4 of 12 | p = 0.05) = 2.2e-3); the Frobenius standard error, the floor
+    before, is ≥ 1.5× the edge (√d/2 = 2 for a 16 × 16 error of iid entries). Control: the
+    edge of contributions halved (a sign-flip that keeps a quarter of the variance) is exceeded
+    in ≥ 9 of 12."""
+    above = above_half = 0
+    for seed in range(12):
+        task, mean = _linear(seed)
+        reg = capacity.pooled_regression(task.x, task.y)
+        error = np.linalg.norm(reg.coef - mean, 2)
+        edge = capacity.noise_edge(reg)
+        above += error > edge
+        above_half += error > capacity.noise_edge(reg._replace(clusters=reg.clusters / 2))
+        assert reg.stderr >= 1.5 * edge, (reg.stderr, edge)
+    assert above <= 3 and above_half >= 9, (above, above_half)
+
+
+@pytest.mark.parametrize("quantile", [0.0, 1.0, -0.5])
+def test_the_noise_edge_refuses_a_quantile_outside_0_1(quantile) -> None:
+    task, _ = _linear(0)
+    with pytest.raises(ValueError, match="quantile must be in"):
+        capacity.noise_edge(capacity.pooled_regression(task.x, task.y), quantile)
+
+
+def test_rank_zero_says_what_it_means(capsys) -> None:
+    """Outputs independent of the inputs: r̂ = 0, and the report says that no direction cleared
+    the threshold and from which singular value one would have."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((200, 8, 6)), rng.standard_normal((200, 8, 6))
+    report = rank.estimate(x, y, "linear")
+    assert report["recommended_rank"] == 0 and report["spectrum"][0] <= report["threshold"]
+    assert f"{report['threshold']:.3g}" in report["zero_means"]
+    assert "no singular value above the threshold" in report["zero_means"]
+    text = rank.format_report(report)
+    assert "recommended rank: 0" in text and "0 means: no singular value above" in text
+
+
+def test_caveats_fire_only_on_their_measured_condition() -> None:
+    """A clear planted rank (κ far above the edge): no caveat; a counted value just above the
+    threshold: the near-threshold caveat, naming it."""
+    task = capacity.linear_qk_task(1000, 16, 12, 12, 3, seed=0, noise=4.0)
+    report = rank.estimate(task.x, task.y, "linear")
+    assert report["recommended_rank"] == 3 and report["caveats"] == []
+    sv = np.asarray(report["spectrum"])
+    assert sv[2] > rank.NEAR * report["threshold"]  # the condition does not hold
+    near = rank._near_threshold(np.array([1.1, 0.5]), 1.0, "singular value(s)")
+    assert len(near) == 1 and "1.1" in near[0]
+    assert rank._near_threshold(np.array([1.3, 0.5]), 1.0, "x") == []
+
+
+def test_gavish_donoho_constants() -> None:
+    """λ*(1) = 4/√3 and ω(1) = 2.858 (Gavish & Donoho 2014, square matrices; ω here is their
+    cubic approximation, which gives 2.860 at β = 1)."""
+    assert rank_edge.gd_lambda(1.0) == pytest.approx(4 / math.sqrt(3), rel=1e-15)
+    assert rank_edge.gd_omega(1.0) == pytest.approx(2.858, abs=2.5e-3)
+
+
+def test_the_static_kappa_is_the_spike_over_the_bbp_edge() -> None:
+    """Static: the population Gram's spike ℓ = (λ − σ²)/σ² at the cell's noise, over √γ, is κ."""
+    n, d, s = 16, 16, 2000
+    for kappa in (1.5, 4.0):
+        noise = rank_edge.noise_for("static", kappa, s, n, d, 3)
+        task = capacity.static_task(s, n, d, d, 3, seed=0, noise=noise)
+        lam = np.linalg.eigvalsh(capacity.gram_population(task.mixer, task.value, noise))[::-1]
+        spike = (lam[0] - noise**2) / noise**2
+        assert spike / math.sqrt(n / (s * d)) == pytest.approx(kappa, rel=1e-12)
+
+
+def test_the_attention_noise_inverts_the_calibration() -> None:
+    signal, a, b = rank_edge.calibrate("linear", 50, 8, 8, 2)
+    noise = rank_edge.noise_for("linear", 2.0, 50, 8, 8, 2)
+    assert math.sqrt(a + b * noise**2) == pytest.approx(signal / 2.0, rel=1e-12)
+    assert rank_edge.noise_for("linear", 1e6, 50, 8, 8, 2) is None  # beyond reach
+
+
+def test_smoke_run(tmp_path) -> None:
+    assert main(["experiment", "rank-edge", "--preset", "smoke", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "rank-edge"
+    doc = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+    config = doc["config"]
+    assert (folder / "recovery.png").read_bytes()[:8] == PNG
+    runs = doc["runs"]
+    assert len(runs) == len(rank_edge.cells_of(config)) == 12
+    for run in runs:
+        answers = run["answers"]
+        assert set(answers) == set(rank_edge.ESTIMATORS)
+        assert (answers["parallel_analysis"] is None) == (run["kind"] != "static")
+    summary = doc["summary"]
+    assert summary["datasets"] == 12 and summary["cells_judged"] == 6
+    md = (folder / "results.md").read_text(encoding="utf-8")
+    assert "Cells meeting it" in md and "| rattn |" in md.replace(" rattn ", " rattn ")
