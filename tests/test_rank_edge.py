@@ -96,7 +96,9 @@ def test_the_static_kappa_is_the_spike_over_the_bbp_edge() -> None:
 
 
 def test_the_attention_noise_inverts_the_calibration() -> None:
-    signal, a, b = rank_edge.calibrate("linear", 50, 8, 8, 2)
+    from reference.capacity import strength
+
+    signal, a, b = strength.calibrate("linear", 50, 8, 8, 2)
     noise = rank_edge.noise_for("linear", 2.0, 50, 8, 8, 2)
     assert math.sqrt(a + b * noise**2) == pytest.approx(signal / 2.0, rel=1e-12)
     assert rank_edge.noise_for("linear", 1e6, 50, 8, 8, 2) is None  # beyond reach

@@ -35,7 +35,7 @@ import numpy as np
 from proofs_checks import capacity_domains as domain
 from proofs_checks import spectrum_forms as forms
 from proofs_checks.harness import substituted
-from proofs_checks.propositions import binomial
+from proofs_checks.propositions import binomial, eb_edge
 from proofs_checks.propositions.common import CHI2_CUT, root_chi2
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import capacity
@@ -350,7 +350,14 @@ register(
             r"$\sigma(A^*)=(1,0.75,0.5)$, $\sigma=0.1$ and (b) at $S=300$, $n=16$, $d=d_v=12$, "
             r"$r^*=3$, flat $K=UV^\top$, $\sigma=0.1$, each returns $r^*$ "
             + binomial.CLAIM
-            + r". The naive transfer fails: the token-Gram count of (a) "
+            + r". (c) Detection above the edge: with $\kappa$ the weakest planted direction's "
+            r"strength in units of the detection edge of the operator read ($\kappa=1$ at the "
+            r"edge: the BBP edge $\sqrt{n/(Sd_v)}$ of the Gram's spike for (a); the median of "
+            r"$\|\hat C-E\hat C\|_2$ for (b)), (b) at its sizes returns $r^*$ at $\kappa=2$ and "
+            r"at $\kappa=4$, and (a) at its sizes with a flat spectrum at $\kappa=4$, each "
+            + binomial.CLAIM
+            + r"; (a) at $\kappa=2$ is not claimed (measured: 3 of 100). The naive transfer "
+            r"fails: the token-Gram count of (a) "
             r"applied to linear-QK data with the sizes of (a) returns $r^*$ "
             + binomial.FAILURE_CLAIM
             + r". The estimators and task builders "
@@ -394,6 +401,24 @@ register(
             ),
             Check(
                 "float64",
+                "detection above the edge: floored gap at κ = 2, P ≥ 0.9",
+                eb_edge.linear_at(2.0),
+                eb_edge.CONTROL_LINEAR_2,
+            ),
+            Check(
+                "float64",
+                "detection above the edge: floored gap at κ = 4, P ≥ 0.9",
+                eb_edge.linear_at(4.0),
+                eb_edge.CONTROL_LINEAR_4,
+            ),
+            Check(
+                "float64",
+                "detection above the edge: token-Gram count at κ = 4, P ≥ 0.9",
+                eb_edge.static_at(4.0),
+                eb_edge.CONTROL_STATIC_4,
+            ),
+            Check(
+                "float64",
                 "naive transfer: token-Gram count on linear QK, P ≤ 0.2",
                 naive_transfer,
                 CONTROL_NAIVE,
@@ -412,8 +437,9 @@ register(
             ),
         ),
         seeds=(
-            "numpy default_rng([seed, 401, i]) (static count and naive transfer) and "
-            "[seed, 402, i] (pooled regression) for replicate i = 0…99; the certificate's seed "
+            "numpy default_rng([seed, 401, i]) (static count and naive transfer), "
+            "[seed, 402, i] (pooled regression), [seed, 404, i] and [seed, 405, i] (detection "
+            "above the edge, (b) and (a)) for replicate i = 0…99; the certificate's seed "
             "defaults to 0"
         ),
     )

@@ -4,15 +4,9 @@
 Planted tasks of ``reference.capacity.tasks`` (flat planted spectra; n = d = d_v): static mixing,
 linear QK attention, softmax attention with K = UVᵀ and with a PSD K = UUᵀ; r* ∈ ``ranks``,
 S ∈ ``sequences``; per cell ``seeds`` data sets. The signal strength κ is in units of the
-detection edge of the operator each estimator reads, κ = 1 at the edge:
-
-- static: the token Gram's spike ℓ = σ_i²(A*)/σ² = 1/σ² against the BBP edge √γ,
-  γ = n/(S·d_v): κ = ℓ/√γ, so σ² = 1/(κ√γ);
-- attention: the coefficient's smallest planted singular value σ_{r*}(E Ĉ) against the edge of
-  its noise bulk, the median of ‖Ĉ − E Ĉ‖₂; the edge grows with the noise σ as
-  √(a + bσ²) (a: the misspecification of a linear fit to attention, b: the noise), a and b read
-  from a pilot at σ = 0 and σ = 1 (``calibrate``), E Ĉ from the closed form of EB-7 (linear) or
-  from a 20 000-sequence noiseless pilot (softmax); κ beyond √(σ_{r*}²/a) cannot be reached.
+detection edge of the operator each estimator reads, κ = 1 at the edge
+(``reference.capacity.strength``: the Gram's spike over the BBP edge for static mixing, the
+coefficient's weakest planted singular value over the median of ‖Ĉ − E Ĉ‖₂ for attention).
 
 "default" is the generators' default noise σ = 0.01, where the finite-n tail of EB-7 is above
 the noise. Estimators: ``rattn`` (``proofs_checks.rank.estimate``, the command's own code),
@@ -26,6 +20,7 @@ Horn's sequential rule on the same permutations) and the largest eigengap withou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -36,11 +31,12 @@ import numpy as np
 
 from proofs_checks import rank as rank_command
 from reference import capacity
+from reference.capacity import strength
 from torch_port.experiments import attention_students as st
 from torch_port.experiments.common import RunOptions, figure, markdown_table
 
 NAME = "rank-edge"
-KINDS = ("static", "linear", "softmax", "softmax-psd")
+KINDS = strength.KINDS
 ESTIMATORS = (
     "rattn",
     "gavish_donoho_known",
@@ -56,7 +52,6 @@ PEERS = ESTIMATORS[1:]
 KAPPA_MIN, OVER_MAX = 2.0, 0.05
 #: The ``rattn rank --attention`` of each kind.
 ATTENTION = {"static": "static", "linear": "linear", "softmax": "softmax", "softmax-psd": "softmax"}
-BETA = 2.0  # softmax inverse temperature (the generators' default)
 
 _GRID = dict(n=16, d=16, kinds=list(KINDS), ranks=[1, 3, 8], sequences=[50, 2000])
 PRESETS: dict[str, dict[str, Any]] = {
@@ -108,52 +103,12 @@ def check_config(config: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------
 # Data at a given κ
 # ---------------------------------------------------------------------------------------------
-def task(kind: str, s: int, n: int, d: int, r: int, noise: float, seed: int | np.random.Generator):
-    """The planted task of ``kind`` (d_v = d, flat spectrum)."""
-    if kind == "static":
-        return capacity.static_task(s, n, d, d, r, seed=seed, noise=noise)
-    if kind == "linear":
-        return capacity.linear_qk_task(s, n, d, d, r, seed=seed, noise=noise)
-    psd = kind == "softmax-psd"
-    return capacity.softmax_task(s, n, d, d, r, beta=BETA, seed=seed, noise=noise, psd=psd)
-
-
-def _fit(kind: str, x: np.ndarray, y: np.ndarray) -> capacity.Regression:
-    if kind == "linear":
-        return capacity.pooled_regression(x, y)
-    return capacity.first_order_softmax(x, y)
-
-
-@functools.lru_cache(maxsize=64)
-def calibrate(kind: str, s: int, n: int, d: int, r: int) -> tuple[float, float, float]:
-    """(σ_{r*}(E Ĉ), a, b) with ‖Ĉ − E Ĉ‖₂'s median ≈ √(a + bσ²) at noise σ (module docstring):
-    a and b from 4 pilot data sets at σ = 0 and at σ = 1 (seeds 1000–1003)."""
-    pilot = task(kind, 20000 if kind != "linear" else s, n, d, r, 0.0, 9999)
-    if kind == "linear":
-        mean = capacity.pooled_population(pilot.kernel, pilot.value, n)
-    else:
-        mean = _fit(kind, pilot.x, pilot.y).coef
-    signal = float(capacity.singular_values(mean)[r - 1])
-    edge2 = []
-    for noise in (0.0, 1.0):
-        runs = [_fit(kind, *_xy(task(kind, s, n, d, r, noise, 1000 + i))) for i in range(4)]
-        edge2.append(float(np.mean([capacity.noise_edge(reg, 0.5) ** 2 for reg in runs])))
-    return signal, edge2[0], edge2[1] - edge2[0]
-
-
-def _xy(t) -> tuple[np.ndarray, np.ndarray]:
-    return t.x, t.y
-
-
 def noise_for(kind: str, kappa: float | str, s: int, n: int, d: int, r: int) -> float | None:
-    """The noise σ at which the cell has signal strength κ (None: κ cannot be reached)."""
+    """The noise σ at which the cell has signal strength κ (``strength.noise_at``; "default":
+    the generators' 0.01; None: κ cannot be reached)."""
     if kappa == "default":
         return 0.01
-    if kind == "static":
-        return float((kappa * math.sqrt(n / (s * d))) ** -0.5)
-    signal, a, b = calibrate(kind, s, n, d, r)
-    target = (signal / kappa) ** 2
-    return None if target <= a else math.sqrt((target - a) / b)
+    return strength.noise_at(kind, float(kappa), s, n, d, r)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,14 +165,17 @@ def _static_peers(t, permutations: int, rng: np.random.Generator) -> dict[str, i
     }
 
 
+def _refit(kind: str, t, rng: np.random.Generator) -> np.ndarray:
+    """The coefficient refitted with the outputs of the sequences permuted (no x–y link)."""
+    shuffled = dataclasses.replace(t, y=t.y[rng.permutation(len(t.y))])
+    return strength.coefficient(kind, shuffled).coef
+
+
 def _attention_peers(kind: str, t, permutations: int, rng: np.random.Generator) -> dict:
-    reg = _fit(kind, t.x, t.y)
+    reg = strength.coefficient(kind, t)
     sv = capacity.singular_values(reg.coef)
     known, unknown = _gd(sv, reg.coef.shape, reg.stderr / math.sqrt(reg.coef.size))
-    null = [
-        float(capacity.singular_values(_fit(kind, t.x, t.y[rng.permutation(len(t.y))]).coef)[0])
-        for _ in range(permutations)
-    ]
+    null = [float(capacity.singular_values(_refit(kind, t, rng))[0]) for _ in range(permutations)]
     return {
         "gavish_donoho_known": known,
         "gavish_donoho_unknown": unknown,
@@ -252,7 +210,7 @@ def data_cell(config: Mapping[str, Any], cell: Mapping[str, Any]) -> dict[str, A
     n, d = config["n"], config["d"]
     noise = noise_for(kind, kappa, s, n, d, r)
     tag = KINDS.index(kind)
-    t = task(kind, s, n, d, r, noise, np.random.default_rng([seed, tag, r, s]))
+    t = strength.planted(kind, s, n, d, r, noise, np.random.default_rng([seed, tag, r, s]))
     report = rank_command.estimate(t.x, t.y, ATTENTION[kind])
     rng = np.random.default_rng([seed, tag, r, s, 1])
     if kind == "static":
