@@ -120,3 +120,18 @@ def test_smoke_run(tmp_path) -> None:
     assert summary["datasets"] == 12 and summary["cells_judged"] == 6
     md = (folder / "results.md").read_text(encoding="utf-8")
     assert "Cells meeting it" in md and "| rattn |" in md.replace(" rattn ", " rattn ")
+
+
+@pytest.mark.slow
+def test_the_quick_grid(tmp_path) -> None:
+    """``rattn experiment rank-edge --preset quick`` (210 data sets, ≈ 4 minutes): every linear
+    and softmax (K = UVᵀ) cell meets the rule (exact recovery ≥ the best peer's, over-counting
+    ≤ 5%; 1.00 at the default noise), and at the default noise every kind recovers r* in every
+    run (docs/entropic_bound.md §4.2 lists the static and PSD cells that do not meet it)."""
+    assert main(["experiment", "rank-edge", "--preset", "quick", "--out", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "rank-edge" / "results.json").read_text(encoding="utf-8"))
+    rows = doc["summary"]["rows"]
+    attention = [row for row in rows if row["kind"] in ("linear", "softmax")]
+    assert len(attention) == 34 and all(row["meets_rule"] for row in attention)
+    default = [row for row in rows if row["kappa"] == "default"]
+    assert len(default) == 24 and all(row["rates"]["rattn"]["exact"] == 1.0 for row in default)

@@ -40,9 +40,12 @@ Four groups of functions:
 The package holds one module per group, imported one way (``validation`` below the other four,
 which do not import each other): ``validation`` (input checks shared by all, ``spectrum`` and
 ``singular_values``), ``spectra`` (group 1, with the token Gram and its count), ``tasks``
-(group 2), ``pretraining`` (group 3) and ``trainers`` (group 4). Every public name is re-exported
-here, so ``from reference import capacity; capacity.X`` and ``from reference.capacity import X``
-name the same object as ``reference.capacity.<module>.X``.
+(group 2), ``pretraining`` (group 3) and ``trainers`` (group 4). Above them, ``strength``
+(tasks and pretraining) states a planted task's signal strength κ in units of the detection
+edge of the operator an estimator reads (``from reference.capacity import strength``). Every
+public name of the five group modules is re-exported here, so ``from reference import capacity;
+capacity.X`` and ``from reference.capacity import X`` name the same object as
+``reference.capacity.<module>.X``.
 """
 
 from reference.capacity.pretraining import (

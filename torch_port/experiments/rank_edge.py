@@ -47,6 +47,12 @@ ESTIMATORS = (
     "eigengap",
 )
 PEERS = ESTIMATORS[1:]
+#: The caveats of ``rattn rank`` whose hit rates are reported: kind -> a phrase of its text.
+CAVEATS = {
+    "a counted value near the threshold": "less than",
+    "values after the gap above the floor": "after the gap",
+    "softmax: K not identifiable by inversion (n > d_v)": "cannot identify K",
+}
 #: The rule of the verdict: at every κ ≥ KAPPA_MIN, rattn's exact recoveries ≥ the best peer's
 #: and its over-counts ≤ OVER_MAX of the runs; at the default noise, rattn's recovery = 1.
 KAPPA_MIN, OVER_MAX = 2.0, 0.05
@@ -276,15 +282,17 @@ def summarize(config: Mapping[str, Any], runs: list[dict[str, Any]]) -> dict[str
                 "meets_rule": ok if judged else None,
             }
         )
-    near = {"right": [], "wrong": []}
-    for run in runs:
-        fired = any("less than" in c for c in run["caveats"])
-        near["right" if run["answers"]["rattn"] == run["r"] else "wrong"].append(fired)
-    caveat = {k: (float(np.mean(v)) if v else None, len(v)) for k, v in near.items()}
+    caveats = {}
+    for kind, phrase in CAVEATS.items():
+        fired: dict[str, list[bool]] = {"right": [], "wrong": []}
+        for run in runs:
+            answer = "right" if run["answers"]["rattn"] == run["r"] else "wrong"
+            fired[answer].append(any(phrase in c for c in run["caveats"]))
+        caveats[kind] = {k: (float(np.mean(v)) if v else None, len(v)) for k, v in fired.items()}
     judged = [row for row in rows if row["judged"]]
     return {
         "rows": rows,
-        "near_threshold_caveat": caveat,
+        "caveats": caveats,
         "cells_judged": len(judged),
         "cells_meeting_rule": sum(bool(row["meets_rule"]) for row in judged),
         "datasets": len(runs),
@@ -322,12 +330,12 @@ def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: flo
             for row in summary["rows"]
         ],
     )
-    (right, nr), (wrong, nw) = (summary["near_threshold_caveat"][k] for k in ("right", "wrong"))
     fmt = lambda v: "—" if v is None else f"{v:.2f}"  # noqa: E731
-    tail = (
-        f"\n\nThe near-threshold caveat fired on {fmt(right)} of {nr} right answers and "
-        f"{fmt(wrong)} of {nw} wrong ones.\n"
-    )
+    lines = ["\n\nHow often each caveat of `rattn rank` fired, on right and on wrong answers:\n"]
+    for kind, rates in summary["caveats"].items():
+        (right, nr), (wrong, nw) = rates["right"], rates["wrong"]
+        lines.append(f"- {kind}: {fmt(right)} of {nr} right, {fmt(wrong)} of {nw} wrong")
+    tail = "\n".join(lines) + "\n"
     return head + table + tail
 
 
