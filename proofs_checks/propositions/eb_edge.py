@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 
@@ -57,6 +58,17 @@ def _swapped_threshold(noise: float, p: int, dof: int, quantile: float = 0.99) -
     return _TRACY_WIDOM(noise, dof, p, quantile)
 
 
+def _replicates(
+    ctx: Context, wrong: bool, control: tuple, tag: int, estimate: Callable[[np.ndarray], int]
+) -> list[int]:
+    """``estimate(rng)`` on the 100 replicates default_rng([seed, tag, i]), under ``control``
+    (a (module, name, variant) substitution) when ``wrong``."""
+    with substituted(*control) if wrong else contextlib.nullcontext():
+        return [
+            estimate(np.random.default_rng([ctx.seed, tag, i])) for i in range(binomial.REPLICATES)
+        ]
+
+
 def _outcome(found: list[int], what: str, ctx: Context, tag: int, sizes: str) -> Outcome:
     hits = sum(1 for k in found if k == RSTAR)
     outcome = binomial.at_least(hits, f"{what}: r̂ = r* = {RSTAR} (found {binomial.tally(found)})")
@@ -76,20 +88,22 @@ def linear_at(kappa: float):
     P(r̂ = r*) ≥ 0.9 by the exact binomial test (``binomial``). Control: at κ = 2 the floor at
     the standard error (blind there), at κ = 4 the 0-based gap."""
     control = (
-        ("noise_edge", _standard_error) if kappa <= 2 else ("largest_gap_rank", _zero_based_gap)
+        (capacity, "noise_edge", _standard_error)
+        if kappa <= 2
+        else (capacity, "largest_gap_rank", _zero_based_gap)
     )
 
     def check(ctx: Context, wrong: bool) -> Outcome:
         noise = strength.noise_at("linear", kappa, LQ_S, LQ_N, LQ_D, RSTAR)
-        found = []
-        with substituted(capacity, *control) if wrong else contextlib.nullcontext():
-            for i in range(binomial.REPLICATES):
-                rng = np.random.default_rng([ctx.seed, TAG_LINEAR, i])
-                task = capacity.linear_qk_task(LQ_S, LQ_N, LQ_D, LQ_D, RSTAR, rng, noise=noise)
-                reg = capacity.pooled_regression(task.x, task.y)
-                sv = capacity.singular_values(reg.coef)
-                floor = capacity.attention_gap_floor(sv, capacity.noise_edge(reg), LQ_N)
-                found.append(capacity.largest_gap_rank(sv, floor))
+
+        def estimate(rng: np.random.Generator) -> int:
+            task = capacity.linear_qk_task(LQ_S, LQ_N, LQ_D, LQ_D, RSTAR, rng, noise=noise)
+            reg = capacity.pooled_regression(task.x, task.y)
+            sv = capacity.singular_values(reg.coef)
+            floor = capacity.attention_gap_floor(sv, capacity.noise_edge(reg), LQ_N)
+            return capacity.largest_gap_rank(sv, floor)
+
+        found = _replicates(ctx, wrong, control, TAG_LINEAR, estimate)
         sizes = (
             f"S = {LQ_S}, n = {LQ_N}, d = d_v = {LQ_D}, r* = {RSTAR}, flat K = UVᵀ, κ = {kappa:g} "
             f"(noise σ = {noise:.4g})"
@@ -108,13 +122,13 @@ def static_at(kappa: float):
 
     def check(ctx: Context, wrong: bool) -> Outcome:
         noise = strength.static_noise(kappa, ST_S, ST_N, ST_DV)
-        found = []
-        swapped = substituted(spectra, "tracy_widom_threshold", _swapped_threshold)
-        with swapped if wrong else contextlib.nullcontext():
-            for i in range(binomial.REPLICATES):
-                rng = np.random.default_rng([ctx.seed, TAG_STATIC, i])
-                task = capacity.static_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=noise)
-                found.append(capacity.token_gram_count(task.y).rank)
+
+        def estimate(rng: np.random.Generator) -> int:
+            task = capacity.static_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=noise)
+            return capacity.token_gram_count(task.y).rank
+
+        control = (spectra, "tracy_widom_threshold", _swapped_threshold)
+        found = _replicates(ctx, wrong, control, TAG_STATIC, estimate)
         sizes = (
             f"S = {ST_S}, n = {ST_N}, d = {ST_D}, d_v = {ST_DV}, r* = {RSTAR}, flat σ(A*), "
             f"κ = {kappa:g} (noise σ = {noise:.4g})"
