@@ -18,7 +18,7 @@ import numpy as np
 
 from proofs_checks.bench.floors import PORT_LR, LinearityFloor, ProductFloor, RouteFloor
 from proofs_checks.bench.peers import _import_geoopt
-from proofs_checks.bench.profile import port_attribution
+from proofs_checks.bench.profile import port_attribution, port_inputs
 from proofs_checks.bench.timing import (
     _check_repeats,
     _interleaved_rounds,
@@ -94,22 +94,6 @@ def _state_bytes(opt: Any) -> int:
     )
 
 
-def _port_inputs(
-    size: dict[str, Any], dtype: Any, seed: int, device: str = "cpu"
-) -> tuple[list[Any], list[Any]]:
-    """The frames (``torch_port.Stiefel.random_point``) and Gaussian gradients of a size, drawn
-    on the CPU in float64 (the same values on every device), then cast and moved."""
-    import torch
-
-    import torch_port as tp
-
-    gen = torch.Generator().manual_seed(seed)
-    st = tp.Stiefel(size["d"], size["r"])
-    points = [st.random_point(gen, size["batch"]) for _ in range(size["params"])]
-    grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in points]
-    return [t.to(device, dtype) for t in points], [t.to(device, dtype) for t in grads]
-
-
 class _Compiled:
     """An optimizer whose ``step`` is ``torch.compile(opt.step, fullgraph=True)`` (compiled at
     the first call, a warm-up call of the benchmark)."""
@@ -130,7 +114,7 @@ def _port_candidates(
 
     import torch_port as tp
 
-    points, grads = _port_inputs(size, dtype, seed, device)
+    points, grads = port_inputs(size, dtype, seed, device)
 
     def params(make: Callable[[Any], Any]) -> list[Any]:
         ps = [make(p.clone()) for p in points]

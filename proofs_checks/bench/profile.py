@@ -16,6 +16,22 @@ PROFILE_TOP = 12
 PROFILE_LR = 1e-3
 
 
+def port_inputs(
+    size: dict[str, Any], dtype: Any, seed: int, device: str = "cpu"
+) -> tuple[list[Any], list[Any]]:
+    """The frames (``torch_port.Stiefel.random_point``) and Gaussian gradients of a size, drawn
+    on the CPU in float64 (the same values on every device), then cast and moved."""
+    import torch
+
+    import torch_port as tp
+
+    gen = torch.Generator().manual_seed(seed)
+    st = tp.Stiefel(size["d"], size["r"])
+    points = [st.random_point(gen, size["batch"]) for _ in range(size["params"])]
+    grads = [torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in points]
+    return [t.to(device, dtype) for t in points], [t.to(device, dtype) for t in grads]
+
+
 def port_attribution(size: dict[str, Any], dtype: Any, seed: int) -> dict[str, Any]:
     """Where one ``RiemannianAdam`` step spends its time, by source line of ``torch_port`` and
     by torch operator.
@@ -60,9 +76,7 @@ def port_attribution(size: dict[str, Any], dtype: Any, seed: int) -> dict[str, A
                 entry[1] += spent
             return out
 
-    from proofs_checks.bench.port import _port_inputs
-
-    points, grads = _port_inputs(size, dtype, seed)
+    points, grads = port_inputs(size, dtype, seed)
     ps = [torch.nn.Parameter(p) for p in points]
     for p, g in zip(ps, grads, strict=True):
         p.grad = g
