@@ -184,19 +184,20 @@ def gram_bound(y: np.ndarray) -> np.ndarray:
 
 
 def gram_count(lam: list[float], dof: int, quantile: float) -> tuple[int, float, float]:
-    """The count one eigenvalue at a time on λ₁ ≥ … ≥ λ_n (N = S·d_v): from k = 0, λ_{k+1}
-    counts while it exceeds max(TW(mean(λ_{k+1…n}), n − k, N, q), n·ε·λ₁) and k < n − 1:
-    (k, the noise mean, the threshold at the stop), the mean and the threshold in mpmath."""
+    """The fixed point of k ↦ min(#{λ_i > max(TW(mean(λ_{k+1…n}), n, N, q), n·ε·λ₁)}, n − 1)
+    from k = 0, stopping when k no longer grows, on eigenvalues λ₁ ≥ … ≥ λ_n (N = S·d_v):
+    (k, the noise mean, the threshold), the mean and the threshold in mpmath."""
     n = len(lam)
     tiny = n * 2.0**-52 * max(lam[0], 0.0)
     k = 0
     with mpmath.workdps(50):
         while True:
             noise = mpmath.fsum(lam[k:]) / (n - k)
-            threshold = max(tracy_widom_threshold(max(noise, 0), n - k, dof, quantile), tiny)
-            if k == n - 1 or lam[k] <= threshold:
+            threshold = max(tracy_widom_threshold(max(noise, 0), n, dof, quantile), tiny)
+            k_new = min(sum(1 for v in lam if v > threshold), n - 1)
+            if k_new <= k:
                 return k, float(noise), float(threshold)
-            k += 1
+            k = k_new
 
 
 def spectra(seed: int) -> list[tuple[str, np.ndarray, float]]:

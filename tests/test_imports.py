@@ -2,9 +2,10 @@
 
 (a) No import cycle among the modules of these packages, counting module-level imports (those
 that run when a module is imported: at the top, in class bodies, under ``if``/``try``; not under
-``if TYPE_CHECKING:``), and none when imports inside functions are counted as well. (b) No module of ``torch_port.experiments`` imports another module of
-that package inside a function (docs/background: such lazy imports hid the circle between the
-arms, grokking and patches modules).
+``if TYPE_CHECKING:``), and none when imports inside functions are counted as well. (b) No
+module of ``torch_port.experiments`` imports another module of that package inside a function
+(docs/background: such lazy imports hid the circle between the arms, grokking and patches
+modules).
 
 An edge ``A → B`` means that A imports B. ``from P import x`` is an edge to the module ``P.x``
 when that is a module of the packages, to ``P`` otherwise; ``import P.Q`` is an edge to ``P.Q``.

@@ -356,7 +356,7 @@ register(
             r"$\|\hat C-E\hat C\|_2$ for (b)), (b) at its sizes returns $r^*$ at $\kappa=2$ and "
             r"at $\kappa=4$, and (a) at its sizes with a flat spectrum at $\kappa=4$, each "
             + binomial.CLAIM
-            + r"; (a) at $\kappa=2$ is not claimed (measured: 3 of 100). The naive transfer "
+            + r"; (a) at $\kappa=2$ is not claimed (measured: 20 of 100). The naive transfer "
             r"fails: the token-Gram count of (a) "
             r"applied to linear-QK data with the sizes of (a) returns $r^*$ "
             + binomial.FAILURE_CLAIM

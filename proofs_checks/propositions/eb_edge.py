@@ -9,8 +9,8 @@ Checked, each over 100 replicates by the exact binomial test (``binomial``, P �
 - (a) the token-Gram count at κ = 4, at the sizes of EB-4 (a) with a flat spectrum (S = 200,
   n = 16, d = 16, d_v = 8, r* = 3).
 
-Not claimed: the token-Gram count at κ = 2, where it returns r* in 3 of 100 replicates (seed 0;
-docs/entropic_bound.md §4.2: a spike at twice the BBP edge stands about one fluctuation above
+Not claimed: the token-Gram count at κ = 2, where it returns r* in 20 of 100 replicates (seed 0;
+docs/entropic_bound.md §4.2: a spike at twice the BBP edge stands about one fluctuation from
 the count's threshold). Measured at seed 0: (b) 100 of 100 at κ = 2 and at κ = 4, (a) 99 of 100
 at κ = 4.
 """

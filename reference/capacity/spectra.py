@@ -239,39 +239,35 @@ class GramCount(NamedTuple):
 
 
 def token_gram_count(y: Array, quantile: float = 0.99) -> GramCount:
-    """Count of token-Gram eigenvalues above the noise's largest-eigenvalue quantile, one at a
-    time.
+    """Count of token-Gram eigenvalues above the noise's largest-eigenvalue quantile.
 
     G = ``token_gram(Y)`` has eigenvalues λ₁ ≥ … ≥ λ_n. With k eigenvalues counted, the noise
     level is estimated as σ̂² = mean(λ_{k+1}, …, λ_n) (the mean of a Wishart_p(N, σ²I)/N spectrum
-    is σ²), and λ_{k+1} counts when it exceeds ``tracy_widom_threshold``(σ̂², n − k, S·d_v,
-    quantile), the quantile of the largest eigenvalue of an (n − k)-dimensional noise Gram
-    (≈ σ̂²(1 + √((n − k)/(S d_v)))², the Marchenko–Pastur edge, plus the Tracy–Widom margin);
-    the count stops at the first λ_{k+1} that does not. Eigenvalues below n·ε·λ₁ (rounding)
-    never count, and k ≤ n − 1.
+    is σ²), and the count becomes #{λ_i > ``tracy_widom_threshold``(σ̂², n, S·d_v, quantile)}
+    (≈ σ̂²(1 + √(n/(S d_v)))², the Marchenko–Pastur edge, plus the Tracy–Widom margin); starting
+    from k = 0 this is repeated to its fixed point (k never decreases, so at most n rounds).
+    Eigenvalues below n·ε·λ₁ (rounding) never count, and k ≤ n − 1.
 
-    Justification: by Cauchy interlacing, once the k directions counted span range(A*)
-    (k = r*), λ_{k+1}(G) ≤ λ_max of the noise Gram compressed to range(A*)^⊥, a Wishart of
-    dimension n − k, so at the true σ² the probability of counting a noise eigenvalue is
-    ≤ 1 − quantile (asymptotically). While signal eigenvalues are still uncounted they are in
-    σ̂², which is then high: the count errs towards stopping early. Bias: at k = r*, σ̂² is
-    slightly low (the trailing eigenvalues of G interlace below those of the compression, by at
-    most r*·(bulk width)/(n − r*)), which errs towards over-counting when n − r* is small; signal
-    eigenvalues with (‖W*‖²/d_v)σ_i²(A*C^{1/2}) below ≈ σ²·2√(n/(S d_v)) are lost (under-count;
-    at twice the BBP edge √(n/(S d_v)) a spike is about one fluctuation above the threshold,
-    docs/entropic_bound.md §4.2); the noise must be iid across tokens. Needs no knowledge of
-    W*. Only for static mixing: under input-conditioned attention G tends to a·I + b·11ᵀ (EB-5),
-    whatever rank K is, and its finite-sample fluctuations are not iid noise, so the count says
-    nothing about the kernel's rank.
+    Justification: by Cauchy interlacing, λ_{r*+1}(G) ≤ λ_max of the noise Gram compressed to
+    range(A*)^⊥, a Wishart of dimension n − r* ≤ n, so at the true σ² the probability of counting
+    a noise eigenvalue is ≤ 1 − quantile (asymptotically). Bias: σ̂² is slightly low (the trailing
+    eigenvalues of G interlace below those of the compression, by at most r*·(bulk width)/(n − r*)),
+    which errs towards over-counting when n − r* is small; signal eigenvalues with
+    (‖W*‖²/d_v)σ_i²(A*C^{1/2}) below ≈ σ²·2√(n/(S d_v)) are lost (under-count); the noise must be
+    iid across tokens. Needs no knowledge of W*. Only for static mixing: under input-conditioned
+    attention G tends to a·I + b·11ᵀ (EB-5), whatever rank K is, and its finite-sample
+    fluctuations are not iid noise, so the count says nothing about the kernel's rank.
     """
     y = _sequences(y, "Y")
     s, n, dv = y.shape
     lam = np.linalg.eigvalsh(token_gram(y))[::-1]
     tiny = n * EPS * max(lam[0], 0.0)
-    k = 0
-    while True:
+    k, noise, threshold = 0, 0.0, 0.0
+    for _ in range(n):
         noise = float(np.mean(lam[k:]))
-        threshold = max(tracy_widom_threshold(max(noise, 0.0), n - k, s * dv, quantile), tiny)
-        if k == n - 1 or lam[k] <= threshold:
-            return GramCount(k, lam, noise, threshold)
-        k += 1
+        threshold = max(tracy_widom_threshold(max(noise, 0.0), n, s * dv, quantile), tiny)
+        k_new = min(int(np.sum(lam > threshold)), n - 1)
+        if k_new <= k:
+            break
+        k = k_new
+    return GramCount(k, lam, noise, threshold)

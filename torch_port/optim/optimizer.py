@@ -333,9 +333,9 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
             return loss
         # Points: compute every new point and state first, then write them all.
         pending = []
-        for point in points:
+        for point, count in zip(points, self._next_counts(points), strict=True):
             try:
-                pending.append((point, *self._point_update(point)))
+                pending.append((point, *self._point_update(point, count)))
             except (ValueError, torch.linalg.LinAlgError) as err:
                 raise self._point_error(point, err) from err
         for point, values, new in pending:
@@ -402,10 +402,26 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         )
         return ValueError(f"{self._point_name(point)}: {cause}; no parameter or state was changed")
 
-    def _point_update(self, point: Point) -> tuple[tuple[Any, ...], dict]:
+    def _next_counts(self, points: Sequence[Point]) -> list[int]:
+        """The step count t = (stored count) + 1 of every point (1 without a state), read from
+        the devices in one transfer per device rather than one per point."""
+        stored = [sharding.localize(self.state.get(point.key)) for point in points]
+        counts = [0] * len(points)
+        by_device: dict[torch.device, list[int]] = {}
+        for k, state in enumerate(stored):
+            if state:
+                by_device.setdefault(state["step"].device, []).append(k)
+        for ks in by_device.values():
+            values = torch.stack([stored[k]["step"].reshape(()) for k in ks]).tolist()
+            for k, v in zip(ks, values, strict=True):
+                counts[k] = int(v)
+        return [c + 1 for c in counts]
+
+    def _point_update(self, point: Point, t: int | None = None) -> tuple[tuple[Any, ...], dict]:
         """The new factors (in the parameters' layout) and the new state of one point, computed
         without writing anything: g = grad f (plus coupled decay), the chain's step ξ = c·u,
-        y = R_x(ξ), and the chain's tangent state transported to y."""
+        y = R_x(ξ), and the chain's tangent state transported to y. ``t`` is the new step count
+        (``_next_counts``; read from the point's state when not given)."""
         group = _in_force(self.param_groups[point.gi])
         geometry = point.geometry
         rule = self.rule(group)
@@ -419,7 +435,8 @@ class ChainOptimizer(StateChecks, torch.optim.Optimizer):
         wd = group["weight_decay"]
         if wd > 0.0 and group["geometry"] not in checks.FRAME_GEOMETRIES:  # decay="coupled"
             egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
-        t = int(stored["step"].item()) + 1
+        if t is None:
+            t = int(stored["step"].item()) + 1
         if any(part.numel() == 0 for part in x):
             # an FSDP2 shard that holds no element of the point (a tensor of fewer heads than
             # ranks): nothing moves, and the step count advances with the other ranks'
