@@ -76,6 +76,13 @@ JUDGES: dict[str, list[str]] = {
         "tests/test_reliability_reference.py",
         "tests/test_reference_defaults.py",
     ],
+    "reference/optim_transforms.py": [
+        "tests/test_optim.py",
+        "tests/test_mp.py",
+        "tests/test_cross_checks.py",
+        "tests/test_reliability_reference.py",
+        "tests/test_reference_defaults.py",
+    ],
     "reference/stiefel.py": [
         "tests/test_stiefel.py",
         "tests/test_optim.py",
@@ -106,7 +113,15 @@ JUDGES: dict[str, list[str]] = {
     },
     **{
         f"torch_port/optim/{name}.py": _STEP_TESTS
-        for name in ("optimizer", "capturable", "sharding", "checks", "points", "presets")
+        for name in (
+            "optimizer",
+            "input_checks",
+            "capturable",
+            "sharding",
+            "checks",
+            "points",
+            "presets",
+        )
     },
     "torch_port/audit.py": _AUDIT_TESTS,
     **{

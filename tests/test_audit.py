@@ -1,7 +1,7 @@
 """``torch_port.audit`` and ``rattn audit``: what a recorded step holds; honest runs pass in
 float64, float32 and bfloat16 for every geometry and rule, with a schedule, clipping,
 accumulation, autocast; and each departure from the rule is flagged at the step where it
-happens. The bounds are derived in ``proofs_checks/audit/replay.py`` (module docstring);
+happens. The bounds are derived in ``proofs_checks/audit/bounds.py`` (module docstring);
 no tolerance is chosen here."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
 from proofs_checks.audit import replay as pa  # noqa: E402
 from proofs_checks.audit.report import format_table  # noqa: E402
+from proofs_checks.audit.verdicts import RESOLUTION  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
 from proofs_checks.port_compare.problems import PROBLEMS  # noqa: E402
 from proofs_checks.port_compare.rules import RECORDS, RULES  # noqa: E402
@@ -206,7 +207,7 @@ def test_an_honest_run_passes(tmp_path, geometry, problem, rule, dtype) -> None:
     if dtype != "bfloat16" and "elementwise" not in rule:
         assert result["passed"], format_table(result)
     for row in result["steps"]:  # a pass is sound by construction
-        assert row["verdict"] != "pass" or row["bound"] <= pa.RESOLUTION * row["step_length"]
+        assert row["verdict"] != "pass" or row["bound"] <= RESOLUTION * row["step_length"]
     assert {r["step"] for r in result["steps"]} == {1, 2, 3}
     # the state after every step was checked against the reference's
     assert all(r["state_ratio"] is not None for r in result["steps"])

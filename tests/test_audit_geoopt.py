@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 geoopt = pytest.importorskip("geoopt")
 
 from proofs_checks.audit import replay as pa  # noqa: E402
+from proofs_checks.audit.rules import Claim  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 STEPS, T = 6, 3  # a run of STEPS steps; a wrong optimizer departs at step T
@@ -187,7 +188,7 @@ def test_a_sampled_geoopt_run_checks_each_recorded_state(tmp_path) -> None:
     ],
 )
 def test_a_claim_about_a_geoopt_run(tmp_path, rule, settings, verdict, first) -> None:
-    result = pa.audit(_honest(tmp_path / "run.npz", "adam"), claim=pa.Claim(rule, settings))
+    result = pa.audit(_honest(tmp_path / "run.npz", "adam"), claim=Claim(rule, settings))
     assert (result["verdict"], result["first_failure_step"]) == (verdict, first)
 
 

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from proofs_checks.audit import replay as pa  # noqa: E402
+from proofs_checks.audit.rules import Claim  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
 from torch_port import audit  # noqa: E402
 
@@ -61,7 +62,7 @@ def _run(tmp_path, dtype=torch.float64, **options):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_a_users_stiefel_sgd_claimed_as_rsgd_passes(tmp_path, dtype) -> None:
-    result = pa.audit(_run(tmp_path, dtype), claim=pa.Claim("rsgd", {}))
+    result = pa.audit(_run(tmp_path, dtype), claim=Claim("rsgd", {}))
     assert result["optimizer"] == "StiefelSGD"
     assert result["verdict"] == "passed" and result["counts"]["pass"] == 2 * STEPS
 
@@ -77,7 +78,7 @@ def test_a_users_stiefel_sgd_claimed_as_rsgd_passes(tmp_path, dtype) -> None:
     ],
 )
 def test_a_claim_is_what_is_replayed(tmp_path, options, claim, verdict, first) -> None:
-    result = pa.audit(_run(tmp_path, **options), claim=pa.Claim(*claim))
+    result = pa.audit(_run(tmp_path, **options), claim=Claim(*claim))
     assert (result["verdict"], result["first_failure_step"]) == (verdict, first)
 
 
@@ -86,7 +87,7 @@ def test_what_the_claim_needs_and_the_optimizer_lacks_is_not_checked(tmp_path) -
     √v̂ = RMS(g)):
     it passes by the point, the state after it listed as not checked; from step 2 the step
     needs m and √v, which this optimizer does not keep: not auditable."""
-    result = pa.audit(_run(tmp_path, normalized=1e-8), claim=pa.Claim("riemannian_adam", {}))
+    result = pa.audit(_run(tmp_path, normalized=1e-8), claim=Claim("riemannian_adam", {}))
     assert result["verdict"] == "not auditable" and result["first_unauditable_step"] == 2
     first = [r for r in result["steps"] if r["step"] == 1]
     assert all(r["verdict"] == "pass" and "not checked" in r["reason"] for r in first)

@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
 from proofs_checks.audit import replay as pa  # noqa: E402
+from proofs_checks.audit.rules import Claim  # noqa: E402
 from proofs_checks.cli import main  # noqa: E402
 from torch_port import audit  # noqa: E402
 
@@ -52,7 +53,7 @@ def adam_run(tmp_path_factory):
     ],
 )
 def test_a_claimed_rule_is_what_is_replayed(adam_run, rule, settings, verdict, first) -> None:
-    result = pa.audit(adam_run, claim=pa.Claim(rule, settings))
+    result = pa.audit(adam_run, claim=Claim(rule, settings))
     assert result["verdict"] == verdict
     assert result["first_failure_step"] == first
     assert result["rule"] == {"name": rule, "settings": settings}
@@ -61,7 +62,7 @@ def test_a_claimed_rule_is_what_is_replayed(adam_run, rule, settings, verdict, f
 def test_the_state_catches_a_second_moment_claim(adam_run) -> None:
     """betas (0.9, 0.99) moves the point little at step 1 (√v̂ is bias-corrected); the state
     after the step (√v) shows it at once."""
-    result = pa.audit(adam_run, claim=pa.Claim("riemannian_adam", {"betas": [0.9, 0.99]}))
+    result = pa.audit(adam_run, claim=Claim("riemannian_adam", {"betas": [0.9, 0.99]}))
     assert result["verdict"] == "failed" and result["first_failure_step"] == 1
 
 
@@ -92,7 +93,7 @@ def test_along_is_the_relative_error_of_the_step_length(adam_run) -> None:
     (1e-2 − 1.1e-2)/1.1e-2 = −1/11 of it, up to the retraction's curvature, second order in
     the step: within Δ² (measured 9e-5 at Δ = 0.05); the honest replay's |along| is within
     its row's bound over Δ (a deviation of at most the bound has at most that component)."""
-    claimed = pa.audit(adam_run, claim=pa.Claim("riemannian_adam", {"lr": 1.1e-2}))
+    claimed = pa.audit(adam_run, claim=Claim("riemannian_adam", {"lr": 1.1e-2}))
     first = [r for r in claimed["steps"] if r["step"] == 1]
     assert first and all(abs(r["along"] + 1 / 11) < r["step_length"] ** 2 for r in first)
     honest = pa.audit(adam_run)

@@ -14,7 +14,9 @@ import pytest
 
 import reference as ref
 from proofs_checks import reference_rules
-from proofs_checks.audit import replay, trace
+from proofs_checks.audit import rules, trace
+from proofs_checks.audit.elements import elements
+from proofs_checks.audit.errors import TraceError
 from reference import optim as ro
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +82,7 @@ def test_the_replay_reads_the_ports_layout_from_the_reference(name) -> None:
     from torch_port.optim.checks import FRAME_GEOMETRIES
 
     spec = _spec(name)
-    el = replay.elements(spec)
+    el = elements(spec)
     port = GEOMETRIES[name](6, 5, 2, **spec["options"])
     assert el.shapes == tuple(tuple(s) for s in port.point_shapes)
     assert el.n_groups == getattr(port, "n_groups", 0)
@@ -89,14 +91,14 @@ def test_the_replay_reads_the_ports_layout_from_the_reference(name) -> None:
 
 
 def test_an_unknown_geometry_is_refused_by_name() -> None:
-    with pytest.raises(replay.TraceError, match="unknown geometry 'sphere'"):
-        replay.elements({"name": "sphere", "sizes": {"m": 3, "n": 3, "r": 1}, "options": {}})
+    with pytest.raises(TraceError, match="unknown geometry 'sphere'"):
+        elements({"name": "sphere", "sizes": {"m": 3, "n": 3, "r": 1}, "options": {}})
 
 
 # -- one preset table ---------------------------------------------------------------------------
 def test_one_preset_table_names_the_presets_everywhere() -> None:
     presets = set(ro.PRESET_CHAINS)
-    assert presets == set(replay.PRESETS.values())
+    assert presets == set(rules.PRESETS.values())
     assert presets == {n for n, s in reference_rules.RULES.items() if not s.field}
     assert all(callable(getattr(ro, name)) for name in presets)
 
@@ -136,7 +138,7 @@ def test_a_recorded_group_replays_as_its_preset(group, preset, wrong) -> None:
     """The chain the replay builds from a group's hyperparameters steps as the preset does
     (bit for bit: the same transformations), and not as a near variant (the control)."""
     optimizer = "RiemannianMomentum" if "c" in group else "RiemannianAdam"
-    replayed = ro.Optimizer(replay.preset_chain(optimizer, group), group["lr"])
+    replayed = ro.Optimizer(rules.preset_chain(optimizer, group), group["lr"])
     assert np.array_equal(_one_step(replayed), _one_step(preset))
     assert not np.allclose(_one_step(replayed), _one_step(wrong), rtol=0, atol=1e-12)
 

@@ -18,6 +18,8 @@ torch = pytest.importorskip("torch")
 import torch_port as tp  # noqa: E402
 from proofs_checks.audit import replay as pa  # noqa: E402
 from proofs_checks.audit.report import format_table  # noqa: E402
+from proofs_checks.audit.rules import Claim  # noqa: E402
+from proofs_checks.audit.verdicts import RESOLUTION  # noqa: E402
 from torch_port import audit  # noqa: E402
 
 META = "meta.json"
@@ -147,7 +149,7 @@ def test_an_edited_trace_gets_its_verdict_at_its_step(honest, tmp_path, name) ->
     if expected in first:
         assert result[first[expected]] == step, format_table(result)
     for row in result["steps"]:  # sound by construction: a pass resolves a tenth of its step
-        assert row["verdict"] != "pass" or row["bound"] <= pa.RESOLUTION * row["step_length"]
+        assert row["verdict"] != "pass" or row["bound"] <= RESOLUTION * row["step_length"]
 
 
 # -- genuine runs ------------------------------------------------------------------------------
@@ -252,7 +254,7 @@ def test_a_bfloat16_run_is_not_auditable_step_by_step_and_never_passes(tmp_path)
         result = pa.audit(path)
         assert result["verdict"] != "passed" and result["counts"]["pass"] == 0
         assert all(
-            r["bound"] > pa.RESOLUTION * r["step_length"]
+            r["bound"] > RESOLUTION * r["step_length"]
             for r in result["steps"]
             if r["verdict"] == "not auditable" and r["step_length"]
         )
@@ -285,7 +287,7 @@ def test_a_step_with_a_closure_records_the_closures_gradient(tmp_path, set_to_no
 def test_at_gpt2_head_size_every_retraction_flags_one_percent_of_lr(tmp_path, retraction):
     """Two frames of St(768, 64) in float32 under Riemannian Adam at lr 1e-3, three steps: the
     honest run passes, and the same trace claimed at lr ×1.01 fails at step 1 (the factoring
-    retractions' bound is the probabilistic one there: ``pa.factoring_constant``)."""
+    retractions' bound is the probabilistic one there: ``bounds.factoring_constant``)."""
     gen = torch.Generator().manual_seed(1)
     w = torch.nn.Parameter(tp.Stiefel(768, 64).random_point(gen, (2,)).float())
     opt = tp.RiemannianAdam(
@@ -301,5 +303,5 @@ def test_at_gpt2_head_size_every_retraction_flags_one_percent_of_lr(tmp_path, re
     honest = pa.audit(path)
     assert honest["verdict"] == "passed"
     assert max(r["bound"] / r["step_length"] for r in honest["steps"]) < 0.01
-    claimed = pa.audit(path, claim=pa.Claim("riemannian_adam", {"lr": 1.01e-3}))
+    claimed = pa.audit(path, claim=Claim("riemannian_adam", {"lr": 1.01e-3}))
     assert claimed["first_failure_step"] == 1

@@ -13,7 +13,7 @@ pytest.importorskip("matplotlib")
 
 from proofs_checks.cli import main  # noqa: E402
 from torch_port.experiments import corpus as corpus_lib  # noqa: E402
-from torch_port.experiments import lm, lm_report, runs  # noqa: E402
+from torch_port.experiments import lm, lm_arms, lm_report, runs  # noqa: E402
 from torch_port.experiments.common import Checkpoint, RunOptions, configure  # noqa: E402
 from torch_port.optim import RiemannianAdam, RiemannianMomentum  # noqa: E402
 
@@ -359,7 +359,7 @@ def test_only_the_known_refusal_skips_an_arm(
     def broken(*args, **kwargs):
         raise ValueError("some other problem")
 
-    monkeypatch.setattr(lm, "Transformer", broken)
+    monkeypatch.setattr(lm_arms, "Transformer", broken)
     for name, arm in (
         ("mha", "stiefel"),
         ("gqa", "adamw"),

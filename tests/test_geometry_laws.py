@@ -5,8 +5,8 @@ metric, the ten ``ref.GEOMETRIES`` with their retractions and metrics, and block
 other head patterns and groupings. Each law below is parametrised over the table and measured by
 ``proofs_checks.geometry_laws`` (the same functions the registered GEO propositions use), against
 that module's ``law_tolerance`` or ``proofs_checks.bounds.frame_error``. Every law also runs on a
-deliberately wrong variant (mostly ``proofs_checks.propositions.geo.BROKEN``) that the very same
-check must reject, so that none passes vacuously.
+deliberately wrong variant (mostly ``proofs_checks.propositions.geo_variants.BROKEN``) that the
+very same check must reject, so that none passes vacuously.
 
 The family files (``test_stiefel.py``, ``test_partial_isometry.py``, …) keep the closed forms and
 the facts of one family only; a new geometry is covered here by adding a row.
@@ -24,7 +24,8 @@ import pytest
 import reference as ref
 from proofs_checks import geometry_laws as law
 from proofs_checks.bounds import frame_error
-from proofs_checks.propositions.geo import BLOCK, BROKEN, PLAIN, RANK_SCALE, STIEFEL
+from proofs_checks.propositions.geo import RANK_SCALE
+from proofs_checks.propositions.geo_variants import BLOCK, BROKEN, PLAIN, STIEFEL
 from reference.geometry import parts, same_structure, tree_map
 from reference.partial_isometry import EMBEDDED_RETRACTIONS, FACTOR_RETRACTIONS
 from reference.stiefel import METRICS, RETRACTIONS

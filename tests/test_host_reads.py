@@ -84,7 +84,7 @@ def test_reads_of_one_eager_step_of_frames(count) -> None:
     with counted_reads() as reads:
         opt.step()
     assert reads.sites == {
-        "optimizer.py:_validate": 1,
+        "input_checks.py:_validate": 1,
         "optimizer.py:_next_counts": 1,
         "stiefel.py:_all_finite": 2 * count,
         "linalg.py:norm_of_parts": 2 * count,

@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 
 from proofs_checks import harness
 from proofs_checks.propositions import port_plumbing as plumbing
+from proofs_checks.propositions import port_skips, port_state
 from proofs_checks.registry import Context
 
 CTX = Context(seed=0, quick=True)
@@ -19,17 +20,17 @@ CTX = Context(seed=0, quick=True)
 @pytest.mark.parametrize("steps", [2, 300, 1000])
 def test_sqrt_v_decay_tolerance_is_gamma_of_two_roundings_a_step(steps: int) -> None:
     k = 2 * (steps - 1) * 2.0**-24
-    assert plumbing.sqrt_v_decay_tolerance(steps) == pytest.approx(k / (1 - k), rel=1e-15)
+    assert port_state.sqrt_v_decay_tolerance(steps) == pytest.approx(k / (1 - k), rel=1e-15)
 
 
 def test_the_runs_reach_what_they_claim_to_exercise() -> None:
     """The schedule starts at lr = 0; the quick low-precision run passes step 256 (where a
     bfloat16 count stops); the scripts skip each kind of step they name."""
     assert plumbing.schedule(0) == 0.0 and plumbing.schedule(plumbing.WARMUP) == 1.0
-    assert plumbing.STATE_STEPS_QUICK > 256
-    assert set(plumbing.SKIPS) <= set(plumbing.CAPTURABLE_SCRIPT)
-    assert {"nan-frame", "inf-plain"} <= set(plumbing.EAGER_SCRIPT)
-    assert "zero-lr" in plumbing.CAPTURABLE_SCRIPT
+    assert port_state.STATE_STEPS_QUICK > 256
+    assert set(port_skips.SKIPS) <= set(port_skips.CAPTURABLE_SCRIPT)
+    assert {"nan-frame", "inf-plain"} <= set(port_skips.EAGER_SCRIPT)
+    assert "zero-lr" in port_skips.CAPTURABLE_SCRIPT
 
 
 def test_a_trust_run_where_the_cap_never_binds_does_not_pass(monkeypatch) -> None:

@@ -112,15 +112,18 @@ def test_registry_imports_nothing_of_the_package() -> None:
 
 
 def test_the_implementation_hash_covers_the_code_under_test_and_only_it() -> None:
-    """A comment (or a bug) in reference/optim.py changes RA-2's implementation hash and not its
-    statement-and-checks hash; an edit of the checks' shared code does the reverse."""
+    """A comment (or a bug) in reference/optim_transforms.py changes RA-2's implementation hash and
+    not its statement-and-checks hash; an edit of the checks' shared code does the reverse."""
     from proofs_checks.registry import project_sources
 
     sources = dict(project_sources())
     ra2 = REGISTRY["RA-2"]
     assert ra2.implementation_content_hash(sources) == ra2.implementation_hash
     optim = edited(
-        sources, "reference.optim", "def scale_by_adam(", "# a comment\ndef scale_by_adam("
+        sources,
+        "reference.optim_transforms",
+        "def scale_by_adam(",
+        "# a comment\ndef scale_by_adam(",
     )
     assert ra2.implementation_content_hash(optim) != ra2.implementation_hash
     checks_only = {k: v for k, v in optim.items() if k.startswith("proofs_checks")}

@@ -16,7 +16,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from proofs_checks import bench, certificate, cli, memory, rank
+from proofs_checks import bench, certificate, cli, cli_parser, memory, rank
 from proofs_checks.certificate import Certificate
 from proofs_checks.cli import main
 
@@ -577,4 +577,4 @@ def test_experiment_refuses_bad_seeds_before_anything(seeds, match, tmp_path, mo
     [(None, None), ("0", (0,)), ("2, 0,1", (2, 0, 1)), ("4294967295", (4294967295,))],
 )
 def test_parse_seeds_accepts_distinct_seeds_in_range(text, seeds):
-    assert cli.parse_seeds(text) == seeds
+    assert cli_parser.parse_seeds(text) == seeds

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from proofs_checks.audit.replay import RESOLUTION, TraceError, row_ratio
+from proofs_checks.audit.errors import TraceError
+from proofs_checks.audit.verdicts import RESOLUTION, row_ratio
 
 
 def worst_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

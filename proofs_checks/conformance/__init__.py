@@ -28,8 +28,9 @@ import torch
 from tqdm import tqdm
 
 from proofs_checks import reference_rules
+from proofs_checks.conformance.context import Context
 from proofs_checks.conformance.problem import DTYPES, Problem, TargetError
-from proofs_checks.conformance.properties import CLAIM_KEYS, PROPERTIES, Context, evaluate
+from proofs_checks.conformance.properties import CLAIM_KEYS, PROPERTIES, evaluate
 
 __all__ = ["PROPERTIES", "TargetError", "check_claims", "conform", "load_factory", "parse_claims"]
 

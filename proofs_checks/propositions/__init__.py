@@ -19,7 +19,12 @@ from proofs_checks.propositions import eb_softmax
 from proofs_checks.propositions import ref_adam
 from proofs_checks.propositions import ref_rules
 from proofs_checks.propositions import port
+from proofs_checks.propositions import port_drift
+from proofs_checks.propositions import port_capturable
+from proofs_checks.propositions import port_ends
 from proofs_checks.propositions import port_geometry
 from proofs_checks.propositions import port_plumbing
+from proofs_checks.propositions import port_skips
+from proofs_checks.propositions import port_state
 from proofs_checks.propositions import port_sharding
 from proofs_checks.propositions import port_convert

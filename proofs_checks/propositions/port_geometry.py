@@ -3,14 +3,14 @@
 PORT-1 compares whole optimizer steps; the methods a step does not call (every retraction
 option, the transports and matrices of tangent vectors, the group action, the vertical vectors,
 the polar factor's other routes, the validators) are compared here on the same float64 inputs,
-for St(d, r), the five plain geometries and the per-head views of their block variants.
+for St(d, r), the five plain geometries and the per-head views of their block variants (the
+pairs built in ``port_geometry_pairs``; the validators' check in ``port_validation``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,45 +20,19 @@ from proofs_checks import geometry_cases as cases
 from proofs_checks import geometry_laws as law
 from proofs_checks.bounds import frame_error
 from proofs_checks.harness import substituted
+from proofs_checks.propositions.port_geometry_pairs import (
+    BLOCK_OPTIONS,
+    BLOCKS,
+    NAMES,
+    block_geometries,
+    geometries,
+    to_numpy,
+    to_torch,
+)
+from proofs_checks.propositions.port_validation import validation
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference.geometry import parts, tree_map
 from reference.linalg import skew
-
-NAMES = ("stiefel", *cases.ORTHONORMAL)
-
-
-def _sizes(name: str) -> tuple[int, ...]:
-    return cases.STIEFEL if name == "stiefel" else cases.SIZES
-
-
-def _geometries(
-    name: str, option: dict[str, str], sizes: tuple[int, ...] | None = None
-) -> tuple[Any, Any]:
-    from torch_port.geometries import GEOMETRIES
-
-    make = ref.Stiefel if name == "stiefel" else ref.GEOMETRIES[name]
-    sizes = _sizes(name) if sizes is None else sizes
-    return make(*sizes, **option), GEOMETRIES[name](*sizes, **option)
-
-
-def _claims(geo: Any) -> tuple:
-    """What a geometry states about itself: the order of its retraction, its dimension, and
-    whether it is embedded and a quotient."""
-    return (geo.retraction_order, geo.dim, geo.embedded, geo.quotient)
-
-
-def _torch(v: Any) -> Any:
-    import torch
-
-    if isinstance(v, tuple):
-        return tuple(_torch(p) for p in v)
-    return torch.as_tensor(np.asarray(v, dtype=np.float64))
-
-
-def _numpy(v: Any) -> list[np.ndarray]:
-    items = v if isinstance(v, tuple | list) else (v,)
-    return [np.asarray(p.detach().numpy() if hasattr(p, "detach") else p) for p in items]
-
 
 #: Random points per geometry and option at which ``methods`` compares every method.
 POINTS = 3
@@ -142,21 +116,21 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
     with _polar_control(wrong):
         for name in NAMES:
             for option, k in itertools.product(cases.OPTIONS[name], range(POINTS)):
-                rg, tg = _geometries(name, option)
+                rg, tg = geometries(name, option)
                 rng = np.random.default_rng([ctx.seed, 8, k])
                 x = rg.random_point(rng)
                 tol = 2 * law.law_tolerance(rg, x)
                 for method, args in _calls(rg, x, rng):
                     if not hasattr(tg, method):
                         continue
-                    want = _numpy(getattr(rg, method)(*args))
-                    got = _numpy(getattr(tg, method)(*(_torch(a) for a in args)))
+                    want = to_numpy(getattr(rg, method)(*args))
+                    got = to_numpy(getattr(tg, method)(*(to_torch(a) for a in args)))
                     count += 1
                     if (ratio := _ratio(want, got, tol)) > worst:
                         worst, where = ratio, f"{name} {option} {method}"
         for name in BLOCKS:
             for options, k in itertools.product(BLOCK_OPTIONS, range(POINTS)):
-                rg, tg = _block_geometries(name, options)
+                rg, tg = block_geometries(name, options)
                 if [tuple(b) for b in tg.pattern] != [tuple(b) for b in rg.pattern]:
                     worst, where = np.inf, f"{name} {options}: pattern {tg.pattern}"
                     continue
@@ -168,7 +142,7 @@ def methods(ctx: Context, wrong: bool) -> Outcome:
                     if (ratio := _ratio(want, got, tol)) > worst:
                         worst, where = ratio, f"{name} {options} {method}"
         for name in NAMES:
-            rg, tg = _geometries(name, {})
+            rg, tg = geometries(name, {})
             count += 1
             if (ratio := _draws_ratio(rg, tg, ctx.seed)) > worst:
                 worst, where = ratio, f"{name} random_point"
@@ -206,10 +180,10 @@ def _draws_ratio(rg: Any, tg: Any, seed: int) -> float:
     import torch
 
     rng = np.random.default_rng([seed, 10])
-    draws = [[np.sum(np.square(f)) for f in _numpy(rg.random_point(rng))] for _ in range(DRAWS)]
+    draws = [[np.sum(np.square(f)) for f in to_numpy(rg.random_point(rng))] for _ in range(DRAWS)]
     want = np.mean(draws, axis=0)
     batch = tg.random_point(generator=torch.Generator().manual_seed(seed), batch_shape=(DRAWS,))
-    got = np.array([np.sum(np.square(f)) / DRAWS for f in _numpy(batch)])
+    got = np.array([np.sum(np.square(f)) / DRAWS for f in to_numpy(batch)])
     return float(np.max(np.abs(np.log(got / want)))) / np.log(DRAW_FACTOR)
 
 
@@ -218,14 +192,14 @@ def _frame_norm_ratio(metric: str, seed: int) -> float:
     c = 2^-990, 1 and 2^1000 (exact scalings of entries ≥ 1e-10: the squares of c·u underflow or
     ‖c·u‖ overflows, so its scaled route is taken), within 2·law_tolerance relative: the
     residual's ratio."""
-    rg, tg = _geometries("stiefel", {"metric": metric})
+    rg, tg = geometries("stiefel", {"metric": metric})
     rng = np.random.default_rng([seed, 11])
     x = rg.random_point(rng)
     u = rg.proj(x, rng.standard_normal(np.shape(x)))
     want, tol = float(rg.norm(x, u)), 2 * law.law_tolerance(rg, x)
     worst = 0.0
     for c in (2.0**-990, 1.0, 2.0**1000):
-        got = float(tg.frame_norm(_torch(x), _torch(c * u))) / c
+        got = float(tg.frame_norm(to_torch(x), to_torch(c * u))) / c
         worst = max(worst, abs(got - want) / (tol * want))
     return worst
 
@@ -239,19 +213,19 @@ def _batched_ratio(metric: str, seed: int) -> float:
 
     from torch_port import linalg as tl
 
-    rg, tg = _geometries("stiefel", {"metric": metric})
+    rg, tg = geometries("stiefel", {"metric": metric})
     rng = np.random.default_rng([seed, 14])
     xs = [rg.random_point(rng) for _ in range(2)]
     us = [rg.proj(x, rng.standard_normal(np.shape(x))) for x in xs]
     vs = [rg.proj(x, rng.standard_normal(np.shape(x))) for x in xs]
     tol = 2 * max(law.law_tolerance(rg, x) for x in xs)
-    x, u, v = (_torch(np.stack(a)) for a in (xs, us, vs))
-    inner, norm = _numpy(tg.inner(x, u, v))[0], _numpy(tg.norm(x, u))[0]
+    x, u, v = (to_torch(np.stack(a)) for a in (xs, us, vs))
+    inner, norm = to_numpy(tg.inner(x, u, v))[0], to_numpy(tg.norm(x, u))[0]
     t = tg.random_tangent(x, generator=torch.Generator().manual_seed(seed))
-    unit = _numpy(tg.norm(x, t))[0]
-    tangency = _numpy(tl.frobenius(tg.proj(x, t) - t))[0]
+    unit = to_numpy(tg.norm(x, t))[0]
+    tangency = to_numpy(tl.frobenius(tg.proj(x, t) - t))[0]
     xis = [0.3 * u_k / rg.norm(x_k, u_k) for x_k, u_k in zip(xs, us, strict=True)]
-    geodesic = _numpy(tg.exp(x, _torch(np.stack(xis))))[0]
+    geodesic = to_numpy(tg.exp(x, to_torch(np.stack(xis))))[0]
     errors = [
         *(
             np.linalg.norm(geodesic[k] - (want := rg.exp(xs[k], xis[k])))
@@ -266,33 +240,18 @@ def _batched_ratio(metric: str, seed: int) -> float:
     return float(max(errors)) / tol
 
 
-#: The block variants: with their defaults (two query heads sharing one key head: one group,
-#: the rows stacked), and with blocks (0, 1), (1, 0) (two groups, the key heads reordered).
-BLOCKS = tuple(f"block_{name}" for name in cases.ORTHONORMAL)
-BLOCK_OPTIONS = ({}, {"pattern": [(0, 1), (1, 0)]})
-
-
-def _block_geometries(name: str, options: dict) -> tuple[Any, Any]:
-    from torch_port.geometries import GEOMETRIES
-
-    return (
-        ref.GEOMETRIES[name](*cases.SIZES, **options),
-        GEOMETRIES[name](*cases.SIZES, **options),
-    )
-
-
 def _block_calls(rg: Any, tg: Any, x: Any, rng: np.random.Generator) -> list[tuple]:
     """(method, reference's output, port's output) of the per-head views of a block variant:
     the port's point is the reference's groups stacked along a group dimension."""
-    xt = tuple(_torch(np.stack([xg[k] for xg in x])) for k in range(len(x[0])))
+    xt = tuple(to_torch(np.stack([xg[k] for xg in x])) for k in range(len(x[0])))
     a, b = rg.head_factors(x)
     got_a, got_b = tg.head_factors(xt)
     g_a = [rng.standard_normal(np.shape(f)) for f in a]
     g_b = [rng.standard_normal(np.shape(f)) for f in b]
     want = rg.egrad_from_heads(x, g_a, g_b)
-    got = _numpy(tg.egrad_from_heads(xt, _torch(np.stack(g_a)), _torch(np.stack(g_b))))
+    got = to_numpy(tg.egrad_from_heads(xt, to_torch(np.stack(g_a)), to_torch(np.stack(g_b))))
     return [
-        ("head_factors", [np.stack(a), np.stack(b)], _numpy((got_a, got_b))),
+        ("head_factors", [np.stack(a), np.stack(b)], to_numpy((got_a, got_b))),
         (
             "egrad_from_heads",
             [w[k] for w in want for k in range(len(w))],
@@ -332,7 +291,7 @@ def polar_routes(ctx: Context, wrong: bool) -> Outcome:
         for label, a in _route_matrices(rng):
             kappa = float(np.linalg.cond(a))
             bound = 2 * kappa * frame_error(*cases.STIEFEL, kappa=kappa)
-            got = tl.polar(_torch(a)).numpy()
+            got = tl.polar(to_torch(a)).numpy()
             ratio = float(np.linalg.norm(got - ref.linalg.polar(a))) / bound
             worst = max(worst, ratio)
             details.append(f"{label} {ratio:.1e}")
@@ -343,190 +302,6 @@ def polar_routes(ctx: Context, wrong: bool) -> Outcome:
         "seeds": ctx.seed,
     }
     return Outcome.bound(worst, 1.0, "deviation/bound: " + ", ".join(details), exercised)
-
-
-def _pattern(gqa: Callable, heads: tuple[int, int]) -> list | None:
-    """The GQA pattern, or None when it is refused."""
-    try:
-        return gqa(*heads)
-    except ValueError:
-        return None
-
-
-#: How far the validation control moves each of the port's thresholds: ±0.5%, far outside the
-#: cases' 1e-6 margins (``geometry_cases.MARGIN``) and far inside anything a check at 1% sees.
-NEAR_MISS = 0.005
-
-
-def _scaled(original: Callable, factor: float) -> Callable:
-    return lambda *args: factor * original(*args)
-
-
-def _port_near_misses() -> list[tuple[str, Callable[[], contextlib.AbstractContextManager]]]:
-    """(label, context) of each near miss: one of the port's stated thresholds times 1 ± 0.5%,
-    substituted where the port reads it: ``default_atol`` (``torch_port.geometry`` and the
-    name ``torch_port.stiefel`` imported), R2's ``CONDITION_LIMIT`` and R1's ``RANK_EPS``
-    (``torch_port.fixed_rank``), and the polar factor's ``polar_rank_floor``
-    (``torch_port.linalg``)."""
-    from torch_port import fixed_rank, geometry, stiefel
-    from torch_port import linalg as tl
-
-    def atol(factor: float) -> contextlib.AbstractContextManager:
-        stack = contextlib.ExitStack()
-        for module in (geometry, stiefel):
-            moved = _scaled(module.default_atol, factor)
-            stack.enter_context(substituted(module, "default_atol", moved))
-        return stack
-
-    out = []
-    for f in (1 + NEAR_MISS, 1 - NEAR_MISS):
-        out += [
-            (f"atol × {f}", lambda f=f: atol(f)),
-            (
-                f"R2 limit × {f}",
-                lambda f=f: substituted(fixed_rank, "CONDITION_LIMIT", f * 1e-8),
-            ),
-            (
-                f"R1 rank × {f}",
-                lambda f=f: substituted(fixed_rank, "RANK_EPS", f * cases.EPS),
-            ),
-            (
-                f"polar rank × {f}",
-                lambda f=f: substituted(tl, "polar_rank_floor", _scaled(tl.polar_rank_floor, f)),
-            ),
-        ]
-    return out
-
-
-def _rank_test_matrix(factor: float) -> np.ndarray:
-    """A 10×3 A with orthogonal columns of disjoint supports, e_1 + e_4 + e_6 + e_9 (λ_max = 4;
-    every entry 0 or 1, so dividing by max|a| is exact), e_2 (λ = 1) and σ·e_3 with
-    σ² = factor·ε·λ_max·d (d = 10 rows): its Gram is diag(4, 1, σ²) in every float64 route
-    (each entry one product of single entries; σ·σ is within 2u of factor·ε·40) and a symmetric
-    eigensolver returns a diagonal matrix's entries exactly, so the polar factor's rank test
-    (refuse when λ_min(AᵀA) ≤ ε·λ_max·d) sees factor·ε·λ_max·d itself: it refuses
-    factor 1 − 1e-6 and accepts 1 + 1e-6. A test without d, with ε·λ_max/d, with ε/λ_max, or
-    with the middle eigenvalue for λ_max decides both alike (λ_max = 4 ≠ 1 and r = 3 tell those
-    apart)."""
-    a = np.zeros((10, 3))
-    a[[0, 3, 5, 8], 0] = 1.0
-    a[1, 1] = 1.0
-    a[2, 2] = np.sqrt(factor * cases.EPS * 4.0 * 10)
-    return a
-
-
-def _threshold_decisions(ctx: Context) -> tuple[list[str], int]:
-    """(wrong decisions, count) of the port at its stated thresholds: ``check_point`` on every
-    case of ``geometry_cases.validity_cases`` (and the Stiefel ``tangent_cases``) for St(7, 3)
-    and the five plain geometries, and both libraries' polar factors on ``_rank_test_matrix``
-    at 1 ∓ 1e-6."""
-    from torch_port import linalg as tl
-
-    wrong_calls, count = [], 0
-    for name in NAMES:
-        rg, tg = _geometries(name, {})
-        rng = np.random.default_rng([ctx.seed, 9])
-        x = rg.random_point(rng)
-        found = cases.validity_cases(name, x, rng)
-        if name == "stiefel":  # the port's one tangent validator
-            found += cases.tangent_cases(name, rg, x, rng)
-        for c in found:
-            count += 1
-            if c.refused_by(tg, _torch) != c.refused:
-                wrong_calls.append(f"{name}: {c.label}")
-    for k in cases.MARGINS:
-        a, refused = _rank_test_matrix(k), k < 1
-        for where, polar in (("reference", ref.linalg.polar), ("port", tl.polar)):
-            count += 1
-            if cases.refuses(polar, a if where == "reference" else _torch(a)) != refused:
-                wrong_calls.append(f"{where} polar at λ_min = {cases.multiple(k)}·ε·λ_max·d")
-    return wrong_calls, count
-
-
-def _other_decisions(ctx: Context) -> tuple[list[str], int]:
-    """(wrong decisions, count) of what ``validation`` checks beside the thresholds: sizes,
-    claims, a batch of frames, GQA patterns."""
-    import torch
-
-    from torch_port import blocks
-    from torch_port.geometries import GEOMETRIES
-
-    wrong_calls, count = [], 0
-    for name in NAMES:
-        for sizes, refused in cases.size_cases(name):
-            count += 1
-            if cases.refuses(GEOMETRIES[name], *sizes) != refused:
-                wrong_calls.append(f"{name}: sizes {sizes}")
-    for name in NAMES:
-        for option in cases.OPTIONS[name]:
-            for r in (1, _sizes(name)[-1]):
-                count += 1
-                sizes = (*_sizes(name)[:-1], r)
-                rg, tg = _geometries(name, option, sizes)
-                if _claims(tg) != _claims(rg):
-                    wrong_calls.append(f"{name} {option} at r = {r}: claims {_claims(tg)}")
-    for name in BLOCKS:
-        for options in BLOCK_OPTIONS:
-            count += 1
-            rg, tg = _block_geometries(name, options)
-            if _claims(tg) != _claims(rg):
-                wrong_calls.append(f"{name} {options}: claims {_claims(tg)}")
-    rg, tg = _geometries("stiefel", {})
-    w = _torch(rg.random_point(np.random.default_rng([ctx.seed, 12])))
-    off = w * (1 + 2 * cases.ATOL)  # ‖WᵀW − I‖ ≈ 4·atol·√r
-    for frames, refused in (((w, w, w), False), ((w, off, w), True)):
-        count += 1
-        if cases.refuses(tg.check_point, torch.stack(frames)) != refused:
-            wrong_calls.append(f"stiefel: a batch of 3 frames, refused {not refused}")
-    for heads in cases.GQA_CASES:
-        count += 1
-        if _pattern(ref.blocks.gqa_pattern, heads) != _pattern(blocks.gqa_pattern, heads):
-            wrong_calls.append(f"gqa_pattern{heads}")
-    return wrong_calls, count
-
-
-def validation(ctx: Context, wrong: bool) -> Outcome:
-    """The port's validators decide as the stated thresholds do, at the thresholds themselves
-    (``_threshold_decisions``): ``check_point`` on every case of
-    ``geometry_cases.validity_cases`` (the point as drawn; each orthonormal factor at 1 ∓ 1e-6
-    × atol; R1's core at 1 ∓ 1e-6 × r·ε; R2's conditioning at 1 ∓ 1e-6 × 1e-8; the Stiefel
-    tangent validator at 1 ∓ 1e-6 × atol·max(1, ‖ξ‖); each case's quantity exact to 2e-7 and
-    the validators' rounding ≤ 1.6e-7 of a threshold, ``geometry_cases``), and both libraries'
-    polar factors on a 10×3 A (λ_max = 4) whose λ_min(AᵀA) is (1 ∓ 1e-6)·ε·λ_max·d, exactly
-    (``_rank_test_matrix``); and beside them (``_other_decisions``) its constructors accept and
-    refuse the sizes of ``size_cases`` (r = 1, r = min(m, n), r = min(m, n) + 1) for St(7, 3)
-    and the five plain geometries, its GQA patterns are the reference's, refusals included
-    (``GQA_CASES``), every option's claims (``_claims``: the retraction's order, the
-    dimension, embedded, quotient) at r = 1 and r = 3, and the block variants' with both
-    ``BLOCK_OPTIONS``, are the reference's, and a batch of three St(7, 3) frames is accepted,
-    and refused when its middle frame is off by 4·atol·√r. Residual: the number of wrong
-    decisions, tolerance 0. Control, near misses (``_port_near_misses``): each threshold of the
-    port moved by +0.5% and by −0.5% in turn (atol, R2's limit, R1's rank test, the polar
-    factor's rank test), substituted into the port's modules; the threshold decisions are
-    repeated under each, and the control's residual is the fewest wrong decisions any near miss
-    caused (so it is rejected only if every near miss is caught)."""
-    if not wrong:
-        found, count = _threshold_decisions(ctx)
-        others, more = _other_decisions(ctx)
-        wrong_calls = found + others
-        exercised = {
-            "geometries": ", ".join(NAMES) + ", the block variants",
-            "cases": f"{count} at the thresholds, {more} others",
-            "dtypes": "float64",
-            "seeds": ctx.seed,
-        }
-        return Outcome.bound(
-            float(len(wrong_calls)),
-            0.0,
-            f"wrong decisions: {wrong_calls or 'none'} of {count + more}",
-            exercised,
-        )
-    caught = {}
-    for label, moved in _port_near_misses():
-        with moved():
-            caught[label] = len(_threshold_decisions(ctx)[0])
-    least = min(caught.values())
-    return Outcome(least == 0, float(least), 0.0, f"wrong decisions per near miss: {caught}")
 
 
 register(

@@ -18,7 +18,7 @@ from typing import Any
 
 from proofs_checks.bounds import trajectory_tolerance
 from proofs_checks.harness import substituted
-from proofs_checks.propositions.port_plumbing import _frames, brockett
+from proofs_checks.propositions.port_frames import brockett, frames_and_costs
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 
 #: The frames (St(d, r)×frames), the rows each simulated rank holds (uneven, as FSDP2's
@@ -102,7 +102,7 @@ def row_sharded_step(ctx: Context, wrong: bool, control: str = "local") -> Outco
     from torch_port.optim.sharding import RowShardedFrames
 
     gen = torch.Generator().manual_seed(ctx.seed)
-    (w,), (a,) = _frames(gen, ((SHARD_FRAMES, SHARD_D, SHARD_R),), torch.float64)
+    (w,), (a,) = frames_and_costs(gen, ((SHARD_FRAMES, SHARD_D, SHARD_R),), torch.float64)
     hyper = {"lr": SHARD_LR, "trust_radius": SHARD_RADIUS}
     whole = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], **hyper)
     starts = [sum(ROW_BLOCKS[:i]) for i in range(len(ROW_BLOCKS))]

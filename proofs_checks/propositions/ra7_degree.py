@@ -24,7 +24,7 @@ from proofs_checks.harness import (
 )
 from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, D, R
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
-from reference import mp
+from reference import mp, optim_transforms
 from reference.linalg import frobenius
 
 #: The claimed degree of each rule.
@@ -210,10 +210,10 @@ def _normalize_by_rms_guarded() -> ref.optim.Transform:
     constant where degree zero needs the scale to cancel exactly."""
 
     def update(geometry, x, u):
-        dens = [s + RMS_GUARD for s in ref.optim._frame_rms(geometry, x, u)]
-        return ref.optim._scale_groups(geometry, u, [1.0] * len(dens), dens)
+        dens = [s + RMS_GUARD for s in optim_transforms._frame_rms(geometry, x, u)]
+        return optim_transforms._scale_groups(geometry, u, [1.0] * len(dens), dens)
 
-    return ref.optim._stateless(update)
+    return optim_transforms._stateless(update)
 
 
 def degree_resolution(ctx: Context, wrong: bool) -> Outcome:
@@ -343,7 +343,9 @@ def subnormal_degree(ctx: Context, wrong: bool) -> Outcome:
     g = g_sub / SUBNORMAL  # exact: a power-of-two scaling back into the normal range
     tolerances = {name: subnormal_tolerance(name, g, SUBNORMAL) for name in ZERO_DEGREE}
     naive = substituted(
-        ref.optim, "_ratio_scaler", lambda num, den: lambda p: p * ref.optim._safe_ratio(num, den)
+        optim_transforms,
+        "_ratio_scaler",
+        lambda num, den: lambda p: p * optim_transforms._safe_ratio(num, den),
     )
     with naive if wrong else contextlib.nullcontext(), np.errstate(over="ignore", invalid="ignore"):
         ratios = {
@@ -380,7 +382,11 @@ def apart_degree(ctx: Context, wrong: bool) -> Outcome:
     g = (_tangent_at_corner(rng), _tangent_at_corner(rng))
     g_apart = tuple(c * gi for c, gi in zip(APART, g, strict=True))
     worst = 0.0
-    with substituted(ref.optim, "_frame_rms", _one_scale) if wrong else contextlib.nullcontext():
+    with (
+        substituted(optim_transforms, "_frame_rms", _one_scale)
+        if wrong
+        else contextlib.nullcontext()
+    ):
         for make in ZERO_DEGREE.values():
             worst = max(worst, _frame_gaps(make, geometry, (x0, x0), g, g_apart))
     return Outcome.bound(
@@ -401,10 +407,10 @@ def apart_degree(ctx: Context, wrong: bool) -> Outcome:
 
 def _one_scale(geometry, x, u) -> list[float]:
     """RMS(g_k) = s·‖g_k/s‖/sqrt(entries) with one s = max|g| over all frames."""
-    s = ref.optim._max_abs(u)
-    v = ref.optim._map_groups(geometry, u, [lambda p: p / s] * len(geometry.moment_groups))
-    norms = ref.optim._frame_norms(geometry, x, v)
-    sizes = ref.optim._frame_sizes(geometry, u)
+    s = optim_transforms._max_abs(u)
+    v = optim_transforms._map_groups(geometry, u, [lambda p: p / s] * len(geometry.moment_groups))
+    norms = optim_transforms._frame_norms(geometry, x, v)
+    sizes = optim_transforms._frame_sizes(geometry, u)
     return [s * (nk / np.sqrt(k)) for nk, k in zip(norms, sizes, strict=True)]
 
 

@@ -80,10 +80,11 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
+from torch_port.attention_products import _resolve_geometry
 from torch_port.convert.points import WIDE, change, map_bias, per_query, product_point
 from torch_port.convert.structures import Attention, Slot, check_unshared, recognise
 from torch_port.convert.weights import AssembledWeight, linear_view, split, to_heads
-from torch_port.nn import RiemannianMultiheadAttention, _resolve_geometry
+from torch_port.nn import RiemannianMultiheadAttention
 from torch_port.optim.groups import _join, tag_frame, tag_label
 from torch_port.optim.sharding import is_sharded
 

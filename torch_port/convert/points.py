@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from torch_port import linalg
+from torch_port.attention_products import geometry_of_product
 from torch_port.convert.structures import Attention
-from torch_port.nn import geometry_of_product
 from torch_port.stiefel import Stiefel
 
 Tensor = torch.Tensor

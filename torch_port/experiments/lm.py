@@ -58,6 +58,9 @@ the machine's core count; ``results.json`` records the count used.
 Each (configuration, arm, lr, seed) run is a cell of ``runs.run_cells``: it checkpoints every
 ``checkpoint_every`` steps, and its finished record is kept until the whole sweep is done, so an
 interrupted sweep resumes where it stopped (and equals the uninterrupted one).
+
+The presets and the checks of a configuration are ``lm_config``'s; the arms and the model of an
+arm ``lm_arms``'s.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +78,8 @@ import torch.nn.functional as F
 from torch_port.experiments import common, lm_report, runs
 from torch_port.experiments.common import RunOptions
 from torch_port.experiments.corpus import Corpus, load_corpus, train_batch, val_windows
+from torch_port.experiments.lm_arms import arm_refusal, build_model, kv_heads, resolve_arms
+from torch_port.experiments.lm_config import PRESETS, SWEEP_KEYS, check_config
 from torch_port.experiments.lm_report import (
     best_lr,
     block_equals_plain,
@@ -82,244 +87,21 @@ from torch_port.experiments.lm_report import (
     plot,
     summarise,
 )
-from torch_port.experiments.models import TokenEmbedding, Transformer
-from torch_port.geometries import GEOMETRIES, PLAIN
+from torch_port.experiments.models import Transformer
 from torch_port.optim import (
     FrameDecayWarning,
     NonFiniteGradientWarning,
     RiemannianAdam,
     RiemannianMomentum,
-    checks,
 )
 from torch_port.optim.groups import build_optimizer
 
 NAME = "lm"
-VOCAB = 256
 
-#: The ten design points of DESIGN §4.5 (every name of GEOMETRIES except "stiefel").
-TEN_GEOMETRIES: tuple[str, ...] = tuple(g for g in GEOMETRIES if g != "stiefel")
-#: Every arm, in reporting order.
-ALL_ARMS: tuple[str, ...] = ("adamw", "stiefel", *TEN_GEOMETRIES)
 #: Substrings of the ValueErrors ``torch_port.optim`` raises when a step diverges: a non-finite
 #: gradient or point ("non-finite"), or a step that leaves the rank-r manifold ("rank-deficient",
 #: "leaves the rank-"). Any other error of a step is a bug and propagates.
 DIVERGENCE_MARKERS = ("non-finite", "rank-deficient", "leaves the rank-")
-#: The attention module's refusal of a plain base geometry under GQA (a recorded skip).
-GQA_REFUSAL = "one key/value head per query head"
-
-#: Configuration keys that choose which runs make up the sweep; the others define one run,
-#: and only those enter a run's checkpoint key (so a sweep may grow and still resume).
-SWEEP_KEYS = ("seeds", "configs", "arms", "lrs", "threads", "checkpoint_every")
-
-#: The paper's protocol: the QK and VO products of every head on the arm's geometry, trained by
-#: the momentum rule with trust-region normalisation (``RiemannianMomentum``), AdamW (PyTorch's
-#: defaults, its lr swept) on every other parameter at the adamw arm's best lr, and each arm's
-#: own lr swept. c is not given by the paper: 1e-3 normalises a step to length lr whenever
-#: ‖M‖ ≥ 1e-3, which holds for nearly every head (the largest per-head momentum norms of the quick
-#: model after 30 steps measured 1.3e-3 to 3.9e-2, over Stiefel, R1 and P3).
-#: ``--set products=qk --set rule=adam --set plain_lr=null`` is the earlier shared protocol.
-_PAPER_PROTOCOL = {
-    "products": "qkvo",
-    "rule": "momentum",
-    "momentum_beta": 0.9,
-    "momentum_c": 1e-3,
-    "plain_lr": "adamw",
-}
-PRODUCTS = ("qk", "vo", "qkvo")
-RULES = ("adam", "momentum")
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "smoke": {
-        "corpus_bytes": 20_000,
-        "val_fraction": 0.1,
-        "context": 16,
-        "batch_size": 4,
-        "steps": 4,
-        "warmup": 2,
-        "eval_every": 2,
-        "eval_windows": 4,
-        "d_model": 16,
-        "n_heads": 2,
-        "gqa_kv_heads": 1,
-        "n_layers": 2,
-        "d_mlp": 32,
-        "weight_decay": 0.01,
-        "betas": [0.9, 0.999],
-        **_PAPER_PROTOCOL,
-        "configs": ["mha", "gqa"],
-        "arms": ["adamw", "stiefel"],
-        "lrs": [3e-3, 1e-2],
-        "seeds": [0],
-        "threads": 1,
-        "checkpoint_every": 2,
-    },
-    "quick": {
-        "corpus_bytes": 1_000_000,
-        "val_fraction": 0.1,
-        "context": 32,
-        "batch_size": 16,
-        "steps": 300,
-        "warmup": 10,
-        "eval_every": 50,
-        "eval_windows": 64,
-        "d_model": 64,
-        "n_heads": 4,
-        "gqa_kv_heads": 2,
-        "n_layers": 2,
-        "d_mlp": 128,
-        "weight_decay": 0.01,
-        "betas": [0.9, 0.999],
-        **_PAPER_PROTOCOL,
-        "configs": ["mha", "gqa"],
-        "arms": "all",
-        # a normalised momentum step has length lr per head's point (an AdamW step ≈
-        # lr·√entries), so the grid reaches further up than AdamW's best
-        "lrs": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
-        "seeds": [0, 1],
-        "threads": 1,
-        "checkpoint_every": 100,
-    },
-    "paper": {
-        "corpus_bytes": 8_000_000,
-        "val_fraction": 0.1,
-        "context": 128,
-        "batch_size": 32,
-        "steps": 3000,
-        "warmup": 10,
-        "eval_every": 250,
-        "eval_windows": 256,
-        "d_model": 128,
-        "n_heads": 4,
-        "gqa_kv_heads": 2,
-        "n_layers": 2,
-        "d_mlp": 512,
-        "weight_decay": 0.01,
-        "betas": [0.9, 0.999],
-        **_PAPER_PROTOCOL,
-        "configs": ["mha", "gqa"],
-        "arms": "all",
-        "lrs": [3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1],
-        "seeds": [0, 1, 2],
-        "threads": 4,
-        "checkpoint_every": 250,
-    },
-}
-
-
-# -- arms and models ----------------------------------------------------------------------------
-def attention_options(arm: str, products: str = "qk") -> dict[str, Any]:
-    """Keyword arguments of ``models.Transformer`` for ``arm``: the QK geometry (``arm`` for
-    ``products`` "qk" and "qkvo", else None), the VO geometry (``arm`` for "vo" and "qkvo", else
-    None; both None for AdamW) and ``block`` for the ``block_`` design points."""
-    if arm == "adamw":
-        return {"qk_geometry": None, "vo_geometry": None, "block": False}
-    if arm not in ALL_ARMS:
-        raise ValueError(f"unknown arm {arm!r}; choose from {list(ALL_ARMS)}")
-    qk = arm if products in ("qk", "qkvo") else None
-    vo = arm if products in ("vo", "qkvo") else None
-    return {"qk_geometry": qk, "vo_geometry": vo, "block": arm.startswith("block_")}
-
-
-def kv_heads(config: Mapping[str, Any], name: str) -> int:
-    """Key/value heads of attention configuration ``name`` ("mha" or "gqa")."""
-    if name == "mha":
-        return int(config["n_heads"])
-    if name == "gqa":
-        return int(config["gqa_kv_heads"])
-    raise ValueError(f"unknown attention configuration {name!r}; choose mha or gqa")
-
-
-def build_model(config: Mapping[str, Any], name: str, arm: str, seed: int) -> Transformer:
-    """The causal byte-level transformer of one arm (paired initialisation from ``seed``)."""
-    d = int(config["d_model"])
-    return Transformer(
-        TokenEmbedding(VOCAB, d),
-        d,
-        int(config["n_layers"]),
-        int(config["n_heads"]),
-        int(config["d_mlp"]),
-        VOCAB,
-        int(config["context"]),
-        seed=seed,
-        n_kv_heads=kv_heads(config, name),
-        causal=True,
-        **attention_options(arm, config["products"]),
-    )
-
-
-def arm_refusal(config: Mapping[str, Any], name: str, arm: str) -> str | None:
-    """The attention module's refusal message when ``arm`` is a plain base geometry and
-    configuration ``name`` has fewer key/value heads than query heads (each head's QK product
-    is its own point, which needs a one-to-one head pattern: a known, recorded skip); None when
-    the model builds. Any other error building the model propagates (a bad setting, not a skip)."""
-    if arm in PLAIN and kv_heads(config, name) < int(config["n_heads"]):
-        try:
-            build_model(config, name, arm, 0)
-        except ValueError as exc:
-            if GQA_REFUSAL not in str(exc):
-                raise
-            return str(exc)
-        return None
-    build_model(config, name, arm, 0)
-    return None
-
-
-def resolve_arms(config: Mapping[str, Any]) -> list[str]:
-    """The arms asked for: ``"all"`` or a list of names from ``ALL_ARMS``."""
-    arms = config["arms"]
-    if arms == "all":
-        return list(ALL_ARMS)
-    if isinstance(arms, str) or not isinstance(arms, Sequence) or not arms:
-        raise ValueError(f"arms must be 'all' or a non-empty list of names, got {arms!r}")
-    unknown = [a for a in arms if a not in ALL_ARMS]
-    if unknown:
-        raise ValueError(f"unknown arms {unknown}; choose from {list(ALL_ARMS)}")
-    return list(dict.fromkeys(arms))
-
-
-def check_config(config: Mapping[str, Any]) -> None:
-    """Refuse, before any work, values that cannot define a run (the measured value named)."""
-    for key in (
-        "steps",
-        "batch_size",
-        "eval_every",
-        "eval_windows",
-        "checkpoint_every",
-        "threads",
-        "d_model",
-        "n_heads",
-        "gqa_kv_heads",
-        "n_layers",
-        "d_mlp",
-    ):
-        common.check_int(config, key)
-    d, heads, kv = config["d_model"], config["n_heads"], config["gqa_kv_heads"]
-    if d % heads:
-        raise ValueError(f"d_model = {d} must be divisible by n_heads = {heads}")
-    if heads % kv:
-        raise ValueError(
-            f"gqa_kv_heads = {kv} must divide n_heads = {heads} (GQA groups of equal size)"
-        )
-    if isinstance(config["warmup"], bool) or int(config["warmup"]) < 0:
-        raise ValueError(f"warmup must be ≥ 0, got {config['warmup']!r}")
-    lrs = config["lrs"]
-    if not lrs or any(not (isinstance(x, int | float) and math.isfinite(x) and x > 0) for x in lrs):
-        raise ValueError(f"lrs must be a non-empty list of finite positive numbers, got {lrs!r}")
-    for key, known in (("products", PRODUCTS), ("rule", RULES)):
-        if config[key] not in known:
-            raise ValueError(f"{key} must be one of {known}, got {config[key]!r}")
-    plain_lr = config["plain_lr"]
-    if plain_lr is not None and plain_lr != "adamw":
-        raise ValueError(f"plain_lr must be null (shared lr) or 'adamw', got {plain_lr!r}")
-    if plain_lr == "adamw" and "adamw" not in resolve_arms(config):
-        raise ValueError("plain_lr='adamw' takes AdamW's best lr, so the arms must include adamw")
-    checks.beta("momentum_beta", config["momentum_beta"])
-    checks.positive("momentum_c", config["momentum_c"])
-    if not config["configs"] or any(c not in ("mha", "gqa") for c in config["configs"]):
-        raise ValueError(
-            f"configs must be a non-empty list of 'mha'/'gqa', got {config['configs']}"
-        )
-    resolve_arms(config)
 
 
 # -- one run ------------------------------------------------------------------------------------

@@ -1,0 +1,201 @@
+"""PORT-3: the capturable step of ``torch_port.optim.capturable``: its fixed-degree polar series,
+and its steps against the reference's.
+
+As in ``port``, torch and the port are imported inside the checks, and every negative control
+substitutes a wrong variant into the port's own code (``harness.substituted``), so the control
+goes through the path training takes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+
+from proofs_checks.harness import substituted
+from proofs_checks.propositions.port import NEAR_MISS
+from proofs_checks.registry import Check, Context, Outcome, Proposition, register
+
+#: PORT-3: the trust radii of the series check, the frames, and the trajectory's steps.
+SERIES_RADII = (0.1, 0.3, 0.5, 0.7)
+SERIES_D, SERIES_R = 16, 4
+CAPTURABLE_STEPS, CAPTURABLE_RADIUS, CAPTURABLE_LR = 20, 0.05, 1e-2
+
+
+def _degree_for_half_delta(original):
+    """``capturable.taylor_degree`` for δ = Δ²/2 + η (a near miss: the spread of E's
+    eigenvalues after the normalisation by α when they are balanced, not their bound)."""
+
+    def variant(radius):
+        from torch_port import linalg
+        from torch_port.optim import capturable
+
+        original(radius)  # its checks
+        return linalg._taylor_degree(radius**2 / 2 + capturable.DRIFT_SLACK)
+
+    return variant
+
+
+def series(ctx: Context, wrong: bool) -> Outcome:
+    """For each Δ of ``SERIES_RADII``: a stack of four (16, 4) matrices A = W Q diag(√μ) Qᵀ
+    (seed ``ctx.seed``) whose Gram eigenvalues μ spread over [1 − δ, 1 + δ], δ = Δ² + η, so
+    that ‖E‖₂ = δ, the bound the degree is chosen for; ``capturable.polar_fixed(A,
+    taylor_degree(Δ))`` against the eigendecomposition route ``torch_port.linalg.polar``.
+    Bound: 2κ·``frame_error``(16, 4, κ) (each route's forward error at condition κ, as in
+    GEO-stiefel's nearest point) + √r·1e-17 (the truncation the degree allows). Residual: the
+    worst ratio to the bound. Control: the degree for δ = Δ²/2 + η, substituted into
+    ``torch_port.optim.capturable``."""
+    import torch
+
+    from proofs_checks.bounds import frame_error
+    from torch_port import Stiefel, linalg
+    from torch_port.optim import capturable
+
+    g = torch.Generator().manual_seed(ctx.seed)
+    w = Stiefel(SERIES_D, SERIES_R).random_point(g, (4,), dtype=torch.float64)
+    q = torch.linalg.qr(torch.randn(4, SERIES_R, SERIES_R, generator=g, dtype=torch.float64))[0]
+    worst, where = 0.0, ""
+    short = substituted(
+        capturable, "taylor_degree", _degree_for_half_delta(capturable.taylor_degree)
+    )
+    with short if wrong else contextlib.nullcontext():
+        for radius in SERIES_RADII:
+            delta = radius**2 + capturable.DRIFT_SLACK
+            mu = torch.linspace(1.0 - delta, 1.0 + delta, SERIES_R, dtype=torch.float64)
+            a = w @ (q * torch.sqrt(mu)) @ q.transpose(-1, -2)
+            kappa = math.sqrt((1 + delta) / (1 - delta))
+            bound = 2 * kappa * frame_error(SERIES_D, SERIES_R, kappa=kappa) + 2e-17
+            fixed = capturable.polar_fixed(a, capturable.taylor_degree(radius))
+            dev = float(linalg.frobenius(fixed - linalg.polar(a)).max())
+            if dev / bound > worst:
+                worst, where = dev / bound, f"Δ = {radius}: {dev:.2e} against {bound:.2e}"
+    exercised = {
+        "sizes": f"a stack of 4 ({SERIES_D}, {SERIES_R}) matrices",
+        "options": "Δ = " + ", ".join(map(str, SERIES_RADII)),
+        "dtypes": "float64",
+        "seeds": ctx.seed,
+    }
+    return Outcome.bound(worst, 1.0, f"worst at {where}", exercised)
+
+
+def _count_one_ahead(original):
+    """``capturable.adam_frames`` at step number t + 1 (its bias corrections one step ahead)."""
+
+    def variant(w, grad, exp_avg, sqrt_v, t, **kw):
+        return original(w, grad, exp_avg, sqrt_v, t + 1, **kw)
+
+    return variant
+
+
+def _radius_stretched(k: float):
+    """``capturable.adam_frames`` with the trust radius times k (a near miss for k = 1 + 1e-9:
+    the binding cap lets each step be 1e-9 relative longer)."""
+
+    def make(original):
+        def variant(*args, radius, **kw):
+            return original(*args, radius=k * radius, **kw)
+
+        return variant
+
+    return make
+
+
+def capturable_trajectory(
+    ctx: Context, wrong: bool, variant: Callable = _count_one_ahead
+) -> Outcome:
+    """``CAPTURABLE_STEPS`` float64 steps of ``RiemannianAdam(capturable=True)`` (lr 1e-2,
+    Δ = 0.05, binding) on one (16, 4) frame against ``reference.optim.riemannian_adam`` with
+    the same hyperparameters along the same gradients (seed ``ctx.seed``): the largest
+    max|W_t − W_t^ref| against 20·``step_error``(16, 4), the per-step rounding bound of the
+    two runs accumulated without amplification. Control: the bias corrections one step ahead,
+    substituted into ``torch_port.optim.capturable``."""
+    import numpy as np
+    import torch
+
+    import reference as ref
+    from proofs_checks.bounds import step_error
+    from torch_port import RiemannianAdam, Stiefel
+    from torch_port.optim import capturable
+
+    g = torch.Generator().manual_seed(ctx.seed)
+    w = torch.nn.Parameter(Stiefel(SERIES_D, SERIES_R).random_point(g, dtype=torch.float64))
+    x = w.detach().numpy().copy()
+    group = [{"params": [w], "geometry": "stiefel"}]
+    opt = RiemannianAdam(group, lr=CAPTURABLE_LR, trust_radius=CAPTURABLE_RADIUS, capturable=True)
+    rule = ref.optim.riemannian_adam(CAPTURABLE_LR, trust_radius=CAPTURABLE_RADIUS)
+    geo = ref.Stiefel(SERIES_D, SERIES_R)
+    state, worst = rule.init(geo, x), 0.0
+    ahead = substituted(capturable, "adam_frames", variant(capturable.adam_frames))
+    with ahead if wrong else contextlib.nullcontext():
+        for _ in range(CAPTURABLE_STEPS):
+            grad = torch.randn(SERIES_D, SERIES_R, generator=g, dtype=torch.float64)
+            w.grad = grad
+            opt.step()
+            x, state = rule.step(geo, x, grad.numpy(), state)
+            worst = max(worst, float(np.abs(w.detach().numpy() - x).max()))
+    return Outcome.bound(
+        worst,
+        CAPTURABLE_STEPS * step_error(SERIES_D, SERIES_R),
+        f"max_t max|W_t − W_t^ref| over {CAPTURABLE_STEPS} steps",
+        {
+            "sizes": f"one ({SERIES_D}, {SERIES_R}) frame",
+            "options": f"lr {CAPTURABLE_LR}, Δ = {CAPTURABLE_RADIUS}",
+            "steps": CAPTURABLE_STEPS,
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
+def capturable_resolution(ctx: Context, wrong: bool) -> Outcome:
+    """``capturable_trajectory``; control, a near miss: the binding trust radius ``NEAR_MISS``
+    relative larger (substituted into ``torch_port.optim.capturable``)."""
+    return capturable_trajectory(ctx, wrong, variant=_radius_stretched(1 + NEAR_MISS))
+
+
+register(
+    Proposition(
+        id="PORT-3",
+        title="The capturable step: a fixed-degree polar series, and the reference's steps",
+        statement=(
+            r"For $\Delta\in\{0.1,0.3,0.5,0.7\}$ and $A=WQ\operatorname{diag}(\sqrt{\mu})"
+            r"Q^\top$ whose Gram eigenvalues $\mu$ span $[1-\delta,1+\delta]$, "
+            r"$\delta=\Delta^2+10^{-3}$, the Taylor polynomial of $(I+E)^{-1/2}$ of the degree "
+            r"$k$ with "
+            r"$\delta^{k+1}/(1-\delta)\le10^{-17}$ gives the polar factor to float64 rounding; "
+            r"with it, the steps of \texttt{RiemannianAdam(capturable=True)} are the "
+            r"reference's to float64 rounding."
+        ),
+        hypotheses=(
+            "the Gram and the series in float64 (torch_port.optim.capturable.polar_fixed)",
+            "(16, 4) frames; the trajectory with Δ = 0.05 binding, 20 steps",
+        ),
+        remarks=(
+            r"For $A=W+\xi$ with $W$ a frame and $\|\xi\|\le\Delta\le0.7$ the eigenvalues of "
+            r"$A^\top A/\alpha$ ($\alpha=\mathrm{tr}(A^\top A)/r$) are meant to lie within "
+            r"$\delta$ of 1, which is what the degree is chosen for; the checks build matrices "
+            r"with that spectrum, and the trajectory check runs the capturable step itself.",
+        ),
+        checks=(
+            Check(
+                "float64",
+                "the series at ‖E‖₂ = δ for Δ = 0.1 … 0.7",
+                series,
+                "the degree for δ = Δ²/2 + η, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "20 capturable steps against the reference",
+                capturable_trajectory,
+                "the bias corrections one step ahead, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "resolution: capturable steps 1e-9 relative too long are caught",
+                capturable_resolution,
+                f"near miss: the trust radius times 1 + {NEAR_MISS:g}, substituted into the port",
+            ),
+        ),
+        requires=("torch",),
+    )
+)
