@@ -62,3 +62,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     commands = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)
     assert commands[0].strip() == "pip install . && rattn certify"
     assert commands[1].strip() in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+#: The longest a module of the three packages may be: one idea per module (DESIGN §2).
+MODULE_LINES = 500
+
+
+def test_no_module_is_longer_than_one_idea_needs() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for package in ("reference", "proofs_checks", "torch_port")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES
+    }
+    assert not long, f"modules over {MODULE_LINES} lines: {long}"

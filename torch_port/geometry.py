@@ -195,7 +195,7 @@ class FactoredGeometry:
     def scaled_norm(self, fn: Callable[[Parts], Tensor], u: Parts) -> Tensor:
         """fn(u) for a norm fn homogeneous of degree 1, computed unscaled where that is safe and
         as s·fn(u/s), s = max|u| over the parts, where the unscaled value is zero, tiny, inf or
-        NaN (reference ``optim._metric_norm``). One host synchronisation."""
+        NaN (reference ``optim_transforms._metric_norm``). One host synchronisation."""
         n = fn(u)
         bad = linalg._needs_scaling(linalg._norm_dtype(n))
         if not bool(bad.any()):
@@ -245,9 +245,9 @@ class FactoredGeometry:
         return () if k == 1 else (k,)
 
     def frame_norms(self, x: Parts, u: Parts) -> Tensor:
-        """The metric norm of each frame of u (reference ``optim._frame_norms``): the geometry's
-        norm when the point is one frame, else the Frobenius norm of each frame's parts;
-        shape (..., *frame_shape)."""
+        """The metric norm of each frame of u (reference ``optim_transforms._frame_norms``): the
+        geometry's norm when the point is one frame, else the Frobenius norm of each frame's
+        parts; shape (..., *frame_shape)."""
         if len(self.moment_groups) == 1:
             return self.norm(x, u)
         return torch.stack(

@@ -127,8 +127,9 @@ class Stiefel:
 
     def frame_norm(self, x: Tensor, u: Tensor) -> Tensor:
         """‖u‖ per frame as s·‖u/s‖ with s = max|u| (0 for u = 0): the norm the update rules use
-        (reference ``optim._metric_norm``), free of overflow and underflow in either metric. In
-        the embedded metric it is ``norm`` itself (the inner rescaling by max|u/s| = 1 is exact)."""
+        (reference ``optim_transforms._metric_norm``), free of overflow and underflow in either
+        metric. In the embedded metric it is ``norm`` itself (the inner rescaling by max|u/s| = 1
+        is exact)."""
         if self.metric == "embedded":
             return frobenius(u)
         s = linalg.max_abs(u)

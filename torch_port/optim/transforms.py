@@ -128,10 +128,10 @@ def _safe_ratio(num: float, den: Tensor) -> Tensor:
 
 def frame_rms(geometry: PointGeometry, x: Sequence[Tensor], g: Sequence[Tensor]) -> Tensor:
     """RMS(g) = ‖g‖/sqrt(entries) per frame in the geometry's metric (reference
-    ``optim._frame_rms``). The norm comes from ``geometry.frame_norms`` (unscaled where that is
-    safe); only where it overflows is it recomputed as s·(‖g/s‖/sqrt(entries)), s = max|g| over
-    the point, dividing before multiplying so that entries near the largest float do not overflow
-    (the reference multiplies first and overflows there)."""
+    ``optim_transforms._frame_rms``). The norm comes from ``geometry.frame_norms`` (unscaled
+    where that is safe); only where it overflows is it recomputed as s·(‖g/s‖/sqrt(entries)),
+    s = max|g| over the point, dividing before multiplying so that entries near the largest
+    float do not overflow (the reference multiplies first and overflows there)."""
     n = geometry.frame_norms(x, g)
     root = torch.tensor(
         [math.sqrt(k) for k in geometry.frame_sizes()], dtype=n.dtype, device=n.device
