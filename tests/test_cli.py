@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from proofs_checks.cli import main
 
 
@@ -65,6 +67,18 @@ def test_geometries_lists_the_ten_and_stiefel(capsys) -> None:
     assert main(["geometries", "--r", "9"]) == 2
 
 
+def test_certify_from_the_command_line(tmp_path, capsys) -> None:
+    """Ids in any case through the CLI (every id runs by default in test_certificate's
+    ``refereed``, and through the CLI with ``-m slow``)."""
+    assert main(["certify", "geo-BLOCK_stiefel_pair", "ra-1", "--quick", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] and [p["id"] for p in doc["propositions"]] == [
+        "RA-1",
+        "GEO-block_stiefel_pair",
+    ]
+
+
+@pytest.mark.slow
 def test_certify_everything_from_the_command_line(tmp_path, capsys) -> None:
     """The README's main job, every id (mixed-case GEO ids included), through the CLI."""
     assert main(["certify", "--quick", "--json", "--out", str(tmp_path)]) == 0

@@ -114,7 +114,11 @@ def test_normal_parts_are_those_of_the_set(name) -> None:
 
 
 #: The port's presets on the ten (float64): all they claim (the cheaper geometries in float32 too).
-PRESETS = [(name, "float64") for name in TEN] + [
+#: By default the two float32 rows and the first two of the ten; the rest with ``-m slow``.
+PRESETS = [
+    pytest.param(name, "float64", marks=() if i < 2 else pytest.mark.slow)
+    for i, name in enumerate(TEN)
+] + [
     ("stiefel_pair", "float32"),
     ("fixed_rank_quotient", "float32"),
 ]

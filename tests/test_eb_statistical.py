@@ -40,6 +40,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("pid", "index", "seed"), CASES)
 def test_statistical_check_passes_and_rejects_its_control_at_other_seeds(pid, index, seed):
     result = run_check(REGISTRY[pid].checks[index], Context(seed=seed, quick=False))

@@ -9,8 +9,14 @@ import pytest
 
 from proofs_checks import mutation
 
+#: Two judged files by default (one reference, one port module); every file with ``-m slow``.
+DEFAULT_FILES = ("reference/optim.py", "torch_port/optim/transforms.py")
 
-@pytest.mark.parametrize("file", list(mutation.JUDGES))
+
+@pytest.mark.parametrize(
+    "file",
+    [f if f in DEFAULT_FILES else pytest.param(f, marks=pytest.mark.slow) for f in mutation.JUDGES],
+)
 def test_mutants_are_valid_and_differ_from_the_source(file) -> None:
     source = ast.unparse(ast.parse((mutation.ROOT / file).read_text(encoding="utf-8")))
     found = mutation.mutants(file)
@@ -54,6 +60,7 @@ def test_every_mutant_of_a_file_has_its_own_key() -> None:
     assert len(set(found)) == len(found)
 
 
+@pytest.mark.slow
 def test_mutants_are_judged_by_the_propositions_that_call_their_function(tmp_path) -> None:
     """The trace, in a fresh interpreter as the tool runs it: the port's R1 projection and
     rgrad are called by PORT-5 alone, the capacity tasks by EB-4 alone, and what runs while
