@@ -13,6 +13,11 @@ from proofs_checks import mutation
 DEFAULT_FILES = ("reference/optim.py", "torch_port/optim/transforms.py")
 
 
+def test_the_default_files_are_judged_files() -> None:
+    """A default file that is not judged would leave the default run without a mutant."""
+    assert set(DEFAULT_FILES) <= set(mutation.JUDGES)
+
+
 @pytest.mark.parametrize(
     "file",
     [f if f in DEFAULT_FILES else pytest.param(f, marks=pytest.mark.slow) for f in mutation.JUDGES],
