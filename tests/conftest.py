@@ -9,11 +9,17 @@ training loop the attention-module tests share.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from proofs_checks.bounds import FLOAT64_U
+
+# Under pytest-xdist every worker is one of the processes that share the cores: one thread each,
+# since torch (imported later) starts one thread per core in every process by default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 #: The float64 unit roundoff u = 2^-53 ≈ 1.1e-16 (Higham §2.1): ``proofs_checks.bounds``' value.
 U = FLOAT64_U

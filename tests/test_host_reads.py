@@ -2,19 +2,20 @@
 (``aten._local_scalar_dense``, behind ``item``, ``bool`` and ``float`` of a tensor, and
 ``Tensor.tolist``), counted on the CPU with a dispatch mode. On a GPU each is a synchronisation.
 
-Measured (docs/performance.md): one read per step for the gradients' finiteness and one for
-the points' step counts (``ChainOptimizer._next_counts``), then seven per frame parameter: the
-polar retraction's route (``linalg.polar_plan``) and six choices between a fast route and its
-rescaled rescue (two overflow tests of the transport, two of the norms, one of the RMS, one of
-the step's ratio). The redesign of the one step folds
-those into one flag per step (open work); these counts guard against new reads meanwhile.
+A steady step of frames reads once in all (``torch_port.deferred``): the gradients' finiteness
+and every branch of the frame path (the polar series' degree, the transport's and the norms'
+overflow tests, the RMS, the step's ratio) are device conditions read together, and the step
+counts are known from the tensors the last step wrote. The step whose conditions fail is
+computed again by the careful code; its results equal the careful step's bitwise.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import traceback
+import warnings
 
 import pytest
 
@@ -22,6 +23,8 @@ torch = pytest.importorskip("torch")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import torch_port as tp  # noqa: E402
+from torch_port import deferred, linalg  # noqa: E402
+from torch_port.optim import ChainOptimizer  # noqa: E402
 
 
 class HostReads(TorchDispatchMode):
@@ -67,31 +70,34 @@ def counted_reads():
         torch.Tensor.tolist = tolist
 
 
-def frames_optimizer(count: int) -> torch.optim.Optimizer:
+def frames_optimizer(count: int, dtype=torch.float32, **options) -> torch.optim.Optimizer:
     st = tp.Stiefel(64, 16)
     gen = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(st.random_point(gen, (4,)).float()) for _ in range(count)]
-    opt = tp.RiemannianAdam([{"params": params, "geometry": "stiefel"}], lr=1e-3)
+    params = [torch.nn.Parameter(st.random_point(gen, (4,)).to(dtype)) for _ in range(count)]
+    opt = tp.RiemannianAdam([{"params": params, "geometry": "stiefel", **options}], lr=1e-3)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=gen)
-    opt.step()  # the first step makes the state; the second is the one counted
+        p.grad = torch.randn(p.shape, generator=gen, dtype=dtype)
+    opt.step()  # the first step makes the state and reads as it goes
+    opt.step()  # the second speculates with the choices of the first
     return opt
 
 
-@pytest.mark.parametrize("count", [1, 4])
-def test_reads_of_one_eager_step_of_frames(count) -> None:
-    opt = frames_optimizer(count)
+STEADY = [
+    pytest.param(
+        count, dtype, options, id=f"{count}-{str(dtype)[6:]}-{'-'.join(options) or 'default'}"
+    )
+    for count in (1, 4)
+    for dtype in (torch.float32, torch.float64)
+    for options in ({}, {"trust_radius": 0.1}, {"reduction": "sum"}, {"eps": 0.0})
+]
+
+
+@pytest.mark.parametrize(("count", "dtype", "options"), STEADY)
+def test_a_steady_step_of_frames_reads_the_host_once(count, dtype, options) -> None:
+    opt = frames_optimizer(count, dtype, **options)
     with counted_reads() as reads:
         opt.step()
-    assert reads.sites == {
-        "input_checks.py:_validate": 1,
-        "optimizer.py:_next_counts": 1,
-        "stiefel.py:_all_finite": 2 * count,
-        "linalg.py:norm_of_parts": 2 * count,
-        "linalg.py:polar_plan": count,
-        "transforms.py:frame_rms": count,
-        "transforms.py:_ratio_step": count,
-    }, dict(reads.sites)
+    assert reads.sites == {"deferred.py:all_hold": 1}, dict(reads.sites)
 
 
 def test_the_counter_sees_each_kind_of_read() -> None:
@@ -103,3 +109,146 @@ def test_the_counter_sees_each_kind_of_read() -> None:
         float(a[0])
         a.tolist()
     assert sum(reads.sites.values()) == 4
+
+
+def brockett_run(dtype, lrs, options, grads_scale=1.0) -> list[list]:
+    """Three parameters of frames stepped under tr(WᵀAW) with the lr schedule ``lrs``; the
+    parameters and states after each step."""
+    st = tp.Stiefel(32, 8)
+    gen = torch.Generator().manual_seed(1)
+    params = [torch.nn.Parameter(st.random_point(gen, (2,)).to(dtype)) for _ in range(3)]
+    a = torch.randn(32, 32, generator=gen, dtype=dtype)
+    opt = tp.RiemannianAdam([{"params": params, "geometry": "stiefel", **options}], lr=lrs[0])
+    after = []
+    for lr in lrs:
+        opt.param_groups[0]["lr"] = lr
+        opt.zero_grad()
+        sum(torch.einsum("hdr,de,her->", w, a, w) for w in params).mul(grads_scale).backward()
+        opt.step()
+        after.append(
+            [p.detach().clone() for p in params]
+            + [v.clone() for p in params for v in opt.state[p].values()]
+        )
+    return after
+
+
+def same(fast: list[list], slow: list[list]) -> bool:
+    """Every tensor of every step of two runs equal bitwise."""
+    return all(
+        torch.equal(a, b)
+        for f, s in zip(fast, slow, strict=True)
+        for a, b in zip(f, s, strict=True)
+    )
+
+
+def careful_only(monkeypatch) -> None:
+    monkeypatch.setattr(ChainOptimizer, "_speculative_updates", lambda self, *args: None)
+
+
+#: lr schedules whose jumps move the polar series' degree (δ ~ lr²), so that speculation fails
+#: and the careful code recomputes some steps.
+SCHEDULES = {
+    "jumps": [1e-3] * 3 + [0.3] * 3 + [1e-5] * 3 + [1e-3] * 3,
+    "warm-up": [1e-4 * 2**k for k in range(12)],
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("options", [{}, {"trust_radius": 0.05}], ids=["plain", "trust"])
+def test_the_speculative_step_equals_the_careful_step_bitwise(
+    monkeypatch, dtype, schedule, options
+) -> None:
+    recomputed = []
+    careful_update = ChainOptimizer._careful_update
+
+    def counting(self, point, t):
+        recomputed.append(t)
+        return careful_update(self, point, t)
+
+    monkeypatch.setattr(ChainOptimizer, "_careful_update", counting)
+    fast = brockett_run(dtype, SCHEDULES[schedule], options)
+    assert any(t > 1 for t in recomputed), "no speculation failed: the test would be vacuous"
+    assert len(recomputed) < 3 * len(SCHEDULES[schedule]), "every step was careful"
+    careful_only(monkeypatch)
+    slow = brockett_run(dtype, SCHEDULES[schedule], options)
+    assert same(fast, slow)
+
+
+def test_control_a_speculation_trusted_without_its_conditions_differs(monkeypatch) -> None:
+    """Control: with the conditions ignored (every speculation taken), the degree of the last
+    step is used where the careful code would choose another, and the trajectories part."""
+    monkeypatch.setattr(deferred, "all_hold", lambda conditions: True)
+    fast = brockett_run(torch.float64, SCHEDULES["jumps"], {})
+    careful_only(monkeypatch)
+    slow = brockett_run(torch.float64, SCHEDULES["jumps"], {})
+    assert not same(fast, slow)
+
+
+def test_gradients_whose_sum_overflows_take_the_careful_step_and_equal_it(monkeypatch) -> None:
+    """Finite gradients near float32's largest value (the transport's and norms' rescaled
+    routes): the speculation fails on the gradients' sum and the careful step decides."""
+    fast = brockett_run(torch.float32, [1e-3] * 4, {}, grads_scale=1e36)
+    careful_only(monkeypatch)
+    slow = brockett_run(torch.float32, [1e-3] * 4, {}, grads_scale=1e36)
+    assert same(fast, slow)
+
+
+#: Bad gradients at a steady step: (id, what is written into one entry).
+BAD_GRADIENTS = [("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf)]
+
+
+def refusal_at_a_steady_step(value: float, skip: bool):
+    """The error message (or the warning's, when the step is skipped) of a steady step whose
+    gradient has ``value`` in one entry, and whether every parameter and state was kept."""
+    opt = frames_optimizer(2, skip_nonfinite=skip)
+    params = opt.param_groups[0]["params"]
+    before = [p.detach().clone() for p in params] + [
+        v.clone() for p in params for v in opt.state[p].values()
+    ]
+    params[1].grad.view(-1)[7] = value
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            opt.step()
+            message = str(caught[-1].message)
+        except ValueError as err:
+            message = str(err)
+    after = [p.detach() for p in params] + [v for p in params for v in opt.state[p].values()]
+    return message, all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["raise", "skip"])
+@pytest.mark.parametrize(
+    ("value"), [v for _, v in BAD_GRADIENTS], ids=[i for i, _ in BAD_GRADIENTS]
+)
+def test_a_bad_gradient_at_a_steady_step_is_refused_as_the_careful_step_refuses_it(
+    monkeypatch, value, skip
+) -> None:
+    fast = refusal_at_a_steady_step(value, skip)
+    careful_only(monkeypatch)
+    slow = refusal_at_a_steady_step(value, skip)
+    assert fast == slow
+    assert fast[1], "a refused step changed a parameter or a state"
+    assert "params'][1]" in fast[0] and "1 non-finite entries" in fast[0], fast[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_degree_intervals_are_exactly_the_careful_codes_choices(dtype) -> None:
+    """``taylor_degree_interval(k)`` = (lo, hi] holds exactly the δ that ``_taylor_degree``
+    maps to k: both ends (hi and the next float above it, lo and the next above it), and
+    20,000 δ spread log-uniformly over [1e-20, 0.999]."""
+    tol = linalg.series_tolerance(dtype)
+    for k in range(14):
+        lo, hi = linalg.taylor_degree_interval(k, tol)
+        assert linalg._taylor_degree(hi, tol) == k
+        assert linalg._taylor_degree(math.nextafter(hi, 1.0), tol) == k + 1
+        if k:
+            assert linalg._taylor_degree(lo, tol) == k - 1
+            assert linalg._taylor_degree(math.nextafter(lo, 1.0), tol) == k
+    gen = torch.Generator().manual_seed(0)
+    deltas = (10 ** (torch.rand(20_000, generator=gen, dtype=torch.float64) * -20)).clamp(max=0.999)
+    for delta in deltas.tolist():
+        k = linalg._taylor_degree(delta, tol)
+        lo, hi = linalg.taylor_degree_interval(k, tol)
+        assert lo < delta <= hi, (delta, k, lo, hi)

@@ -13,10 +13,14 @@ does not add up over steps (see ``docs/torch_port.md`` for the bound and the mea
 
 from __future__ import annotations
 
+import functools
 import math
+import struct
 from collections.abc import Callable, Sequence
 
 import torch
+
+from torch_port import deferred
 
 Tensor = torch.Tensor
 
@@ -96,7 +100,8 @@ def norm_of_parts(parts: Sequence[Tensor]) -> Tensor:
     Fast path: one fused reduction per part (``torch.linalg.vector_norm``, no temporary).
     Where the result is zero, below the underflow threshold, inf or NaN, it is recomputed as
     s·‖P/s‖ with s the largest entry over the parts (reference ``linalg.frobenius``); deciding
-    that costs one host synchronisation. Returns float64 for float64 parts, float32 otherwise.
+    that costs one host synchronisation, deferred while a step speculates (``deferred``).
+    Returns float64 for float64 parts, float32 otherwise.
     """
     parts = [_norm_dtype(p) for p in parts]
     if len(parts) == 1:
@@ -105,7 +110,7 @@ def norm_of_parts(parts: Sequence[Tensor]) -> Tensor:
         each = torch.stack([torch.linalg.vector_norm(p, dim=(-2, -1)) for p in parts])
         n = torch.linalg.vector_norm(each, dim=0)
     bad = _needs_scaling(n)
-    if not bool(bad.any()):
+    if deferred.holds(~bad.any()):
         return n
     s = torch.stack([max_abs(p) for p in parts]).amax(dim=0)
     safe = torch.where((s == 0) | ~torch.isfinite(s), torch.ones_like(s), s)[..., None, None]
@@ -221,17 +226,41 @@ def _inv_sqrt_taylor(e: Tensor, degree: int) -> Tensor:
     return sym(out).reshape(shape)
 
 
-def _inv_sqrt_near_identity(e: Tensor, delta: float, tol: float) -> Tensor | None:
-    """(I + E)^{-1/2} for symmetric E with ‖E‖_F ≤ delta by the Taylor polynomial whose error
-    bound is below ``tol``; None when ``eigh`` would be cheaper. (The coupled Newton–Schulz
-    iteration, e ↦ (3e² + e³)/4 per step of three products, never needs fewer products than
-    this polynomial for δ ≤ 0.5, so it is not offered.)"""
+def _series_degree(delta: float, tol: float) -> int | None:
+    """The degree of the Taylor polynomial that ``polar_plan`` evaluates for (I + E)^{-1/2}
+    with ‖E‖_F ≤ delta (``_taylor_degree``); None when ``eigh`` would be cheaper. (The coupled
+    Newton–Schulz iteration, e ↦ (3e² + e³)/4 per step of three products, never needs fewer
+    products than this polynomial for δ ≤ 0.5, so it is not offered.)"""
     if not delta <= POLAR_ITERATIVE_MAX_DEVIATION:
         return None
     degree = _taylor_degree(delta, tol)
     if _paterson_stockmeyer_cost(degree)[0] > EIGH_COST_IN_PRODUCTS:
         return None
-    return _inv_sqrt_taylor(e, degree)
+    return degree
+
+
+@functools.cache
+def taylor_degree_interval(degree: int, tol: float) -> tuple[float, float]:
+    """(lo, hi) with ``_taylor_degree(δ, tol) == degree`` exactly when lo < δ ≤ hi, for the
+    floats δ in [0, 1) (lo = −inf for degree 0).
+
+    The loop's test δ^{k+1}/(1 − δ) > tol is monotone in δ (pow, subtraction and division
+    round monotonically), so hi is the largest float at which the test for k = degree fails,
+    found by bisection on the floats' bit patterns (ordered as integers for δ ≥ 0)."""
+
+    def fails(k: int, bits: int) -> bool:
+        d = struct.unpack("<d", struct.pack("<q", bits))[0]
+        return not d ** (k + 1) / (1.0 - d) > tol
+
+    def largest_failing(k: int) -> float:
+        lo, hi = 0, struct.unpack("<q", struct.pack("<d", math.nextafter(1.0, 0.0)))[0]
+        while hi - lo > 1:  # fails at lo, holds at hi
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fails(k, mid) else (lo, mid)
+        return struct.unpack("<d", struct.pack("<q", lo))[0]
+
+    low = -math.inf if degree == 0 else largest_failing(degree - 1)
+    return low, largest_failing(degree)
 
 
 def polar(a: Tensor) -> Tensor:
@@ -291,10 +320,19 @@ def polar_plan(
     e = _plus_identity(gram / alpha[..., None, None], -1.0)  # X − I, X = AᵀA/α
     delta = frobenius_fast(e)
     delta = torch.where(off_scale, torch.full_like(delta, math.inf), delta)
-    worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
     tol = series_tolerance(a.dtype)
-    inv_sqrt = None if any_off else _inv_sqrt_near_identity(e, worst, tol)
-    if inv_sqrt is not None:
+    site = deferred.site("polar_degree")
+    degree = deferred.hint(site)
+    if degree is not None:  # the degree of the last step, if the careful code would take it
+        lo, hi = taylor_degree_interval(degree, tol)
+        worst = delta.max().to(torch.float64)
+        deferred.holds(~off_scale.any() & (worst > lo) & (worst <= hi))
+    else:
+        worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
+        degree = None if any_off else _series_degree(worst, tol)
+        deferred.remember(site, degree)
+    if degree is not None:
+        inv_sqrt = _inv_sqrt_taylor(e, degree)
         return (inv_sqrt / torch.sqrt(alpha)[..., None, None]).to(a.dtype), None
     if given:  # the other routes start from the float64 Gram of A's entries
         return polar_plan(a, buffer, reduce)

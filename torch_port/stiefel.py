@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torch_port import linalg
+from torch_port import deferred, linalg
 from torch_port.geometry import default_atol
 from torch_port.linalg import Tensor, frobenius, sym, transpose
 
@@ -436,8 +436,9 @@ class StiefelFrames:
 
 def _all_finite(a: Tensor) -> bool:
     """Every entry finite, decided by the sum (one reduction; an overflowing sum of finite
-    entries answers False, which only sends the caller to its rescaled route)."""
-    return bool(torch.isfinite(a.sum()))
+    entries answers False, which only sends the caller to its rescaled route); the read is
+    deferred while a step speculates (``torch_port.deferred``)."""
+    return deferred.holds(torch.isfinite(a.sum()))
 
 
 def _power_of_two_scale(a: Tensor) -> Tensor:

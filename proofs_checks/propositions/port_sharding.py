@@ -120,7 +120,7 @@ def row_sharded_step(ctx: Context, wrong: bool, control: str = "local") -> Outco
 
     def step_rank(opt: Any, point: Any) -> None:
         values, new = opt._point_update(point)
-        opt._commit(point, values, new)
+        opt._commit(point, values, new, int(new["step"]))
 
     if control == "local":
         patch = substituted(RowShardedFrames, "_inner", _rank_local_inner)

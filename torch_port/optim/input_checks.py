@@ -179,9 +179,39 @@ class InputChecks:
         The gradient check costs one reduction per gradient (its sum, which is finite unless an
         entry is NaN/inf or the sum overflows) and one host synchronisation per device; the
         entries are counted only for a gradient whose sum is not finite."""
+        self._check_layouts(items)
+        if not self._gradients_finite(items):
+            return False
+        self._check_points([point for point in points if not self.state.get(point.key)])
+        self._check_states(items, points)
+        return True
+
+    def _check_layouts(self, items: list[tuple[int, int, Tensor]]) -> None:
+        """Each gradient's layout, and the moments a load left unverified (no read)."""
         for gi, pi, p in items:
             checks.gradient_layout(self._param_name(gi, pi, p), p)
         self.check_loaded_moments()
+
+    def _check_states(self, items: list[tuple[int, int, Tensor]], points: list[Point]) -> None:
+        """The layout of every stored state of the step (``deep=False``: no read)."""
+        for point in points:
+            if self.state.get(point.key):
+                self._check_state(point, sharding.localize(self.state[point.key]), deep=False)
+        for gi, pi, p in items:
+            if self.param_groups[gi].get("geometry") is None and self.state.get(p):
+                self._check_plain_state(gi, pi, p, self.state[p], deep=False)
+
+    @staticmethod
+    def _finite_gradients(items: list[tuple[int, int, Tensor]]) -> list[Tensor]:
+        """One condition per device, on the device: every gradient's sum is finite (no read)."""
+        by_device: dict[torch.device, list[Tensor]] = {}
+        for _, _, p in items:
+            by_device.setdefault(p.grad.device, []).append(p.grad.sum().to(torch.float64))
+        return [torch.isfinite(torch.stack(sums)).all() for sums in by_device.values()]
+
+    def _gradients_finite(self, items: list[tuple[int, int, Tensor]]) -> bool:
+        """Whether every gradient is finite; False (with a warning) when the step is to be
+        skipped, and ValueError naming each non-finite gradient otherwise."""
         counts: list[int] = [0] * len(items)
         by_device: dict[torch.device, list[int]] = {}
         for k, (_, _, p) in enumerate(items):
@@ -203,29 +233,22 @@ class InputChecks:
             for k, c in zip(ks, bad.tolist(), strict=True):
                 counts[k] = int(c)
         bad = [(item, c) for item, c in zip(items, counts, strict=True) if c]
-        if bad:
-            lines = [
-                f"{self._param_name(gi, pi, p)}: {c} non-finite entries (NaN or inf) of "
-                f"{p.grad.numel()}"
-                for (gi, pi, p), c in bad
-            ]
-            message = "non-finite gradient for " + "; ".join(lines)
-            if all(self.param_groups[gi].get("skip_nonfinite", False) for (gi, _, _), _ in bad):
-                warnings.warn(
-                    message + "; the step was skipped (no parameter or state changed)",
-                    checks.NonFiniteGradientWarning,
-                    stacklevel=checks.caller_stacklevel(),
-                )
-                return False
-            raise ValueError(
-                message + "; no parameter or state was changed (pass skip_nonfinite=True to "
-                "skip such steps with a warning instead)"
+        if not bad:
+            return True
+        lines = [
+            f"{self._param_name(gi, pi, p)}: {c} non-finite entries (NaN or inf) of "
+            f"{p.grad.numel()}"
+            for (gi, pi, p), c in bad
+        ]
+        message = "non-finite gradient for " + "; ".join(lines)
+        if all(self.param_groups[gi].get("skip_nonfinite", False) for (gi, _, _), _ in bad):
+            warnings.warn(
+                message + "; the step was skipped (no parameter or state changed)",
+                checks.NonFiniteGradientWarning,
+                stacklevel=checks.caller_stacklevel(),
             )
-        self._check_points([point for point in points if not self.state.get(point.key)])
-        for point in points:
-            if self.state.get(point.key):
-                self._check_state(point, sharding.localize(self.state[point.key]), deep=False)
-        for gi, pi, p in items:
-            if self.param_groups[gi].get("geometry") is None and self.state.get(p):
-                self._check_plain_state(gi, pi, p, self.state[p], deep=False)
-        return True
+            return False
+        raise ValueError(
+            message + "; no parameter or state was changed (pass skip_nonfinite=True to "
+            "skip such steps with a warning instead)"
+        )

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.optim.adamw import adamw as torch_adamw
 
+from torch_port import deferred
 from torch_port.linalg import Tensor
 from torch_port.optim import checks, sharding
 from torch_port.optim.input_checks import InputChecks
@@ -89,6 +90,8 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             )
         self._geometries = Geometries()
         self._layouts: dict[tuple, dict[str, Any]] = {}
+        self._hints: dict[Tensor, dict[str, Any]] = {}
+        self._counts: dict[Tensor, tuple[Tensor, int, int]] = {}
         #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
         self.skipped_steps = 0
         defaults = dict(
@@ -121,6 +124,8 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         super().__setstate__(state)
         self._geometries = Geometries()
         self._layouts = {}
+        self._hints = {}
+        self._counts = {}
         self.__dict__.setdefault("skipped_steps", 0)
 
     @staticmethod
@@ -160,40 +165,95 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             if group.get("geometry") is not None
             for point in self._geometries.points(gi, group)
         ]
-        if not self._validate(items, points):
-            self.skipped_steps += 1
-            return loss
+        counts = self._next_counts(points)
         # Points: compute every new point and state first, then write them all.
-        pending = []
-        for point, count in zip(points, self._next_counts(points), strict=True):
-            try:
-                pending.append((point, *self._point_update(point, count)))
-            except (ValueError, torch.linalg.LinAlgError) as err:
-                raise self._point_error(point, err) from err
-        for point, values, new in pending:
-            self._commit(point, values, new)
+        pending = self._speculative_updates(items, points, counts)
+        if pending is None:
+            if not self._validate(items, points):
+                self.skipped_steps += 1
+                return loss
+            pending = [
+                self._careful_update(point, t) for point, t in zip(points, counts, strict=True)
+            ]
+        for (point, values, new), t in zip(pending, counts, strict=True):
+            self._commit(point, values, new, t)
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
         for gi, group in enumerate(self.param_groups):
             if group.get("geometry") is None:
                 self._adamw(group, [p for g, _, p in items if g == gi])
         return loss
 
-    def _commit(self, point: Point, values: tuple[Any, ...], new: dict) -> None:
-        """Write a point's new factors and state (``_point_update``'s result), in place."""
+    def _speculative_updates(
+        self, items: list[tuple[int, int, Tensor]], points: list[Point], counts: list[int]
+    ) -> list[tuple[Point, tuple, dict]] | None:
+        """Every point's update with the host decisions deferred (``torch_port.deferred``) and
+        read at the end, together with the gradients' finiteness, in one read of the device.
+        A point whose conditions fail is computed again by ``_careful_update``. None (the
+        careful step decides, as it would have) when a gradient is not finite, a check or an
+        update raises, a point has no state yet, or a point is sharded (its decisions must be
+        the same on every rank)."""
+        if any(sharding.is_sharded(p) for _, _, p in items) or any(
+            point.sharded or not self.state.get(point.key) for point in points
+        ):
+            return None
+        gradients = self._finite_gradients(items)
+        pending, conditions = [], []
+        try:
+            self._check_layouts(items)
+            self._check_states(items, points)
+            for point, t in zip(points, counts, strict=True):
+                with deferred.speculate(self._hints.setdefault(point.key, {})) as spec:
+                    pending.append((point, *self._point_update(point, t)))
+                conditions.append(spec.conditions)
+        except (ValueError, TypeError, torch.linalg.LinAlgError):
+            return None
+        if deferred.all_hold(gradients + [c for cs in conditions for c in cs]):
+            return pending
+        held = deferred.which_hold([gradients, *conditions])
+        if not held[0]:
+            return None
+        for k, ok in enumerate(held[1:]):
+            if not ok:
+                point, new = pending[k][0], pending[k][2]
+                pending[k] = None  # frees the work buffer its lazy new point holds
+                self._recycle(point, new.values())
+                pending[k] = self._careful_update(point, counts[k])
+        return pending
+
+    def _careful_update(self, point: Point, t: int) -> tuple[Point, tuple, dict]:
+        """A point's update with every host decision read where it is made (and remembered
+        for the next step's speculation); its errors named (``_point_error``)."""
+        try:
+            with deferred.speculate(self._hints.setdefault(point.key, {}), defer=False):
+                return (point, *self._point_update(point, t))
+        except (ValueError, torch.linalg.LinAlgError) as err:
+            raise self._point_error(point, err) from err
+
+    def _commit(self, point: Point, values: tuple[Any, ...], new: dict, t: int) -> None:
+        """Write a point's new factors and state (``_point_update``'s result, of step count
+        ``t``), in place."""
         point.write(values)
         state = self.state[point.key]
         if point.sharded:  # DTensor state on the parameter's mesh (optim.sharding)
             new = {k: sharding.store(point.key, state.get(k), v) for k, v in new.items()}
         dropped = dict(state)
         state.update(new)
-        recycle = getattr(point.geometry, "recycle", None)  # reuse what the state dropped
-        if recycle is not None and not point.sharded:
-            x = point.value()
-            for k, old in dropped.items():
-                if old is not state[k]:
-                    recycle(x, old)
+        if not point.sharded:
+            self._recycle(point, [old for k, old in dropped.items() if old is not state[k]])
         for p in point.params[1:]:  # the other factors carry the point's step only
             self.state[p] = {"step": state["step"]}
+        step = state["step"]
+        self._counts[point.key] = (step, step._version, t)
+
+    @staticmethod
+    def _recycle(point: Point, dropped: Iterable[Any]) -> None:
+        """Give the point's geometry the state tensors no state holds any more, as buffers of
+        its next step (where it reuses buffers)."""
+        recycle = getattr(point.geometry, "recycle", None)
+        if recycle is not None:
+            x = point.value()
+            for old in dropped:
+                recycle(x, old)
 
     def _point_error(self, point: Point, err: Exception) -> ValueError:
         """The error of a point's update, named, and blamed on the point when the point itself
@@ -207,14 +267,19 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         return ValueError(f"{self._point_name(point)}: {cause}; no parameter or state was changed")
 
     def _next_counts(self, points: Sequence[Point]) -> list[int]:
-        """The step count t = (stored count) + 1 of every point (1 without a state), read from
-        the devices in one transfer per device rather than one per point."""
+        """The step count t = (stored count) + 1 of every point (1 without a state): known
+        without a read when the stored count is the tensor the last step wrote, unchanged
+        (same object, same version counter); else read in one transfer per device."""
         stored = [sharding.localize(self.state.get(point.key)) for point in points]
         counts = [0] * len(points)
         by_device: dict[torch.device, list[int]] = {}
         for k, state in enumerate(stored):
             if state:
-                by_device.setdefault(state["step"].device, []).append(k)
+                step, known = state["step"], self._counts.get(points[k].key)
+                if known is not None and known[0] is step and known[1] == step._version:
+                    counts[k] = known[2]  # the tensor this optimizer wrote, unchanged since
+                else:
+                    by_device.setdefault(step.device, []).append(k)
         for ks in by_device.values():
             values = torch.stack([stored[k]["step"].reshape(()) for k in ks]).tolist()
             for k, v in zip(ks, values, strict=True):
@@ -260,7 +325,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             raise
         if not geometry.retraction_checks_finite:
             sums = torch.stack([t.sum().to(torch.float64) for t in y])
-            if not bool(torch.isfinite(sums).all()):
+            if not deferred.holds(torch.isfinite(sums).all()):
                 bad = int(sum((~torch.isfinite(t)).sum() for t in y))
                 if bad:
                     checks.step_size(geometry, x, u, c)

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from torch_port import linalg
+from torch_port import deferred, linalg
 from torch_port.geometry import PointGeometry
 from torch_port.linalg import Tensor
 
@@ -138,7 +138,7 @@ def frame_rms(geometry: PointGeometry, x: Sequence[Tensor], g: Sequence[Tensor])
     )
     if len(geometry.frame_sizes()) == 1:
         root = root[0]
-    if not bool(torch.isinf(n).any()):
+    if deferred.holds(~torch.isinf(n).any()):
         return n / root
     s = torch.stack([linalg.max_abs(p) for p in g]).amax(dim=0)
     safe = torch.where(s == 0, torch.ones_like(s), s)
@@ -169,7 +169,7 @@ def _ratio_step(
     rounding, so the step is the one the formula gives."""
     k = _safe_ratio(num, den)
     ok = torch.isfinite((c * k).to(u[0].dtype))
-    if bool(ok.all()):
+    if deferred.holds(ok.all()):
         return tuple(u), k
     e = torch.where(ok, 0, -torch.frexp(den).exponent)
     one = torch.ones_like(den)
@@ -240,7 +240,7 @@ def scale_by_adam(
             else:
                 root = geometry.frame_norms(x, g)
             sqrt_v = torch.hypot(rb2 * sv, r1mb2 * root.to(sv.dtype))
-            if eps == 0.0 and bool(((sqrt_v == 0) & (root > 0)).any()):
+            if eps == 0.0 and not deferred.holds(~((sqrt_v == 0) & (root > 0)).any()):
                 raise ValueError(
                     f"√v = √(1 − β2)·RMS(g) underflows to 0 in {sqrt_v.dtype} for a nonzero "
                     f"gradient (RMS(g) = {float(root[sqrt_v == 0].max()):.3e}), so with eps = 0 "
