@@ -53,12 +53,12 @@ def speculate(hints: dict[str, Any], defer: bool = True) -> Iterator[Speculation
 
 
 def holds(cond: Tensor) -> bool:
-    """``bool(cond)`` of a one-element boolean tensor; while speculating, True, with ``cond``
-    recorded to be read with the others."""
+    """``bool(cond)`` of a 0-d boolean tensor; while speculating, True, with ``cond`` recorded
+    to be read with the others."""
     spec = _current.get()
     if spec is None or not spec.defer:
         return bool(cond)
-    spec.conditions.append(cond.reshape(()))
+    spec.conditions.append(cond)
     return True
 
 
@@ -87,22 +87,18 @@ def remember(key: str, value: Any) -> None:
         spec.hints[key] = value
 
 
+def _together(conditions: Sequence[Tensor]) -> Tensor:
+    """The one-element conditions as one vector on the first one's device."""
+    device = conditions[0].device
+    return torch.stack([c if c.device == device else c.to(device) for c in conditions])
+
+
 def all_hold(conditions: Sequence[Tensor]) -> bool:
     """Whether every condition holds, in one read of the device (True for none)."""
-    if not conditions:
-        return True
-    device = conditions[0].device
-    return bool(torch.stack([c.to(device) for c in conditions]).all())
+    return not conditions or bool(_together(conditions).all())
 
 
 def which_hold(groups: Sequence[Sequence[Tensor]]) -> list[bool]:
     """For each group of conditions, whether all of its conditions hold (one read)."""
-    flat = [c for g in groups for c in g]
-    if not flat:
-        return [True] * len(groups)
-    device = flat[0].device
-    each = [
-        torch.stack([c.to(device) for c in g]).all() if g else torch.ones((), dtype=torch.bool)
-        for g in groups
-    ]
-    return [bool(v) for v in torch.stack([e.to(device) for e in each]).tolist()]
+    each = [_together(g).all() if g else torch.ones((), dtype=torch.bool) for g in groups]
+    return [bool(v) for v in _together(each).tolist()]

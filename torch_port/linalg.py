@@ -324,9 +324,11 @@ def polar_plan(
     site = deferred.site("polar_degree")
     degree = deferred.hint(site)
     if degree is not None:  # the degree of the last step, if the careful code would take it
+        # δ is inf where off the scale; NaN fails both tests; compared in float64, exactly
         lo, hi = taylor_degree_interval(degree, tol)
-        worst = delta.max().to(torch.float64)
-        deferred.holds(~off_scale.any() & (worst > lo) & (worst <= hi))
+        worst = delta.max()
+        worst = worst if worst.dtype == torch.float64 else worst.double()
+        deferred.holds(worst <= hi if degree == 0 else (worst > lo) & (worst <= hi))
     else:
         worst, any_off = torch.stack([delta.max(), off_scale.any().to(delta.dtype)]).tolist()
         degree = None if any_off else _series_degree(worst, tol)
