@@ -5,8 +5,9 @@
 A steady step of frames reads once in all (``torch_port.deferred``): the gradients' finiteness
 and every branch of the frame path (the polar series' degree, the transport's and the norms'
 overflow tests, the RMS, the step's ratio) are device conditions read together, and the step
-counts are known from the tensors the last step wrote. The step whose conditions fail is
-computed again by the careful code; its results equal the careful step's bitwise.
+counts are known from the tensors the last step wrote; the same holds on each of the eleven
+geometries. The step whose conditions fail is computed again by the careful code; its results
+equal the careful step's bitwise.
 """
 
 from __future__ import annotations
@@ -252,3 +253,66 @@ def test_the_degree_intervals_are_exactly_the_careful_codes_choices(dtype) -> No
         k = linalg._taylor_degree(delta, tol)
         lo, hi = linalg.taylor_degree_interval(k, tol)
         assert lo < delta <= hi, (delta, k, lo, hi)
+
+
+def attention_run(name: str, dtype, lrs) -> list:
+    """An attention module with ``name`` on its QK and VO products (MHA sizes), stepped by
+    ``RiemannianAdam`` under mean(out²) with the lr schedule ``lrs``: the parameters and
+    states after each step."""
+    from torch_port.nn import RiemannianMultiheadAttention, build_optimizer
+
+    gen = torch.Generator().manual_seed(2)
+    m = RiemannianMultiheadAttention(
+        d_model=8, n_heads=4, n_kv_heads=4, head_dim=2, qk_geometry=name, vo_geometry=name,
+        generator=gen, dtype=dtype,
+    )  # fmt: skip
+    opt = build_optimizer(m, tp.RiemannianAdam, lr=lrs[0])
+    x = torch.randn(3, 5, 8, generator=gen, dtype=dtype)
+    after = []
+    for lr in lrs:
+        for group in opt.param_groups:
+            group["lr"] = lr
+        opt.zero_grad()
+        (m(x) ** 2).mean().backward()
+        opt.step()
+        after.append(
+            [p.detach().clone() for p in m.parameters()]
+            + [v.clone() for st in opt.state.values() for v in _tensors(st)]
+        )
+    return after
+
+
+def _tensors(state: dict) -> list:
+    return [t for v in state.values() for t in (v if isinstance(v, tuple) else (v,))]
+
+
+GEOMETRY_NAMES = list(tp.geometries.GEOMETRIES)
+
+
+@pytest.mark.parametrize("name", GEOMETRY_NAMES)
+def test_a_steady_step_of_every_geometry_reads_the_host_once(name) -> None:
+    from torch_port.nn import RiemannianMultiheadAttention, build_optimizer
+
+    gen = torch.Generator().manual_seed(3)
+    m = RiemannianMultiheadAttention(
+        d_model=8, n_heads=4, n_kv_heads=4, head_dim=2, qk_geometry=name, vo_geometry=name,
+        generator=gen,
+    )  # fmt: skip
+    opt = build_optimizer(m, tp.RiemannianAdam, lr=1e-3)
+    x = torch.randn(3, 5, 8, generator=gen)
+    for _ in range(3):
+        opt.zero_grad()
+        (m(x) ** 2).mean().backward()
+        with counted_reads() as reads:
+            opt.step()
+    assert reads.sites == {"deferred.py:all_hold": 1}, dict(reads.sites)
+
+
+@pytest.mark.parametrize("name", GEOMETRY_NAMES)
+def test_every_geometry_steps_as_the_careful_step_bitwise(monkeypatch, name) -> None:
+    """float64, an lr schedule with jumps (1e-3, 0.5, 1e-5), which makes seven of the eleven
+    recompute some of their steps carefully (their polar degree moves)."""
+    lrs = [1e-3] * 3 + [0.5] * 2 + [1e-5] * 2 + [1e-3] * 2
+    fast = attention_run(name, torch.float64, lrs)
+    careful_only(monkeypatch)
+    assert same(fast, attention_run(name, torch.float64, lrs))

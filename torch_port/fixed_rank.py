@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_port import linalg
+from torch_port import deferred, linalg
 from torch_port.geometry import Draw, FactoredGeometry, check_factor_shapes, finite_or_raise
 from torch_port.linalg import Tensor, transpose
 
@@ -40,7 +40,9 @@ def _check_sizes(m: int, n: int, r: int) -> None:
 
 
 def _raise_if(flag: Tensor, message) -> None:
-    if bool(flag.any()):
+    """ValueError(message()) where any entry of ``flag`` is set (the read is deferred while a
+    step speculates, ``torch_port.deferred``: the careful recomputation raises)."""
+    if not deferred.holds(~flag.any()):
         raise ValueError(message())
 
 

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from torch_port import linalg
+from torch_port import deferred, linalg
 from torch_port.linalg import Tensor
 
 Parts = Sequence[Tensor]
@@ -195,10 +195,11 @@ class FactoredGeometry:
     def scaled_norm(self, fn: Callable[[Parts], Tensor], u: Parts) -> Tensor:
         """fn(u) for a norm fn homogeneous of degree 1, computed unscaled where that is safe and
         as s·fn(u/s), s = max|u| over the parts, where the unscaled value is zero, tiny, inf or
-        NaN (reference ``optim_transforms._metric_norm``). One host synchronisation."""
+        NaN (reference ``optim_transforms._metric_norm``). One host synchronisation (deferred
+        while a step speculates, ``torch_port.deferred``)."""
         n = fn(u)
         bad = linalg._needs_scaling(linalg._norm_dtype(n))
-        if not bool(bad.any()):
+        if deferred.holds(~bad.any()):
             return n
         s = torch.stack([linalg.max_abs(p) for p in u]).amax(dim=0)
         odd = (s == 0) | ~torch.isfinite(s)
