@@ -19,6 +19,7 @@ import traceback
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies
 
 torch = pytest.importorskip("torch")
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
@@ -140,6 +141,33 @@ def same(fast: list[list], slow: list[list]) -> bool:
         for f, s in zip(fast, slow, strict=True)
         for a, b in zip(f, s, strict=True)
     )
+
+
+def frames_run(dtype, lrs, scales, options) -> list[list]:
+    """Two parameters of two St(16, 4) frames stepped under the linear loss ⟨G_k, W⟩ whose
+    gradient at step k is a fixed draw times ``scales[k]``, with the lr schedule ``lrs``: the
+    parameters and states after each step (``None`` for a refused step, which changes
+    nothing)."""
+    st = tp.Stiefel(16, 4)
+    gen = torch.Generator().manual_seed(4)
+    params = [torch.nn.Parameter(st.random_point(gen, (2,)).to(dtype)) for _ in range(2)]
+    draws = [torch.randn(p.shape, generator=gen, dtype=dtype) for p in params]
+    opt = tp.RiemannianAdam([{"params": params, "geometry": "stiefel", **options}], lr=lrs[0])
+    after = []
+    for lr, scale in zip(lrs, scales, strict=True):
+        opt.param_groups[0]["lr"] = lr
+        for p, g in zip(params, draws, strict=True):
+            p.grad = g * scale
+        try:
+            opt.step()
+        except ValueError:
+            after.append(None)
+            continue
+        after.append(
+            [p.detach().clone() for p in params]
+            + [v.clone() for p in params for v in opt.state[p].values()]
+        )
+    return after
 
 
 def careful_only(monkeypatch) -> None:
@@ -316,3 +344,31 @@ def test_every_geometry_steps_as_the_careful_step_bitwise(monkeypatch, name) -> 
     fast = attention_run(name, torch.float64, lrs)
     careful_only(monkeypatch)
     assert same(fast, attention_run(name, torch.float64, lrs))
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    dtype=strategies.sampled_from([torch.float32, torch.float64]),
+    lrs=strategies.lists(strategies.floats(1e-6, 2.0), min_size=6, max_size=6),
+    scales=strategies.lists(
+        strategies.sampled_from([1.0, 1e-3, 1e3, 1e-30, 1e30, 1e-300, 0.0]), min_size=6, max_size=6
+    ),
+    options=strategies.sampled_from(
+        [{}, {"trust_radius": 0.1}, {"eps": 0.0}, {"reduction": "sum"}]
+    ),
+)
+def test_any_schedule_and_gradient_scale_steps_as_the_careful_step(
+    monkeypatch, dtype, lrs, scales, options
+) -> None:
+    """Property: for lr schedules in [1e-6, 2] and gradients scaled by factors from 0 to
+    1e±300 (overflowing float32, underflowing it, zero), the speculative step equals the
+    careful step bitwise, refusing the same steps."""
+    scales = [s if dtype == torch.float64 or s < 1e38 else 1e38 for s in scales]
+    fast = frames_run(dtype, lrs, scales, options)
+    with monkeypatch.context() as patch:
+        careful_only(patch)
+        slow = frames_run(dtype, lrs, scales, options)
+    assert [a is None for a in fast] == [b is None for b in slow]
+    assert same([a for a in fast if a is not None], [b for b in slow if b is not None])
