@@ -113,6 +113,7 @@ def _worker(rank: int, out: str) -> None:
     fresh model resumed from the checkpoint; full state dicts and byte counts saved to out."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from test_host_reads import counted_reads
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -138,7 +139,8 @@ def _worker(rank: int, out: str) -> None:
     torch.mean((model(x) - y) ** 2).backward()
     dist.all_reduce = counting
     try:
-        opt.step()
+        with counted_reads() as reads:
+            opt.step()
     finally:
         dist.all_reduce = all_reduce
     model_sd, optim_sd = get_state_dict(model, opt)
@@ -169,7 +171,7 @@ def _worker(rank: int, out: str) -> None:
     if rank == 0:
         torch.save({"final": final, "resumed": again}, Path(out) / "states.pt")
         locals_ = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
-        report = {"sent": sent, "local": locals_, "control": control}
+        report = {"sent": sent, "local": locals_, "control": control, "reads": dict(reads.sites)}
         Path(out, "bytes.json").write_text(json.dumps(report))
 
 
@@ -204,17 +206,21 @@ def test_fsdp2_two_processes_equal_one_process_and_resume_bitwise(tmp_path):
     assert report["local"]["stack"] == [1, 4, 16, 4]
     assert report["local"]["a1.w_q"] == [2, 16, 4]
     assert report["local"]["a2.w_v"] == [4, 8, 4] and report["local"]["single"] == [8, 4]
-    # what the optimizer's step sends: one float64 per parameter with a gradient (its sum, for
-    # the finiteness check every rank must agree on), then per row-sharded frame tensor of n
-    # frames its r×r products (WᵀG, the Gram of the retraction, Yᵀm: 3·n·r² float64) and its
-    # n squared norms (Adam's): never a frame
-    n_params = len(list(model.parameters()))
+    # what the optimizer's step sends: per row-sharded frame tensor of n frames its r×r
+    # products (WᵀG, the Gram of the retraction, Yᵀm: 3·n·r² float64) and its n squared norms
+    # (Adam's), never a frame; then the step's conditions, one int32 for the gradients'
+    # finiteness and one per point (8: stack, single, a1's two QK frames and VO point, a2's QK
+    # point and two VO frames), which every rank must agree on
     per_frames = [8 * n * (3 * 4 * 4 + 1) for n in (4, 4, 1)]  # a2.w_v, a2.w_o, single
-    assert report["sent"][0] == 8 * n_params
-    assert sorted(report["sent"][1:]) == sorted(
+    assert sorted(report["sent"][:-1]) == sorted(
         8 * n * k for n in (4, 4, 1) for k in (16, 1, 16, 16)
     ), report["sent"]
-    assert sum(report["sent"]) == 8 * n_params + sum(per_frames)
+    assert report["sent"][-1] == 4 * (1 + 8)
+    # the step reads once, beside torch's AdamW of the plain parameters (their CPU step
+    # counts) and the careful recomputation of the points whose conditions failed
+    reads = {k: v for k, v in report["reads"].items() if k != "careful recomputation"}
+    assert reads == {"deferred.py:which_hold": 1, "optimizer.py:_adamw": 14}, reads
+    assert sum(report["sent"]) == sum(per_frames) + 4 * (1 + 8)
     assert report["control"] > 1e-3  # the sums over ranks are what makes it the same step
 
     from torch_port import linalg as tl

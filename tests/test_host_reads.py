@@ -30,7 +30,9 @@ from torch_port.optim import ChainOptimizer  # noqa: E402
 
 
 class HostReads(TorchDispatchMode):
-    """Counts ``aten._local_scalar_dense`` calls by the torch_port line that made them."""
+    """Counts ``aten._local_scalar_dense`` calls by the torch_port function that made them;
+    those made while a point is recomputed carefully (``_careful_update``, after its
+    speculation failed) under "careful recomputation"."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -38,6 +40,9 @@ class HostReads(TorchDispatchMode):
 
     def record(self) -> None:
         stack = traceback.extract_stack()
+        if any(f.name == "_careful_update" for f in stack):
+            self.sites["careful recomputation"] += 1
+            return
         site = next(
             (
                 f"{f.filename.rsplit('/', 2)[-1]}:{f.name}"

@@ -15,7 +15,7 @@ records choices) ``holds`` is ``bool(cond)``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -98,7 +98,16 @@ def all_hold(conditions: Sequence[Tensor]) -> bool:
     return not conditions or bool(_together(conditions).all())
 
 
-def which_hold(groups: Sequence[Sequence[Tensor]]) -> list[bool]:
-    """For each group of conditions, whether all of its conditions hold (one read)."""
+def which_hold(
+    groups: Sequence[Sequence[Tensor]], agree: Callable[[Tensor], Any] | None = None
+) -> list[bool]:
+    """For each group of conditions, whether all of its conditions hold (one read). With
+    ``agree`` (a sum over the processes of a distributed step, in place), whether they hold in
+    every process: a group that fails in one fails in all."""
     each = [_together(g).all() if g else torch.ones((), dtype=torch.bool) for g in groups]
-    return [bool(v) for v in _together(each).tolist()]
+    held = _together(each)
+    if agree is not None:
+        failed = (~held).to(torch.int32)
+        agree(failed)
+        held = failed == 0
+    return [bool(v) for v in held.tolist()]

@@ -203,10 +203,12 @@ class InputChecks:
 
     @staticmethod
     def _finite_gradients(items: list[tuple[int, int, Tensor]]) -> list[Tensor]:
-        """One condition per device, on the device: every gradient's sum is finite (no read)."""
+        """One condition per device, on the device: every gradient's sum is finite (no read;
+        of the local shards of sharded gradients)."""
         by_device: dict[torch.device, list[Tensor]] = {}
-        for _, _, p in items:
-            by_device.setdefault(p.grad.device, []).append(p.grad.sum().to(torch.float64))
+        for _, _, p in items:  # a sharded gradient's local shard (the ranks agree later)
+            grad = sharding.local(p.grad)
+            by_device.setdefault(grad.device, []).append(grad.sum().to(torch.float64))
         return [torch.isfinite(torch.stack(sums)).all() for sums in by_device.values()]
 
     def _gradients_finite(self, items: list[tuple[int, int, Tensor]]) -> bool:

@@ -190,26 +190,40 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         read at the end, together with the gradients' finiteness, in one read of the device.
         A point whose conditions fail is computed again by ``_careful_update``. None (the
         careful step decides, as it would have) when a gradient is not finite, a check or an
-        update raises, a point has no state yet, or a point is sharded (its decisions must be
-        the same on every rank)."""
-        if any(sharding.is_sharded(p) for _, _, p in items) or any(
-            point.sharded or not self.state.get(point.key) for point in points
-        ):
+        update raises, or a point has no state yet.
+
+        Sharded (FSDP2) parameters: every rank must take the same branches, whose collectives
+        pair up, so the conditions are agreed by one all-reduce before the read (a condition
+        that fails on one rank fails on all), and an error is raised where it happens, as the
+        careful step raises it, rather than retried by a careful step the other ranks would
+        not take."""
+        if any(not self.state.get(point.key) for point in points):
             return None
+        shared = any(sharding.is_sharded(p) for _, _, p in items)
         gradients = self._finite_gradients(items)
         pending, conditions = [], []
         try:
             self._check_layouts(items)
             self._check_states(items, points)
-            for point, t in zip(points, counts, strict=True):
+        except (ValueError, TypeError):
+            if shared:
+                raise
+            return None
+        for point, t in zip(points, counts, strict=True):
+            try:
                 with deferred.speculate(self._hints.setdefault(point.key, {})) as spec:
                     pending.append((point, *self._point_update(point, t)))
-                conditions.append(spec.conditions)
-        except (ValueError, TypeError, torch.linalg.LinAlgError):
-            return None
-        if deferred.all_hold(gradients + [c for cs in conditions for c in cs]):
+            except (ValueError, torch.linalg.LinAlgError) as err:
+                if shared:
+                    raise self._point_error(point, err) from err
+                return None
+            conditions.append(spec.conditions)
+        if shared:
+            held = deferred.which_hold([gradients, *conditions], agree=sharding.all_reduce_sum)
+        elif deferred.all_hold(gradients + [c for cs in conditions for c in cs]):
             return pending
-        held = deferred.which_hold([gradients, *conditions])
+        else:
+            held = deferred.which_hold([gradients, *conditions])
         if not held[0]:
             return None
         for k, ok in enumerate(held[1:]):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from torch_port import linalg
+from torch_port import deferred, linalg
 from torch_port.geometry import default_atol
 from torch_port.linalg import sym, transpose
 from torch_port.stiefel import LazyProduct, StiefelFrames
@@ -128,7 +128,7 @@ class RowShardedFrames(StiefelFrames):
         """Z − W sym(Σ_ranks W_iᵀZ_i), into ``out`` (contiguous, Z's shape) when given."""
         w3, z3 = self._flat(w), self._flat(z)
         s = sym(self._inner(w3, z3))
-        if not bool(torch.isfinite(s).all()):
+        if not deferred.holds(torch.isfinite(s).all()):
             raise ValueError(f"WᵀZ of a row-sharded frame is not finite in {z.dtype}")
         if out is None:
             return torch.baddbmm(z3, w3, s, alpha=-1.0).reshape(z.shape)
@@ -162,7 +162,7 @@ class RowShardedFrames(StiefelFrames):
         else:
             basis = self._flat(yy)
             c = sym(self._inner(basis, m3))
-        if not bool(torch.isfinite(c).all()):
+        if not deferred.holds(torch.isfinite(c).all()):
             raise ValueError(f"Yᵀm of a row-sharded frame is not finite in {m.dtype}")
         m3.baddbmm_(basis, c, alpha=-1.0)
         return (m,)
