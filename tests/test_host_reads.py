@@ -377,3 +377,36 @@ def test_any_schedule_and_gradient_scale_steps_as_the_careful_step(
         slow = frames_run(dtype, lrs, scales, options)
     assert [a is None for a in fast] == [b is None for b in slow]
     assert same([a for a in fast if a is not None], [b for b in slow if b is not None])
+
+
+#: A stored state corrupted between two steady steps: (id, change, message pattern).
+CORRUPTED_STATES = [
+    ("no step", lambda st: st.pop("step"), r"expected the entries .* got \['exp_avg', 'sqrt_v'\]"),
+    ("step a string", lambda st: st.__setitem__("step", "7"), r"\['step'\]: expected the step"),
+    (
+        "step of two entries",
+        lambda st: st.__setitem__("step", torch.tensor([1.0, 2.0])),
+        r"\['step'\]: expected a one-entry floating tensor, got shape \(2,\)",
+    ),
+    (
+        "moment of another shape",
+        lambda st: st.__setitem__("exp_avg", torch.zeros(3, 3)),
+        r"\['exp_avg'\]",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "pattern"), [r[1:] for r in CORRUPTED_STATES], ids=[r[0] for r in CORRUPTED_STATES]
+)
+def test_a_state_corrupted_at_a_steady_step_is_refused_by_name_before_any_read(
+    change, pattern
+) -> None:
+    """The speculative step checks the stored states before it reads their step counts."""
+    opt = frames_optimizer(1)
+    (p,) = opt.param_groups[0]["params"]
+    before = p.detach().clone()
+    change(opt.state[p])
+    with pytest.raises(ValueError, match=pattern):
+        opt.step()
+    assert torch.equal(p.detach(), before)

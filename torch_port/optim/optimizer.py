@@ -165,18 +165,18 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             if group.get("geometry") is not None
             for point in self._geometries.points(gi, group)
         ]
-        counts = self._next_counts(points)
         # Points: compute every new point and state first, then write them all.
-        pending = self._speculative_updates(items, points, counts)
+        pending = self._speculative_updates(items, points)
         if pending is None:
             if not self._validate(items, points):
                 self.skipped_steps += 1
                 return loss
+            counts = self._next_counts(points)
             pending = [
                 self._careful_update(point, t) for point, t in zip(points, counts, strict=True)
             ]
-        for (point, values, new), t in zip(pending, counts, strict=True):
-            self._commit(point, values, new, t)
+        for update in pending:
+            self._commit(*update)
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
         for gi, group in enumerate(self.param_groups):
             if group.get("geometry") is None:
@@ -184,8 +184,8 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         return loss
 
     def _speculative_updates(
-        self, items: list[tuple[int, int, Tensor]], points: list[Point], counts: list[int]
-    ) -> list[tuple[Point, tuple, dict]] | None:
+        self, items: list[tuple[int, int, Tensor]], points: list[Point]
+    ) -> list[tuple[Point, tuple, dict, int]] | None:
         """Every point's update with the host decisions deferred (``torch_port.deferred``) and
         read at the end, together with the gradients' finiteness, in one read of the device.
         A point whose conditions fail is computed again by ``_careful_update``. None (the
@@ -209,10 +209,10 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             if shared:
                 raise
             return None
-        for point, t in zip(points, counts, strict=True):
+        for point, t in zip(points, self._next_counts(points), strict=True):
             try:
                 with deferred.speculate(self._hints.setdefault(point.key, {})) as spec:
-                    pending.append((point, *self._point_update(point, t)))
+                    pending.append((point, *self._point_update(point, t), t))
             except (ValueError, torch.linalg.LinAlgError) as err:
                 if shared:
                     raise self._point_error(point, err) from err
@@ -228,18 +228,19 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             return None
         for k, ok in enumerate(held[1:]):
             if not ok:
-                point, new = pending[k][0], pending[k][2]
+                point, new, t = pending[k][0], pending[k][2], pending[k][3]
                 pending[k] = None  # frees the work buffer its lazy new point holds
                 self._recycle(point, new.values())
-                pending[k] = self._careful_update(point, counts[k])
+                pending[k] = self._careful_update(point, t)
         return pending
 
-    def _careful_update(self, point: Point, t: int) -> tuple[Point, tuple, dict]:
+    def _careful_update(self, point: Point, t: int) -> tuple[Point, tuple, dict, int]:
         """A point's update with every host decision read where it is made (and remembered
-        for the next step's speculation); its errors named (``_point_error``)."""
+        for the next step's speculation), as ``_commit``'s arguments; its errors named
+        (``_point_error``)."""
         try:
             with deferred.speculate(self._hints.setdefault(point.key, {}), defer=False):
-                return (point, *self._point_update(point, t))
+                return (point, *self._point_update(point, t), t)
         except (ValueError, torch.linalg.LinAlgError) as err:
             raise self._point_error(point, err) from err
 
