@@ -118,6 +118,14 @@ def test_the_counter_sees_each_kind_of_read() -> None:
     assert sum(reads.sites.values()) == 4
 
 
+def snapshot(params: list, opt: torch.optim.Optimizer) -> list:
+    """Copies of the parameters and of every tensor of their optimizer states (the parts of
+    a tangent vector one by one)."""
+    states = [v for p in params for v in opt.state.get(p, {}).values()]
+    parts = [t for v in states for t in (v if isinstance(v, tuple) else (v,))]
+    return [p.detach().clone() for p in params] + [t.clone() for t in parts]
+
+
 def brockett_run(dtype, lrs, options, grads_scale=1.0) -> list[list]:
     """Three parameters of frames stepped under tr(WᵀAW) with the lr schedule ``lrs``; the
     parameters and states after each step."""
@@ -132,10 +140,7 @@ def brockett_run(dtype, lrs, options, grads_scale=1.0) -> list[list]:
         opt.zero_grad()
         sum(torch.einsum("hdr,de,her->", w, a, w) for w in params).mul(grads_scale).backward()
         opt.step()
-        after.append(
-            [p.detach().clone() for p in params]
-            + [v.clone() for p in params for v in opt.state[p].values()]
-        )
+        after.append(snapshot(params, opt))
     return after
 
 
@@ -168,10 +173,7 @@ def frames_run(dtype, lrs, scales, options) -> list[list]:
         except ValueError:
             after.append(None)
             continue
-        after.append(
-            [p.detach().clone() for p in params]
-            + [v.clone() for p in params for v in opt.state[p].values()]
-        )
+        after.append(snapshot(params, opt))
     return after
 
 
@@ -237,9 +239,7 @@ def refusal_at_a_steady_step(value: float, skip: bool):
     gradient has ``value`` in one entry, and whether every parameter and state was kept."""
     opt = frames_optimizer(2, skip_nonfinite=skip)
     params = opt.param_groups[0]["params"]
-    before = [p.detach().clone() for p in params] + [
-        v.clone() for p in params for v in opt.state[p].values()
-    ]
+    before = snapshot(params, opt)
     params[1].grad.view(-1)[7] = value
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -248,8 +248,7 @@ def refusal_at_a_steady_step(value: float, skip: bool):
             message = str(caught[-1].message)
         except ValueError as err:
             message = str(err)
-    after = [p.detach() for p in params] + [v for p in params for v in opt.state[p].values()]
-    return message, all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    return message, same([before], [snapshot(params, opt)])
 
 
 @pytest.mark.parametrize("skip", [False, True], ids=["raise", "skip"])
@@ -308,15 +307,8 @@ def attention_run(name: str, dtype, lrs) -> list:
         opt.zero_grad()
         (m(x) ** 2).mean().backward()
         opt.step()
-        after.append(
-            [p.detach().clone() for p in m.parameters()]
-            + [v.clone() for st in opt.state.values() for v in _tensors(st)]
-        )
+        after.append(snapshot(list(m.parameters()), opt))
     return after
-
-
-def _tensors(state: dict) -> list:
-    return [t for v in state.values() for t in (v if isinstance(v, tuple) else (v,))]
 
 
 GEOMETRY_NAMES = list(tp.geometries.GEOMETRIES)
