@@ -82,6 +82,39 @@ def test_hyperparameters_set_after_construction_are_refused_before_the_step_writ
     _refused_step(opt, message, w, b)
 
 
+#: Values changed between steady steps where a comparison with the values last checked could
+#: miss them (in place, or equal with another type): (model options, the change, message).
+CHANGED_UNSEEN = {
+    "betas list changed in place": (
+        {"betas": [0.9, 0.999]},
+        lambda groups: groups[1]["betas"].__setitem__(0, 1.0),
+        r"beta1 must lie in \[0, 1\), got 1.0",
+    ),
+    "tensor lr filled in place": (
+        {"lr": torch.tensor(0.01)},
+        lambda groups: groups[0]["lr"].fill_(-0.01),
+        r"param_groups\[0\]: lr must be a finite number ≥ 0",
+    ),
+    "lr 1.0 made True (equal, another type)": (
+        {"lr": 1.0},
+        lambda groups: groups[1].__setitem__("lr", True),
+        r"param_groups\[1\]: lr must be a finite number ≥ 0, got True",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHANGED_UNSEEN))
+def test_a_change_between_steady_steps_is_checked(case):
+    options, change, message = CHANGED_UNSEEN[case]
+    w, b, opt, g = _model(**options)
+    for _ in range(2):
+        _grads(g, w, b)
+        opt.step()
+    change(opt.param_groups)
+    _grads(g, w, b)
+    _refused_step(opt, message, w, b)
+
+
 def test_a_bad_tensor_lr_in_the_eager_step_is_refused_before_it_writes():
     w, b, opt, g = _model()
     _grads(g, w, b)
