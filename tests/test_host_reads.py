@@ -198,9 +198,9 @@ def test_the_speculative_step_equals_the_careful_step_bitwise(
     recomputed = []
     careful_update = ChainOptimizer._careful_update
 
-    def counting(self, point, t):
+    def counting(self, point, t, group):
         recomputed.append(t)
-        return careful_update(self, point, t)
+        return careful_update(self, point, t, group)
 
     monkeypatch.setattr(ChainOptimizer, "_careful_update", counting)
     fast = brockett_run(dtype, SCHEDULES[schedule], options)
@@ -402,3 +402,29 @@ def test_a_state_corrupted_at_a_steady_step_is_refused_by_name_before_any_read(
     with pytest.raises(ValueError, match=pattern):
         opt.step()
     assert torch.equal(p.detach(), before)
+
+
+def test_a_tensor_lr_is_read_once_per_group_where_it_is_used() -> None:
+    """A tensor lr in the eager step: read where the group is checked and where its value is
+    taken, once per group each, however many points the group holds; besides that, the frames'
+    one read and torch's AdamW's reads of its CPU step count (two for the one plain
+    parameter: its two bias corrections)."""
+    gen = torch.Generator().manual_seed(5)
+    frames = [
+        torch.nn.Parameter(tp.Stiefel(16, 4).random_point(gen, (2,)).float()) for _ in range(4)
+    ]
+    plain = torch.nn.Parameter(torch.randn(5, generator=gen))
+    opt = tp.RiemannianAdam(
+        [{"params": frames, "geometry": "stiefel"}, {"params": [plain]}], lr=torch.tensor(1e-3)
+    )
+    for _ in range(3):
+        for p in [*frames, plain]:
+            p.grad = torch.randn(p.shape, generator=gen)
+        with counted_reads() as reads:
+            opt.step()
+    assert reads.sites == {
+        "checks.py:tensor_lr": 2,
+        "optimizer.py:_in_force": 2,
+        "deferred.py:all_hold": 1,
+        "optimizer.py:_adamw": 2,
+    }, dict(reads.sites)

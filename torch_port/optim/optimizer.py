@@ -159,6 +159,8 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         if not items:
             return loss
         self._check_step_groups(items)
+        # each group as this step reads it (a tensor lr read once per group)
+        groups = {gi: _in_force(self.param_groups[gi]) for gi in sorted({g for g, _, _ in items})}
         points = [
             point
             for gi, group in enumerate(self.param_groups)
@@ -166,25 +168,29 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
             for point in self._geometries.points(gi, group)
         ]
         # Points: compute every new point and state first, then write them all.
-        pending = self._speculative_updates(items, points)
+        pending = self._speculative_updates(items, points, groups)
         if pending is None:
             if not self._validate(items, points):
                 self.skipped_steps += 1
                 return loss
             counts = self._next_counts(points)
             pending = [
-                self._careful_update(point, t) for point, t in zip(points, counts, strict=True)
+                self._careful_update(point, t, groups[point.gi])
+                for point, t in zip(points, counts, strict=True)
             ]
         for update in pending:
             self._commit(*update)
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
-        for gi, group in enumerate(self.param_groups):
+        for gi, group in groups.items():
             if group.get("geometry") is None:
                 self._adamw(group, [p for g, _, p in items if g == gi])
         return loss
 
     def _speculative_updates(
-        self, items: list[tuple[int, int, Tensor]], points: list[Point]
+        self,
+        items: list[tuple[int, int, Tensor]],
+        points: list[Point],
+        groups: dict[int, dict[str, Any]],
     ) -> list[tuple[Point, tuple, dict, int]] | None:
         """Every point's update with the host decisions deferred (``torch_port.deferred``) and
         read at the end, together with the gradients' finiteness, in one read of the device.
@@ -212,7 +218,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         for point, t in zip(points, self._next_counts(points), strict=True):
             try:
                 with deferred.speculate(self._hints.setdefault(point.key, {})) as spec:
-                    pending.append((point, *self._point_update(point, t), t))
+                    pending.append((point, *self._point_update(point, t, groups[point.gi]), t))
             except (ValueError, torch.linalg.LinAlgError) as err:
                 if shared:
                     raise self._point_error(point, err) from err
@@ -231,16 +237,18 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
                 point, new, t = pending[k][0], pending[k][2], pending[k][3]
                 pending[k] = None  # frees the work buffer its lazy new point holds
                 self._recycle(point, new.values())
-                pending[k] = self._careful_update(point, t)
+                pending[k] = self._careful_update(point, t, groups[point.gi])
         return pending
 
-    def _careful_update(self, point: Point, t: int) -> tuple[Point, tuple, dict, int]:
+    def _careful_update(
+        self, point: Point, t: int, group: dict[str, Any]
+    ) -> tuple[Point, tuple, dict, int]:
         """A point's update with every host decision read where it is made (and remembered
         for the next step's speculation), as ``_commit``'s arguments; its errors named
         (``_point_error``)."""
         try:
             with deferred.speculate(self._hints.setdefault(point.key, {}), defer=False):
-                return (point, *self._point_update(point, t), t)
+                return (point, *self._point_update(point, t, group), t)
         except (ValueError, torch.linalg.LinAlgError) as err:
             raise self._point_error(point, err) from err
 
@@ -301,12 +309,16 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
                 counts[k] = int(v)
         return [c + 1 for c in counts]
 
-    def _point_update(self, point: Point, t: int | None = None) -> tuple[tuple[Any, ...], dict]:
+    def _point_update(
+        self, point: Point, t: int | None = None, group: dict[str, Any] | None = None
+    ) -> tuple[tuple[Any, ...], dict]:
         """The new factors (in the parameters' layout) and the new state of one point, computed
         without writing anything: g = grad f (plus coupled decay), the chain's step ξ = c·u,
         y = R_x(ξ), and the chain's tangent state transported to y. ``t`` is the new step count
-        (``_next_counts``; read from the point's state when not given)."""
-        group = _in_force(self.param_groups[point.gi])
+        (``_next_counts``; read from the point's state when not given), ``group`` its group as
+        the step reads it (``_in_force``; read from ``param_groups`` when not given)."""
+        if group is None:
+            group = _in_force(self.param_groups[point.gi])
         geometry = point.geometry
         rule = self.rule(group)
         stored = sharding.localize(self.state.get(point.key)) or self._init_point_state(
@@ -355,8 +367,8 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
     def _adamw(self, group: dict[str, Any], params: list[Tensor]) -> None:
         """torch's AdamW on the plain parameters of a group that have a gradient, by
         ``torch.optim.adamw.adamw`` with ``foreach=True`` (its arithmetic equals the
-        single-tensor path's bitwise; sharded and plain tensors in separate calls)."""
-        group = _in_force(group)
+        single-tensor path's bitwise; sharded and plain tensors in separate calls). ``group``
+        as the step reads it (``_in_force``)."""
         for part in (
             [p for p in params if sharding.is_sharded(p)],
             [p for p in params if not sharding.is_sharded(p)],
