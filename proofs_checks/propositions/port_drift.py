@@ -41,9 +41,7 @@ def drift(ctx: Context, wrong: bool) -> Outcome:
         return 1
 
     patch = (
-        substituted(linalg, "_series_degree", first_order)
-        if wrong
-        else contextlib.nullcontext()
+        substituted(linalg, "_series_degree", first_order) if wrong else contextlib.nullcontext()
     )
     gen = torch.Generator().manual_seed(ctx.seed)
     w = torch.nn.Parameter(tp.Stiefel(DRIFT_D, DRIFT_R).random_point(gen, (DRIFT_FRAMES,)).float())
