@@ -428,3 +428,33 @@ def test_a_tensor_lr_is_read_once_per_group_where_it_is_used() -> None:
         "deferred.py:all_hold": 1,
         "optimizer.py:_adamw": 2,
     }, dict(reads.sites)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_steady_step_on_cuda_synchronises_once() -> None:
+    """On a GPU, CUDA's own count: ``torch.cuda.set_sync_debug_mode("warn")`` warns at every
+    operation that synchronises the host with the device; a steady step of frames (and a
+    plain group, whose AdamW keeps its step counts on the CPU) warns once."""
+    gen = torch.Generator().manual_seed(6)
+    frames = [
+        torch.nn.Parameter(tp.Stiefel(64, 16).random_point(gen, (4,)).float().cuda())
+        for _ in range(4)
+    ]
+    plain = torch.nn.Parameter(torch.randn(5, generator=gen).cuda())
+    opt = tp.RiemannianAdam(
+        [{"params": frames, "geometry": "stiefel"}, {"params": [plain]}], lr=1e-3
+    )
+    for p in [*frames, plain]:
+        p.grad = torch.randn(p.shape, generator=gen).cuda()
+    opt.step()
+    opt.step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, syncs
