@@ -458,3 +458,24 @@ def test_a_steady_step_on_cuda_synchronises_once() -> None:
             torch.cuda.set_sync_debug_mode("default")
     syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
     assert len(syncs) == 1, syncs
+
+
+#: The stored step count changed between steady steps: (id, the change).
+STEP_COUNT_CHANGES = [
+    ("in place", lambda step: step.fill_(40.0)),
+    ("its data replaced", lambda step: setattr(step, "data", torch.tensor(40.0))),
+]
+
+
+@pytest.mark.parametrize(
+    "change", [c for _, c in STEP_COUNT_CHANGES], ids=[i for i, _ in STEP_COUNT_CHANGES]
+)
+def test_a_step_count_changed_through_torch_is_read_again(change) -> None:
+    """The count the step uses is the stored one whenever torch changed it: t = 41 after a
+    change to 40 (the state's "step" after the step), not the 4 the optimizer remembers."""
+    opt = frames_optimizer(1)
+    opt.step()  # the third step: the stored count is 3
+    (p,) = opt.param_groups[0]["params"]
+    change(opt.state[p]["step"])
+    opt.step()
+    assert float(opt.state[p]["step"]) == 41.0

@@ -91,7 +91,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         self._geometries = Geometries()
         self._layouts: dict[tuple, dict[str, Any]] = {}
         self._hints: dict[Tensor, dict[str, Any]] = {}
-        self._counts: dict[Tensor, tuple[Tensor, int, int]] = {}
+        self._counts: dict[Tensor, tuple[Tensor, tuple[int, int], int]] = {}
         #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
         self.skipped_steps = 0
         defaults = dict(
@@ -266,7 +266,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         for p in point.params[1:]:  # the other factors carry the point's step only
             self.state[p] = {"step": state["step"]}
         step = state["step"]
-        self._counts[point.key] = (step, step._version, t)
+        self._counts[point.key] = (step, _unchanged(step), t)
 
     @staticmethod
     def _recycle(point: Point, dropped: Iterable[Any]) -> None:
@@ -292,14 +292,14 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
     def _next_counts(self, points: Sequence[Point]) -> list[int]:
         """The step count t = (stored count) + 1 of every point (1 without a state): known
         without a read when the stored count is the tensor the last step wrote, unchanged
-        (same object, same version counter); else read in one transfer per device."""
+        (``_unchanged``); else read in one transfer per device."""
         stored = [sharding.localize(self.state.get(point.key)) for point in points]
         counts = [0] * len(points)
         by_device: dict[torch.device, list[int]] = {}
         for k, state in enumerate(stored):
             if state:
                 step, known = state["step"], self._counts.get(points[k].key)
-                if known is not None and known[0] is step and known[1] == step._version:
+                if known is not None and known[0] is step and known[1] == _unchanged(step):
                     counts[k] = known[2]  # the tensor this optimizer wrote, unchanged since
                 else:
                     by_device.setdefault(step.device, []).append(k)
@@ -416,3 +416,10 @@ def _in_force(group: dict[str, Any]) -> dict[str, Any]:
     if isinstance(group["lr"], Tensor):
         return {**group, "lr": float(group["lr"])}
     return group
+
+
+def _unchanged(t: Tensor) -> tuple[int, int]:
+    """What changes when a tensor's value is changed through torch: its version counter
+    (every in-place operation) and its data pointer (``t.data = ...``). As for autograd's
+    saved tensors, a write that bypasses torch (through ``t.numpy()``) is not seen."""
+    return t._version, t.data_ptr()
