@@ -6,7 +6,7 @@ each branch reads a value from the device (a GPU synchronisation). Inside ``spec
 step takes the common branch without reading: ``holds(cond)`` records the device condition
 under which the careful code takes that branch and answers True, and ``hint``/``remember``
 carry a branch's choice (the polar degree) from one step of a point to the next. The step then
-reads every recorded condition at once (``all_hold``). A point whose conditions do not all hold
+reads every recorded condition at once (``which_hold``). A point whose conditions do not all hold
 is computed again by the careful code, which reads as it goes; where they hold, the speculative
 run took the careful code's branches and ran the same operations, so its result is the careful
 code's bitwise. Outside ``speculate()`` (and inside ``speculate(defer=False)``, which still
@@ -91,11 +91,6 @@ def _together(conditions: Sequence[Tensor]) -> Tensor:
     """The one-element conditions as one vector on the first one's device."""
     device = conditions[0].device
     return torch.stack([c if c.device == device else c.to(device) for c in conditions])
-
-
-def all_hold(conditions: Sequence[Tensor]) -> bool:
-    """Whether every condition holds, in one read of the device (True for none)."""
-    return not conditions or bool(_together(conditions).all())
 
 
 def which_hold(

@@ -202,7 +202,7 @@ class InputChecks:
                 self._check_plain_state(gi, pi, p, self.state[p], deep=False)
 
     @staticmethod
-    def _finite_gradients(items: list[tuple[int, int, Tensor]]) -> list[Tensor]:
+    def _gradient_conditions(items: list[tuple[int, int, Tensor]]) -> list[Tensor]:
         """One condition per device, on the device: every gradient's sum is finite (no read;
         of the local shards of sharded gradients)."""
         by_device: dict[torch.device, list[Tensor]] = {}

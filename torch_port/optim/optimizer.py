@@ -206,7 +206,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         if any(not self.state.get(point.key) for point in points):
             return None
         shared = any(sharding.is_sharded(p) for _, _, p in items)
-        gradients = self._finite_gradients(items)
+        gradients = self._gradient_conditions(items)
         pending, conditions = [], []
         try:
             self._check_layouts(items)
@@ -224,12 +224,8 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
                     raise self._point_error(point, err) from err
                 return None
             conditions.append(spec.conditions)
-        if shared:
-            held = deferred.which_hold([gradients, *conditions], agree=sharding.all_reduce_sum)
-        elif deferred.all_hold(gradients + [c for cs in conditions for c in cs]):
-            return pending
-        else:
-            held = deferred.which_hold([gradients, *conditions])
+        agree = sharding.all_reduce_sum if shared else None
+        held = deferred.which_hold([gradients, *conditions], agree=agree)
         if not held[0]:
             return None
         for k, ok in enumerate(held[1:]):
