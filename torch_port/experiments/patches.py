@@ -50,7 +50,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         dataset="digits",
         patch_digits=4,
-        patch_mnist=14,
         patch_cifar10=8,
         val_size=300,
         d_model=16,
@@ -75,7 +74,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "quick": dict(
         dataset="digits",
         patch_digits=2,
-        patch_mnist=7,
         patch_cifar10=4,
         val_size=497,
         **_SMALL,
@@ -121,7 +119,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(
         dataset="cifar10",
         patch_digits=2,
-        patch_mnist=7,
         patch_cifar10=4,
         val_size=497,
         d_model=128,
@@ -196,7 +193,8 @@ def check_task(config: dict[str, Any]) -> None:
         raise ValueError(f"unknown dataset {config['dataset']!r}; use {' or '.join(DATASETS)}")
     if f"patch_{config['dataset']}" not in config:
         raise ValueError(
-            f"dataset {config['dataset']!r} needs its patch size patch_{config['dataset']}"
+            f"dataset {config['dataset']!r} needs its patch size patch_{config['dataset']} "
+            "(MNIST: the long preset)"
         )
     check_training_config(config, ("batch_size", "d_model", "n_heads", "d_mlp", "n_layers"))
 
