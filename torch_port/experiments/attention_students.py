@@ -305,7 +305,7 @@ class StudentExperiment:
     that cannot run); ``cells(config)``, the list of cells (JSON-able dicts); ``work(config)``,
     the function computing one cell's record; ``summarize(config, runs)``;
     ``plots(directory, config, summary, runs)``, the file names drawn; and
-    ``markdown(config, summary, seconds)``, results.md."""
+    ``markdown(config, summary)``, results.md (no timings: a rerun writes it again exactly)."""
 
     name: str
     presets: Mapping[str, Mapping[str, Any]]
@@ -349,5 +349,5 @@ def run_experiment(experiment: StudentExperiment, options: RunOptions) -> dict[s
         summary["cpu_seconds"] = time.process_time() - cpu
         summary["plots"] = experiment.plots(directory, config, summary, records)
         document = results_document(name, options, config, records, summary, "cpu")
-    markdown = experiment.markdown(config, summary, summary["wall_seconds"])
+    markdown = experiment.markdown(config, summary)
     return runs.finish(directory, specs, document, markdown)

@@ -321,7 +321,7 @@ def verdict(hits: int, seeds: int) -> str:
     return "fails" if hits == 0 else f"partial ({hits}/{seeds} seeds)"
 
 
-def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: float) -> str:
+def markdown(config: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     """results.md: the ladder table and the R2 risk-against-rank table."""
     r, n = config["r_star"], config["n"]
     head = (
@@ -356,7 +356,7 @@ def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: flo
     stable = markdown_table(["R2 student", "rank r", "relative excess", "relative test MSE"], srows)
     return (
         f"{head}\n{table}\n\n## R2: rank-constrained students (plateau: relative excess ≤ "
-        f"{config['plateau_tol']})\n\n{stable}\n\nWall time {seconds:.1f} s.\n"
+        f"{config['plateau_tol']})\n\n{stable}\n"
     )
 
 

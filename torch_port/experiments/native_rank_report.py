@@ -84,7 +84,7 @@ def summarize(config: Mapping[str, Any], runs: list[dict[str, Any]]) -> dict[str
     return {"r_star": r, "deficiency": deficiency, "recovery": recovery, "frontier": frontier}
 
 
-def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: float) -> str:
+def markdown(config: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     """results.md: deficiency, recovery and frontier tables."""
     r, d = config["r_star"], config["d"]
     out = [
@@ -167,7 +167,6 @@ def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: flo
     out.append(
         markdown_table(["attention", "K*", "n", "β", *cols, "ratio", "population ratio"], rows)
     )
-    out.append(f"\nWall time {seconds:.1f} s.")
     return "\n".join(out) + "\n"
 
 

@@ -299,7 +299,7 @@ def summarize(config: Mapping[str, Any], runs: list[dict[str, Any]]) -> dict[str
     }
 
 
-def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: float) -> str:
+def markdown(config: Mapping[str, Any], summary: Mapping[str, Any]) -> str:
     """results.md: one row per cell, exact recovery / over-count of every estimator."""
     head = (
         f"# rattn rank at the detection edge (n = {config['n']}, d = d_v = {config['d']}, "
@@ -307,7 +307,7 @@ def markdown(config: Mapping[str, Any], summary: Mapping[str, Any], seconds: flo
         f"Rule: at every κ ≥ {KAPPA_MIN:g}, rattn's exact recovery ≥ the best peer's and "
         f"over-counting ≤ {OVER_MAX:.0%}; at the default noise, recovery 1.00. Cells meeting it: "
         f"{summary['cells_meeting_rule']} of {summary['cells_judged']} "
-        f"({summary['datasets']} data sets, {seconds:.0f} s).\n\n"
+        f"({summary['datasets']} data sets).\n\n"
         "Each entry: exact recovery / over-count rate.\n\n"
     )
     names = list(ESTIMATORS)
