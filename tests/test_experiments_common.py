@@ -59,10 +59,12 @@ def test_devices() -> None:
 
 def test_environment_builds_on_the_common_recorder() -> None:
     """Every result's ``environment``: the keys of ``reference.environment.environment`` (torch
-    among the versions) plus the device and torch's thread count (CUDA facts on a GPU only)."""
+    among the versions) plus the device, torch's thread count and the CPU kind (CUDA facts on a
+    GPU only)."""
     env = environment("cpu")
     assert set(COMMON_KEYS) <= set(env)
-    assert set(env) - set(COMMON_KEYS) == {"device", "torch_threads"}
+    assert set(env) - set(COMMON_KEYS) == {"device", "torch_threads", "cpu"}
+    assert env["cpu"].endswith(f", torch {torch.backends.cpu.get_cpu_capability()}")
     assert env["device"] == "cpu" and env["torch_threads"] == torch.get_num_threads()
     assert env["versions"]["torch"] and env["versions"]["numpy"] and env["versions"]["scipy"]
     assert json.loads(json.dumps(env)) == env

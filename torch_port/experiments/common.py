@@ -25,6 +25,7 @@ import io
 import json
 import math
 import os
+import platform
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -93,13 +94,34 @@ def environment(device: torch.device | str = "cpu") -> dict[str, Any]:
     """The machine and versions recorded with every result: ``reference.environment.environment``
     with torch's version among ``versions`` (its common keys: python, platform, machine,
     cpu_count, versions, git_commit, created), plus ``device``, ``torch_threads`` (torch's
-    intra-op thread count at the time) and, on a CUDA device, ``cuda_device`` (its name) and
-    ``cuda`` (the CUDA version torch was built with)."""
-    extra: dict[str, Any] = {"device": str(device), "torch_threads": torch.get_num_threads()}
+    intra-op thread count at the time), ``cpu`` (``cpu_kind()``) and, on a CUDA device,
+    ``cuda_device`` (its name) and ``cuda`` (the CUDA version torch was built with)."""
+    extra: dict[str, Any] = {
+        "device": str(device),
+        "torch_threads": torch.get_num_threads(),
+        "cpu": cpu_kind(),
+    }
     if str(device).startswith("cuda"):
         extra["cuda_device"] = torch.cuda.get_device_name(torch.device(device))
         extra["cuda"] = torch.version.cuda
     return recorded_environment("torch", **extra)
+
+
+def cpu_kind() -> str:
+    """The processor's model name and the vector instructions torch's CPU kernels use, e.g.
+    "AMD EPYC, torch AVX2": float32 kernels round differently on another kind (MKL and torch
+    pick their code paths by processor), so a run reproduces digit for digit only on its own."""
+    model = platform.processor()
+    try:
+        for line in (
+            Path("/proc/cpuinfo").read_text(encoding="ascii", errors="replace").splitlines()
+        ):
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    except OSError:  # not Linux: platform.processor() it is
+        pass
+    return f"{model or 'unknown processor'}, torch {torch.backends.cpu.get_cpu_capability()}"
 
 
 def check_int(config: Mapping[str, Any], key: str, minimum: int = 1) -> None:
