@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from torch_port.experiments.verdicts import bonferroni_level, verdict
+from torch_port.experiments.verdicts import absence_verdict, bonferroni_level, verdict
 
 #: (low, high, sign, paper, paper_task) -> verdict. Intervals chosen by hand around 0 and the
 #: paper's value 8.98 (claim +) or -0.28 (claim -); the expected words are the table's.
@@ -84,3 +84,26 @@ def test_bad_input_is_refused(args: tuple, message: str) -> None:
 def test_a_bad_count_of_intervals_is_refused(m: object) -> None:
     with pytest.raises(ValueError, match="integer ≥ 1"):
         bonferroni_level(m)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("intervals", "sign", "paper_task", "expected"),
+    [
+        ([(-0.2, 0.3), (-2.7, 2.8)], -1, True, "not contradicted"),  # holds 0: power, not proof
+        ([(-0.2, 0.3), (0.03, 0.07)], -1, True, "not contradicted"),  # excludes 0 the other way
+        ([(-0.2, 0.3), (-0.07, -0.03)], -1, True, "refuted"),
+        ([(-0.2, 0.3), (-0.07, -0.03)], -1, False, "contradicted on a substitute task"),
+        ([(0.01, 0.2)], +1, False, "contradicted on a substitute task"),
+    ],
+)
+def test_a_claim_of_absence(intervals: list, sign: int, paper_task: bool, expected: str) -> None:
+    assert absence_verdict(intervals, sign, paper_task) == expected
+
+
+def test_a_claim_of_absence_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="at least one interval"):
+        absence_verdict([], -1)
+    with pytest.raises(ValueError, match="finite interval"):
+        absence_verdict([(0.0, math.nan)], -1)
+    with pytest.raises(ValueError, match="sign must be"):
+        absence_verdict([(0.0, 1.0)], 2)

@@ -22,6 +22,11 @@ A claim of direction only (``paper`` None) is reproduced when the interval exclu
 side, "not detected" when it holds 0 (an interval holding 0 cannot refute a direction), and
 refuted (reversed) otherwise. A substitute task (other data, another model size) can fail to
 show an effect without refuting the paper, so "refuted" is said only on the paper's own task.
+
+A claim that an effect is absent (``absence_verdict``) is never reproduced by intervals that hold
+0, which measure the run's power, not the absence: it is "not contradicted" while no interval
+excludes 0 in the direction it denies, and refuted (on a substitute task: "contradicted on a
+substitute task") when one does.
 """
 
 from __future__ import annotations
@@ -49,6 +54,28 @@ def bonferroni_level(m: int, family: float = 0.05) -> float:
     return 1 - family / m
 
 
+def absence_verdict(
+    intervals: list[tuple[float, float]], sign: int, paper_task: bool = True
+) -> str:
+    """The verdict on a claim that no difference lies in direction ``sign`` (±1), read from the
+    intervals [low, high] of every difference it covers (each at the Bonferroni level of their
+    number)."""
+    if not intervals:
+        raise ValueError("a claim of absence needs at least one interval")
+    for low, high in intervals:
+        _check_interval(low, high)
+    if sign not in (-1, 1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    if any(min(sign * low, sign * high) > 0 for low, high in intervals):
+        return REFUTED if paper_task else "contradicted on a substitute task"
+    return "not contradicted"
+
+
+def _check_interval(low: float, high: float) -> None:
+    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+        raise ValueError(f"a verdict needs a finite interval low ≤ high, got [{low}, {high}]")
+
+
 def verdict(
     low: float,
     high: float,
@@ -59,8 +86,7 @@ def verdict(
     """The verdict of the module's table for the interval [low, high] of the mean paired
     difference, a claim in direction ``sign`` (±1) with the paper's size ``paper`` (None: a
     claim of direction only), on the paper's task or a substitute."""
-    if not (math.isfinite(low) and math.isfinite(high)) or low > high:
-        raise ValueError(f"a verdict needs a finite interval low ≤ high, got [{low}, {high}]")
+    _check_interval(low, high)
     if sign not in (-1, 1):
         raise ValueError(f"sign must be +1 or -1, got {sign!r}")
     if paper is not None and (not math.isfinite(paper) or paper * sign <= 0):
