@@ -173,7 +173,7 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("smoke", "quick", "long", "paper"),
         help="smoke (seconds), quick (CPU minutes, default), long (grokking: the paper's "
         "setting for 30 CPU minutes; patches: 1,000 to 4,000 real MNIST images; movement: the "
-        "cost of freezing over 100 seeds) or paper (the paper's scale)",
+        "cost of freezing over 64 seeds) or paper (the paper's scale)",
     )
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument(
