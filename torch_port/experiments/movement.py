@@ -185,7 +185,8 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             )
         )
         ratio = ", ".join(f"{k} = {v:.3g}×" for k, v in t["ratios"].items() if v is not None)
-        parts.append(f"Per-step movement ratios (median, W_Q and W_K pooled): {ratio}.")
+        if ratio:  # none without arm A
+            parts.append(f"Per-step movement ratios (median, W_Q and W_K pooled): {ratio}.")
         if "B" in t["arms"] and "rgrad" in t["arms"]["B"]:
             lr = config["tasks"][task].get("frame_lr") or config["tasks"][task]["lr"]
             predicted = lr * t["arms"]["B"]["rgrad"]
