@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -51,11 +52,12 @@ def test_the_long_preset_cuts_16_patches_of_49_pixels() -> None:
     ("edit", "message"),
     [
         (lambda raw: raw[:-1] + bytes([raw[-1] ^ 1]), "has SHA-256 [0-9a-f]{64}, not the"),
-        (lambda raw: raw[: len(raw) // 2], "has SHA-256"),
-        (lambda raw: gzip.compress(b"1,2,3\n"), "has SHA-256"),
-        (lambda raw: b"", "has SHA-256 e3b0c442"),
+        (lambda raw: raw[: len(raw) // 2], "has 553392 bytes, not the 1106785"),
+        (lambda raw: gzip.compress(b"1,2,3\n"), "has 26 bytes, not the"),
+        (lambda raw: b"", "has 0 bytes"),
+        (lambda raw: raw + b"\0" * (1 << 20), "has 2155361 bytes"),
     ],
-    ids=["one bit", "truncated", "another csv", "empty"],
+    ids=["one bit", "truncated", "another csv", "empty", "padded"],
 )
 def test_a_changed_file_is_refused_with_its_name_and_hash(
     tmp_path: Path, edit: object, message: str
@@ -69,8 +71,14 @@ def test_a_changed_file_is_refused_with_its_name_and_hash(
 def test_a_missing_file_or_package_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(ValueError, match=r"nowhere\.csv\.gz.*cannot be read"):
+    with pytest.raises(ValueError, match=r"nowhere\.csv\.gz.*missing or not a regular file"):
         patch_data.read_mnist(tmp_path / "nowhere.csv.gz")
+    with pytest.raises(ValueError, match="missing or not a regular file"):
+        patch_data.read_mnist(tmp_path)  # a directory
+    fifo = tmp_path / "fifo.csv.gz"
+    os.mkfifo(fifo)  # would block a plain read forever
+    with pytest.raises(ValueError, match=r"fifo\.csv\.gz.*not a regular file"):
+        patch_data.read_mnist(fifo)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install 'rattn\\[experiments\\]'"):
         patch_data.mnist_file()

