@@ -115,10 +115,13 @@ JUDGES: dict[str, list[str]] = {
         f"torch_port/optim/{name}.py": _STEP_TESTS
         for name in (
             "optimizer",
-            "input_checks",
+            "guard/__init__",
+            "guard/groups",
+            "guard/states",
+            "guard/values",
+            "loading",
             "capturable",
             "sharding",
-            "checks",
             "points",
             "presets",
         )

@@ -79,7 +79,7 @@ def test_the_replay_reads_the_ports_layout_from_the_reference(name) -> None:
     decay replayed) exactly where the port says so."""
     pytest.importorskip("torch")
     from torch_port.geometries import GEOMETRIES
-    from torch_port.optim.checks import FRAME_GEOMETRIES
+    from torch_port.optim import FRAME_GEOMETRIES
 
     spec = _spec(name)
     el = elements(spec)

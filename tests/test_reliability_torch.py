@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import torch_port as tp  # noqa: E402
-from torch_port import validation  # noqa: E402
 from torch_port.nn import RiemannianMultiheadAttention, build_optimizer, reproject  # noqa: E402
+from torch_port.optim.guard import entries as validation  # noqa: E402
 from torch_port.stiefel import LazyProduct, Stiefel, StiefelFrames  # noqa: E402
 
 D, R = 8, 3

@@ -116,15 +116,15 @@ def _scripted_run(script: tuple[str, ...], capturable: bool, seed: int) -> tuple
 
 
 def _count_advancing(original: Callable) -> Callable:
-    """``ChainOptimizer._validate`` that, deciding to skip, advances the points' counts."""
+    """``ChainOptimizer.check_step`` that, deciding to skip, advances the points' counts."""
 
-    def variant(self: Any, items: Any, points: Any) -> bool:
-        ok = original(self, items, points)
-        if not ok:
-            for point in points:
-                if self.state.get(point.key):
-                    self.state[point.key]["step"] += 1
-        return ok
+    def variant(self: Any, items: Any, mode: str = "careful") -> Any:
+        checked = original(self, items, mode)
+        if checked is None:
+            for p in {id(p): p for _, _, p in items}.values():
+                if self.state.get(p) and "step" in self.state[p]:
+                    self.state[p]["step"] += 1
+        return checked
 
     return variant
 
@@ -143,7 +143,7 @@ def skipped_steps(ctx: Context, wrong: bool, capturable: bool = False) -> Outcom
     lr = 0 step moves no parameter and advances every count by one; and the run ends bitwise
     where the same run without the skipped steps ends. Residual: the number of violations,
     tolerance 0. Control (eager): a skip that advances the counts, substituted for
-    ``ChainOptimizer._validate``; (capturable) a negative lr taken as an ascent, substituted
+    ``ChainOptimizer.check_step``; (capturable) a negative lr taken as an ascent, substituted
     for ``capturable.proceeds``."""
     from torch_port.optim import capturable as device_step
     from torch_port.optim.optimizer import ChainOptimizer
@@ -152,7 +152,9 @@ def skipped_steps(ctx: Context, wrong: bool, capturable: bool = False) -> Outcom
     if capturable:
         patch = substituted(device_step, "proceeds", _sign_ignored(device_step.proceeds))
     else:
-        patch = substituted(ChainOptimizer, "_validate", _count_advancing(ChainOptimizer._validate))
+        patch = substituted(
+            ChainOptimizer, "check_step", _count_advancing(ChainOptimizer.check_step)
+        )
     with patch if wrong else contextlib.nullcontext():
         end, problems = _scripted_run(script, capturable, ctx.seed)
         clean, _ = _scripted_run(tuple(a for a in script if a not in SKIPS), capturable, ctx.seed)

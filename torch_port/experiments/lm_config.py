@@ -10,7 +10,7 @@ from typing import Any
 
 from torch_port.experiments import common
 from torch_port.experiments.lm_arms import resolve_arms
-from torch_port.optim import checks
+from torch_port.optim.guard import values as checks
 
 #: Configuration keys that choose which runs make up the sweep; the others define one run,
 #: and only those enter a run's checkpoint key (so a sweep may grow and still resume).

@@ -61,8 +61,13 @@ overflows or leaves the rank-r manifold) leaves every parameter and every state 
 """
 
 from torch_port.geometries import GEOMETRIES
-from torch_port.optim import checks, transforms
-from torch_port.optim.checks import FRAME_GEOMETRIES, FrameDecayWarning, NonFiniteGradientWarning
+from torch_port.optim import transforms
+from torch_port.optim.guard import values as checks
+from torch_port.optim.guard.values import (
+    FRAME_GEOMETRIES,
+    FrameDecayWarning,
+    NonFiniteGradientWarning,
+)
 from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.points import reproject
 from torch_port.optim.presets import RSGD, NormalizedRSGD, RiemannianAdam, RiemannianMomentum

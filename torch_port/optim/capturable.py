@@ -32,10 +32,9 @@ import torch
 
 from torch_port import linalg
 from torch_port.linalg import Tensor, sym, transpose
-from torch_port.optim import checks, sharding, transforms
+from torch_port.optim import transforms
+from torch_port.optim.guard.values import capturable_radius
 
-#: Above this trust radius the fixed-degree series needs too many terms (Δ = 0.7: degree 55).
-MAX_RADIUS = 0.7
 #: The slack η added to Δ² in the bound on ‖E‖₂: ‖WᵀW − I‖ and the tangency error of ξ.
 DRIFT_SLACK = 1e-3
 
@@ -43,12 +42,7 @@ DRIFT_SLACK = 1e-3
 def taylor_degree(radius: float) -> int:
     """The degree k of the Taylor polynomial of (1 + e)^{-1/2} whose tail over |e| ≤ δ,
     Σ_{j>k} |c_j| δ^j ≤ δ^{k+1}/(1 − δ) (|c_j| ≤ 1), is at most 1e-17, for δ = Δ² + η."""
-    if not 0.0 < radius <= MAX_RADIUS:
-        raise ValueError(
-            f"capturable=True needs a trust radius 0 < Δ ≤ {MAX_RADIUS} (the polar factor's "
-            f"series is then of a fixed degree), got {radius!r}"
-        )
-    return linalg._taylor_degree(radius**2 + DRIFT_SLACK)
+    return linalg._taylor_degree(capturable_radius(radius) ** 2 + DRIFT_SLACK)
 
 
 def polar_fixed(a: Tensor, degree: int) -> Tensor:
@@ -124,104 +118,10 @@ def adam_frames(
     return y, moved, sv, torch.isfinite(linalg.max_abs(y).amax())
 
 
-def check_group(group: dict[str, Any]) -> None:
-    """A group the capturable step can take: plain parameters, or Stiefel frames with the
-    polar retraction, the embedded metric, the frame moment with the mean, ε > 0 and a trust
-    radius Δ ≤ ``MAX_RADIUS``, none of them sharded."""
-    if group["eps"] <= 0.0:
-        raise ValueError(
-            f"capturable=True needs eps > 0 (with eps = 0 an underflowing √v has no step), got "
-            f"{group['eps']!r}"
-        )
-    name = group.get("geometry")
-    if name is None:
-        return
-    unsupported = {
-        "geometry": (name, "stiefel"),
-        "retraction": (group.get("retraction", "polar"), "polar"),
-        "metric": (group.get("metric", "embedded"), "embedded"),
-        "gradient": (group.get("gradient", "riemannian"), "riemannian"),
-        "moment": (group["moment"], "frame"),
-        "reduction": (group["reduction"], "mean"),
-        "maximize": (bool(group.get("maximize", False)), False),
-    }
-    for key, (value, supported) in unsupported.items():
-        if value != supported:
-            raise ValueError(
-                f"capturable=True supports {key}={supported!r} (and plain parameters), got "
-                f"{key}={value!r}"
-            )
-    if group["trust_radius"] is None:
-        raise ValueError(
-            "capturable=True needs trust_radius (Δ ≤ 0.7): it bounds ‖ξ‖, so the polar "
-            "factor's series has a degree fixed in advance"
-        )
-    taylor_degree(group["trust_radius"])
-    for p in group["params"]:
-        if sharding.is_sharded(p):
-            raise ValueError("capturable=True does not take sharded (DTensor) frames")
-    _check_step_factor(group)
-
-
-def _check_step_factor(group: dict[str, Any]) -> None:
-    """The largest step factor, lr/((1 − β1)·ε) (√v = 0 at the first step), is finite in the
-    dtype ``adam_frames`` forms W + c·m in (float32 for half-precision frames); a tensor lr's
-    value is read only where the group is checked on the host."""
-    lr = float(group["lr"]) if isinstance(group["lr"], Tensor) else group["lr"]
-    top = lr / ((1.0 - group["betas"][0]) * group["eps"])
-    for p in group["params"]:
-        limit = torch.finfo(torch.promote_types(p.dtype, torch.float32)).max
-        if not top < limit:
-            raise ValueError(
-                f"capturable=True: the step factor lr/((1 − β1)·eps) = {top:.3e} overflows "
-                f"{torch.promote_types(p.dtype, torch.float32)} (largest {limit:.3e}); use a "
-                "larger eps"
-            )
-
-
-def check_step_group(opt: Any, gi: int, group: dict[str, Any], new: list[Tensor]) -> None:
-    """Before a capturable step changes anything: the group's hyperparameters as Python values
-    (no device read: a tensor lr's value is checked on the device, ``step``), and for each
-    parameter without state yet its layout and, outside ``torch.compile``, its point on
-    St(d, r) (the eager step's check of a new point). Under ``torch.compile`` nothing is
-    checked here (the traced graph cannot raise on Python values): a compiled step relies on the
-    checks made when the group was added or loaded, and on the device check of a tensor lr."""
-    if torch.compiler.is_compiling():
-        return
-    where = f"param_groups[{gi}]"
-    try:
-        lr = group["lr"]
-        if isinstance(lr, Tensor):
-            if lr.ndim != 0 or not lr.is_floating_point():
-                raise ValueError(
-                    f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}"
-                )
-        else:  # lr = 0: a warm-up, or torch.distributed.checkpoint's state-making step
-            checks.nonnegative("lr", lr)
-        checks.betas(group["betas"])
-        checks.positive("eps", group["eps"])
-        checks.nonnegative("weight_decay", group["weight_decay"])
-        checks.parameter_layouts(group, new)
-        if group.get("geometry") is None:
-            checks.plain_eps(group)
-            return
-        taylor_degree(group["trust_radius"])
-        if not isinstance(lr, Tensor) and lr != 0:
-            _check_step_factor(group)
-    except (ValueError, TypeError) as err:
-        raise type(err)(f"{where}: {err}; no parameter or state was changed") from None
-    if new:
-        fresh = {id(p) for p in new}
-        opt._check_points(
-            [pt for pt in opt._geometries.points(gi, group) if id(pt.params[0]) in fresh]
-        )
-
-
 def _state(opt: Any, p: Tensor, frame: bool) -> dict:
     """The parameter's state, created on its device when it has none (a frame's: "step",
-    "exp_avg", "sqrt_v"; a plain parameter's: torch AdamW's). An existing state must have that
-    layout (shapes and devices: metadata, read with no synchronisation); else ValueError,
-    raised before the step writes anything."""
+    "exp_avg", "sqrt_v"; a plain parameter's: torch AdamW's); an existing one the guard has
+    checked (``check_step``)."""
     state = opt.state[p]
     if not state:
         state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
@@ -230,19 +130,6 @@ def _state(opt: Any, p: Tensor, frame: bool) -> dict:
             state["sqrt_v"] = p.new_zeros(p.shape[:-2], dtype=transforms.sqrt_v_dtype(p.dtype))
         else:
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-    layout = {"step": (), "exp_avg": tuple(p.shape)}
-    layout.update({"sqrt_v": tuple(p.shape[:-2])} if frame else {"exp_avg_sq": tuple(p.shape)})
-    got = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, Tensor)}
-    if (
-        got != layout
-        or any(v.device != p.device for v in state.values())
-        or not all(v.is_contiguous() for v in state.values())  # written in place by copy_
-    ):
-        raise ValueError(
-            f"the state of a parameter of shape {tuple(p.shape)} has entries {got} (devices "
-            f"{sorted({str(v.device) for v in state.values()})}); capturable=True expects "
-            f"{layout} on {p.device}; no parameter or state was changed"
-        )
     return state
 
 
@@ -268,44 +155,25 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    frames: dict[tuple, list[Tensor]] = {}
-    plain: list[tuple[dict, list[Tensor]]] = []
-    for gi, group in enumerate(opt.param_groups):
-        params = [p for p in group["params"] if p.grad is not None]
-        for pi, p in enumerate(group["params"]):
-            if p.grad is not None:
-                checks.gradient_layout(opt._param_name(gi, pi, p), p)
-        if params:
-            check_step_group(opt, gi, group, [p for p in params if not opt.state.get(p)])
-        if group.get("geometry") is None:
-            plain.append((group, params))
-        for p in params if group.get("geometry") is not None else ():
-            frames.setdefault(_bucket_key(group, p), []).append(p)
-    every = [p for ps in frames.values() for p in ps] + [p for _, ps in plain for p in ps]
-    if not every:
+    items = [
+        (gi, pi, p)
+        for gi, group in enumerate(opt.param_groups)
+        for pi, p in enumerate(group["params"])
+        if p.grad is not None
+    ]
+    if not items:
         return loss
-    if not torch.compiler.is_compiling():  # after a load, once (a host check)
-        opt.check_loaded_moments()
-    elif opt._unverified:  # a Python value: part of the traced graph's guards
-        raise ValueError(
-            "a loaded state holds moments not tangent at the points it saw, which a compiled "
-            "step cannot check: call opt.check_loaded_moments() once the model's weights are "
-            "loaded, before the compiled step; no parameter or state was changed"
-        )
-    devices = {p.device for p in every} | {
-        g["lr"].device for g in opt.param_groups if isinstance(g["lr"], Tensor)
-    }
-    if len(devices) > 1:
-        raise ValueError(
-            f"capturable=True needs every parameter (and a tensor lr) on one device, got {devices}"
-        )
-    # every existing state's layout is checked before any state is made or anything written
-    for ps, frame in [*((ps, True) for ps in frames.values()), *((ps, False) for _, ps in plain)]:
-        for p in ps:
-            if opt.state.get(p):
-                _state(opt, p, frame)
+    opt.check_step(items, "capturable")  # before any state is made or anything written
+    frames: dict[tuple, list[Tensor]] = {}
+    plain: dict[int, list[Tensor]] = {}
+    for gi, _, p in items:
+        group = opt.param_groups[gi]
+        if group.get("geometry") is None:
+            plain.setdefault(gi, []).append(p)
+        else:
+            frames.setdefault(_bucket_key(group, p), []).append(p)
     frame_states = {key: [_state(opt, p, frame=True) for p in ps] for key, ps in frames.items()}
-    for _, ps in plain:
+    for ps in plain.values():
         for p in ps:
             _state(opt, p, frame=False)
     updates, frames_finite = [], []
@@ -327,10 +195,10 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
         frames_finite.append(ok)
         updates.append((ps, states, y, m, sv))
     lrs = [g["lr"] for g in opt.param_groups if isinstance(g["lr"], Tensor)]
-    ok = proceeds([p.grad for p in every], lrs, frames_finite)
+    ok = proceeds([p.grad for _, _, p in items], lrs, frames_finite)
     skip = (~ok).to(torch.float32)
-    for group, ps in plain:
-        _adamw(opt, group, ps, ok)
+    for gi, ps in plain.items():
+        _adamw(opt, opt.param_groups[gi], ps, ok)
     for ps, states, y, m, sv in updates:
         sizes = [s["sqrt_v"].numel() for s in states]  # frames per parameter
         for p, st, yi, mi, svi in zip(

@@ -8,12 +8,11 @@ geometry hold plain parameters, updated in the same optimizer by AdamW with deco
 torch's convention and torch's arithmetic (``torch.optim.adamw.adamw``, foreach, whose
 results equal the single-tensor path's bitwise).
 
-Every step validates before it writes: each gradient finite (or the whole step skipped with
-``skip_nonfinite=True``), each new point on its manifold, each stored state of the layout the
-chain makes; then all new points and states are computed, and only then written, so an error
-raised while computing one leaves every parameter and every state as it was. The groups, the
-gradients and the points without a state are checked by ``InputChecks``
-(``optim.input_checks``), the state by ``StateChecks`` (``optim.state``).
+Every step is checked before it writes, by the one guard (``torch_port.optim.guard``: the
+groups, each gradient finite or the whole step skipped with ``skip_nonfinite=True``, each new
+point on its manifold, each stored state of the layout the chain makes); then all new points
+and states are computed, and only then written, so an error raised while computing one leaves
+every parameter and every state as it was.
 """
 
 from __future__ import annotations
@@ -26,14 +25,14 @@ from torch.optim.adamw import adamw as torch_adamw
 
 from torch_port import deferred
 from torch_port.linalg import Tensor
-from torch_port.optim import checks, sharding
-from torch_port.optim.input_checks import InputChecks
+from torch_port.optim import sharding
+from torch_port.optim.guard import CheckedStep, GroupSpec, Guard, values
+from torch_port.optim.loading import Loading
 from torch_port.optim.points import Geometries, Point
-from torch_port.optim.state import StateChecks
 from torch_port.optim.transforms import Step, Transform
 
 
-class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
+class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
     """Riemannian optimization by a chain of transformations, with AdamW for plain groups.
 
     Args:
@@ -52,7 +51,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         maximize: ascend (the step of −G), as torch's ``maximize``, on frames and points too.
         foreach, amsgrad, fused, differentiable: torch's flags; ``foreach`` is accepted either
             way (the plain groups' AdamW is torch's multi-tensor path, bitwise the
-            single-tensor one), the others only False (``checks.torch_flags``).
+            single-tensor one), the others only False (``guard.values.torch_flags``).
         **options: further defaults of every group (e.g. ``trust_radius``).
 
     The state of a point holds "step" and the chain's entries (a Stiefel parameter's under its
@@ -92,6 +91,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         self._layouts: dict[tuple, dict[str, Any]] = {}
         self._hints: dict[Tensor, dict[str, Any]] = {}
         self._counts: dict[Tensor, tuple[Tensor, tuple[int, int], int]] = {}
+        self._forget_checks()
         #: How many steps were skipped for non-finite gradients (``skip_nonfinite=True``).
         self.skipped_steps = 0
         defaults = dict(
@@ -126,6 +126,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         self._layouts = {}
         self._hints = {}
         self._counts = {}
+        self._forget_checks()
         self.__dict__.setdefault("skipped_steps", 0)
 
     @staticmethod
@@ -158,39 +159,29 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         ]
         if not items:
             return loss
-        self._check_step_groups(items)
-        # each group as this step reads it (a tensor lr read once per group)
-        groups = {gi: _in_force(self.param_groups[gi]) for gi in sorted({g for g, _, _ in items})}
-        points = [
-            point
-            for gi, group in enumerate(self.param_groups)
-            if group.get("geometry") is not None
-            for point in self._geometries.points(gi, group)
-        ]
         # Points: compute every new point and state first, then write them all.
-        pending = self._speculative_updates(items, points, groups)
+        pending = self._speculative_updates(items)
         if pending is None:
-            if not self._validate(items, points):
+            checked = self.check_step(items)
+            if checked is None:
                 self.skipped_steps += 1
                 return loss
-            counts = self._next_counts(points)
+            counts = self._next_counts(checked.points)
             pending = [
-                self._careful_update(point, t, groups[point.gi])
-                for point, t in zip(points, counts, strict=True)
+                self._careful_update(point, t, checked.specs[point.gi])
+                for point, t in zip(checked.points, counts, strict=True)
             ]
         for update in pending:
             self._commit(*update)
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
-        for gi, group in groups.items():
+        for gi in sorted({g for g, _, _ in items}):
+            group = self._specs[gi].values  # as the guard has just checked it
             if group.get("geometry") is None:
                 self._adamw(group, [p for g, _, p in items if g == gi])
         return loss
 
     def _speculative_updates(
-        self,
-        items: list[tuple[int, int, Tensor]],
-        points: list[Point],
-        groups: dict[int, dict[str, Any]],
+        self, items: list[tuple[int, int, Tensor]]
     ) -> list[tuple[Point, tuple, dict, int]] | None:
         """Every point's update with the host decisions deferred (``torch_port.deferred``) and
         read at the end, together with the gradients' finiteness, in one read of the device.
@@ -203,27 +194,28 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         that fails on one rank fails on all), and an error is raised where it happens, as the
         careful step raises it, rather than retried by a careful step the other ranks would
         not take."""
-        if any(not self.state.get(point.key) for point in points):
-            return None
         shared = any(sharding.is_sharded(p) for _, _, p in items)
-        gradients = self._gradient_conditions(items)
-        pending, conditions = [], []
         try:
-            self._check_layouts(items)
-            self._check_states(items, points)
+            checked: CheckedStep = self.check_step(items, "speculative")
         except (ValueError, TypeError):
             if shared:
                 raise
             return None
+        points = checked.points
+        if any(not self.state.get(point.key) for point in points):
+            return None
+        gradients = _gradient_conditions(items)
+        pending, conditions = [], []
         for point, t in zip(points, self._next_counts(points), strict=True):
             try:
-                with deferred.speculate(self._hints.setdefault(point.key, {})) as spec:
-                    pending.append((point, *self._point_update(point, t, groups[point.gi]), t))
+                with deferred.speculate(self._hints.setdefault(point.key, {})) as speculation:
+                    spec = checked.specs[point.gi]
+                    pending.append((point, *self._point_update(point, t, spec), t))
             except (ValueError, torch.linalg.LinAlgError) as err:
                 if shared:
                     raise self._point_error(point, err) from err
                 return None
-            conditions.append(spec.conditions)
+            conditions.append(speculation.conditions)
         agree = sharding.all_reduce_sum if shared else None
         held = deferred.which_hold([gradients, *conditions], agree=agree)
         if not held[0]:
@@ -233,18 +225,18 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
                 point, new, t = pending[k][0], pending[k][2], pending[k][3]
                 pending[k] = None  # frees the work buffer its lazy new point holds
                 self._recycle(point, new.values())
-                pending[k] = self._careful_update(point, t, groups[point.gi])
+                pending[k] = self._careful_update(point, t, checked.specs[point.gi])
         return pending
 
     def _careful_update(
-        self, point: Point, t: int, group: dict[str, Any]
+        self, point: Point, t: int, spec: GroupSpec
     ) -> tuple[Point, tuple, dict, int]:
         """A point's update with every host decision read where it is made (and remembered
         for the next step's speculation), as ``_commit``'s arguments; its errors named
         (``_point_error``)."""
         try:
             with deferred.speculate(self._hints.setdefault(point.key, {}), defer=False):
-                return (point, *self._point_update(point, t, group), t)
+                return (point, *self._point_update(point, t, spec), t)
         except (ValueError, torch.linalg.LinAlgError) as err:
             raise self._point_error(point, err) from err
 
@@ -300,23 +292,23 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
                 else:
                     by_device.setdefault(step.device, []).append(k)
         for ks in by_device.values():
-            values = torch.stack([stored[k]["step"].reshape(()) for k in ks]).tolist()
-            for k, v in zip(ks, values, strict=True):
+            read = torch.stack([stored[k]["step"].reshape(()) for k in ks]).tolist()
+            for k, v in zip(ks, read, strict=True):
                 counts[k] = int(v)
         return [c + 1 for c in counts]
 
     def _point_update(
-        self, point: Point, t: int | None = None, group: dict[str, Any] | None = None
+        self, point: Point, t: int | None = None, spec: GroupSpec | None = None
     ) -> tuple[tuple[Any, ...], dict]:
         """The new factors (in the parameters' layout) and the new state of one point, computed
         without writing anything: g = grad f (plus coupled decay), the chain's step ξ = c·u,
         y = R_x(ξ), and the chain's tangent state transported to y. ``t`` is the new step count
-        (``_next_counts``; read from the point's state when not given), ``group`` its group as
-        the step reads it (``_in_force``; read from ``param_groups`` when not given)."""
-        if group is None:
-            group = _in_force(self.param_groups[point.gi])
-        geometry = point.geometry
-        rule = self.rule(group)
+        (``_next_counts``; read from the point's state when not given), ``spec`` its group as
+        the step reads it (``check_group``'s; the guard's when not given)."""
+        if spec is None:
+            spec = self.check_group(point.gi)
+        group = spec.values
+        geometry, rule = point.geometry, self.rule(group)
         stored = sharding.localize(self.state.get(point.key)) or self._init_point_state(
             group, point
         )
@@ -325,7 +317,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         if group.get("maximize", False):
             egrad = tuple(-g for g in egrad)
         wd = group["weight_decay"]
-        if wd > 0.0 and group["geometry"] not in checks.FRAME_GEOMETRIES:  # decay="coupled"
+        if wd > 0.0 and group["geometry"] not in values.FRAME_GEOMETRIES:  # decay="coupled"
             egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
         if t is None:
             t = int(stored["step"].item()) + 1
@@ -337,21 +329,21 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         step, new = rule.update(geometry, x, g, state, t)
         u, c = step.resolve(geometry, x)
         try:
-            if checks.is_real(group["lr"]) and group["lr"] == 0:
+            if values.is_real(group["lr"]) and group["lr"] == 0:
                 # R_x(0) = x exactly (torch.distributed.checkpoint's state-making step, a
                 # schedule at 0), where a retraction would re-form x by its rounding
                 y = tuple(t.clone() for t in x)
             else:
                 y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
         except (ValueError, torch.linalg.LinAlgError):
-            checks.step_size(geometry, x, u, c)  # names a step too large for the dtype
+            values.step_size(geometry, x, u, c)  # names a step too large for the dtype
             raise
         if not geometry.retraction_checks_finite:
             sums = torch.stack([t.sum().to(torch.float64) for t in y])
             if not deferred.holds(torch.isfinite(sums).all()):
                 bad = int(sum((~torch.isfinite(t)).sum() for t in y))
                 if bad:
-                    checks.step_size(geometry, x, u, c)
+                    values.step_size(geometry, x, u, c)
                     raise ValueError(f"the point after this step has {bad} non-finite entries")
         for key in rule.transported:
             new[key] = geometry.transport_owned(x, y, new[key])
@@ -364,7 +356,7 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         """torch's AdamW on the plain parameters of a group that have a gradient, by
         ``torch.optim.adamw.adamw`` with ``foreach=True`` (its arithmetic equals the
         single-tensor path's bitwise; sharded and plain tensors in separate calls). ``group``
-        as the step reads it (``_in_force``)."""
+        as the step reads it (``GroupSpec.values``)."""
         for part in (
             [p for p in params if sharding.is_sharded(p)],
             [p for p in params if not sharding.is_sharded(p)],
@@ -406,12 +398,14 @@ class ChainOptimizer(InputChecks, StateChecks, torch.optim.Optimizer):
         return {"step": self._new_step(), **state}
 
 
-def _in_force(group: dict[str, Any]) -> dict[str, Any]:
-    """The group as the eager step reads it: a tensor lr as its value (torch's ``_to_scalar``;
-    one host read per group and step)."""
-    if isinstance(group["lr"], Tensor):
-        return {**group, "lr": float(group["lr"])}
-    return group
+def _gradient_conditions(items: list[tuple[int, int, Tensor]]) -> list[Tensor]:
+    """One condition per device, on the device: every gradient's sum is finite (no read; of
+    the local shards of sharded gradients, which the ranks agree on later)."""
+    by_device: dict[torch.device, list[Tensor]] = {}
+    for _, _, p in items:
+        grad = sharding.local(p.grad)
+        by_device.setdefault(grad.device, []).append(grad.sum().to(torch.float64))
+    return [torch.isfinite(torch.stack(sums)).all() for sums in by_device.values()]
 
 
 def _unchanged(t: Tensor) -> tuple[int, int]:

@@ -14,12 +14,13 @@ reference preset's, so that float64 trajectories agree with the reference to rou
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from torch_port.linalg import Tensor
-from torch_port.optim import capturable, checks, transforms
+from torch_port.optim import capturable, transforms
+from torch_port.optim.guard import values
 from torch_port.optim.optimizer import ChainOptimizer
 from torch_port.optim.transforms import Transform
 
@@ -97,20 +98,10 @@ class RiemannianAdam(ChainOptimizer):
             device = self.param_groups[0]["params"][0].device
             self.skipped_on_device = torch.zeros((), dtype=torch.float32, device=device)
 
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
-        super()._check_hyperparameters(group)
-        if group["capturable"] != self.defaults["capturable"]:
-            raise ValueError("capturable must be the same for every parameter group")
-        if self.defaults["capturable"]:
-            capturable.check_group(group)
-        if group["moment"] not in transforms.MOMENTS:
-            raise ValueError(
-                f"unknown moment {group['moment']!r}; choose one of {transforms.MOMENTS}"
-            )
-        if group["reduction"] not in transforms.REDUCTIONS:
-            raise ValueError(
-                f"unknown reduction {group['reduction']!r}; choose one of {transforms.REDUCTIONS}"
-            )
+    HYPERPARAMETERS: ClassVar[dict[str, Callable[[str, Any], Any]]] = {
+        "moment": values.one_of(transforms.MOMENTS),
+        "reduction": values.one_of(transforms.REDUCTIONS),
+    }
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update (``ChainOptimizer.step``), or with ``capturable=True`` the step of
@@ -122,7 +113,7 @@ class RiemannianAdam(ChainOptimizer):
         return capturable.step(self, closure)
 
     def rule(self, group: dict[str, Any]) -> Transform:
-        b1, b2 = checks.betas(group["betas"])
+        b1, b2 = values.betas(group["betas"])
         steps = [
             transforms.scale_by_adam(b1, b2, group["eps"], group["moment"], group["reduction"]),
             transforms.scale(-group["lr"]),
@@ -167,11 +158,10 @@ class RiemannianMomentum(ChainOptimizer):
     ):
         super().__init__(params, **hyperparameters(locals()))
 
-    def _check_hyperparameters(self, group: dict[str, Any]) -> None:
-        super()._check_hyperparameters(group)
-        if group["beta"] is not None:
-            checks.beta("beta", group["beta"])
-        checks.positive("c", group["c"])
+    HYPERPARAMETERS: ClassVar[dict[str, Callable[[str, Any], Any]]] = {
+        "beta": values.optional(values.beta),
+        "c": values.positive,
+    }
 
     def rule(self, group: dict[str, Any]) -> Transform:
         return transforms.chain(

@@ -1,8 +1,9 @@
-"""The state of a ``ChainOptimizer``, checked: before each step and when a state dict is loaded.
+"""The guard's checks of a ``ChainOptimizer``'s state: before each step and when a state dict is
+loaded.
 
 Nothing is loaded or stepped from a state that does not fit: the optimizer's entries with their
 exact shapes, real floating dtypes, finite values, √v and exp_avg_sq ≥ 0, integer step counts,
-and moments tangent at the current points within sqrt(ε)·‖m‖ (``torch_port.validation``;
+and moments tangent at the current points within sqrt(ε)·‖m‖ (``guard.entries``;
 for a load, at the points of the first step after it, since torch's ``set_state_dict`` loads the
 optimizer before the model).
 """
@@ -11,14 +12,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from torch_port import validation
 from torch_port.geometries import PLAIN
 from torch_port.linalg import Tensor
 from torch_port.optim import sharding
+from torch_port.optim.guard import entries, values
 from torch_port.optim.points import Point
 from torch_port.optim.transforms import sqrt_v_dtype
 from torch_port.stiefel import Stiefel
@@ -83,6 +85,16 @@ def _to_device(entry: Any, device: torch.device) -> Any:
     return entry
 
 
+@dataclass(frozen=True)
+class LoadPlan:
+    """A checked state dict (``check_load``): what torch's load takes, the points whose
+    moments the first step checks again, and the saved √v of each (group, parameter)."""
+
+    state_dict: dict[str, Any]
+    unverified: set[tuple[int, int]]
+    sqrt_v: dict[tuple[int, int], Tensor]
+
+
 class StateChecks:
     """The state checks of ``ChainOptimizer`` (a mixin of ``torch.optim.Optimizer``)."""
 
@@ -106,12 +118,12 @@ class StateChecks:
         if key not in self._layouts:
             fresh = self._init_point_state(group, point)
             del fresh["step"]
-            self._layouts[key] = {k: validation.shape_of(v) for k, v in fresh.items()}
+            self._layouts[key] = {k: entries.shape_of(v) for k, v in fresh.items()}
         return self._layouts[key]
 
     def _check_state(self, point: Point, state: Any, deep: bool) -> None:
         """The stored state of ``point`` has this optimizer's keys and layout; with ``deep``
-        also finite entries, √v ≥ 0 and an integer step (``validation``), and moments tangent
+        also finite entries, √v ≥ 0 and an integer step (``entries``), and moments tangent
         at the point (``_check_moments``)."""
         where = f"state of {self._point_name(point)}"
         expected = self._expected_state(point)
@@ -122,23 +134,32 @@ class StateChecks:
                 f"{type(self).__name__}, got {got}"
             )
         for k, shape in expected.items():
-            validation.check_layout(f"{where}['{k}']", state[k], shape)
+            entries.check_layout(f"{where}['{k}']", state[k], shape)
         if not deep:
-            validation.check_step_layout(f"{where}['step']", state["step"])
+            entries.check_step_layout(f"{where}['step']", state["step"])
             return
-        validation.check_step(f"{where}['step']", state["step"], self._step_dtype())
+        entries.check_step(f"{where}['step']", state["step"], self._step_dtype())
         held = point.params[0].dtype  # a load casts the entries to it (√v: ``_sqrt_v_dtype``)
         for k in expected:
             dtype = self._sqrt_v_dtype(point.gi, held) if k == "sqrt_v" else held
-            validation.check_values(f"{where}['{k}']", state[k], k == "sqrt_v", dtype)
+            entries.check_values(f"{where}['{k}']", state[k], k == "sqrt_v", dtype)
         self._check_moments(point, state)
+
+    def _check_states(self, items: list[tuple[int, int, Tensor]], points: list[Point]) -> None:
+        """The layout of every stored state of the step (``deep=False``: no read)."""
+        for point in points:
+            if self.state.get(point.key):
+                self._check_state(point, sharding.localize(self.state[point.key]), deep=False)
+        for gi, pi, p in items:
+            if self.param_groups[gi].get("geometry") is None and self.state.get(p):
+                self._check_plain_state(gi, pi, p, self.state[p], deep=False)
 
     def _check_moments(self, point: Point, state: dict[str, Any]) -> None:
         """The transported entries of the state (moments) are tangent at the point as it is."""
         where = f"state of {self._point_name(point)}"
         for k in self.rule(self.param_groups[point.gi]).transported:
             u = (state[k],) if point.single else tuple(state[k])
-            validation.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
+            entries.check_tangent(f"{where}['{k}']", point.geometry, point.value(), u)
 
     def check_loaded_moments(self) -> None:
         """The moments that were not tangent at the points a load saw (``load_state_dict``
@@ -171,9 +192,9 @@ class StateChecks:
             got = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(f"{where}: expected the AdamW entries {sorted(keys)}, got {got}")
         for k in ("exp_avg", "exp_avg_sq"):
-            validation.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
+            entries.check_layout(f"{where}['{k}']", state[k], tuple(p.shape))
             if deep:  # a load: torch casts the entry to the parameter's dtype and device
-                validation.check_values(
+                entries.check_values(
                     f"{where}['{k}']", sharding.local(state[k]), k == "exp_avg_sq", p.dtype
                 )
             elif (state[k].dtype, state[k].device) != (p.dtype, p.device):  # foreach AdamW's
@@ -183,9 +204,9 @@ class StateChecks:
                     "parameter's dtype and device"
                 )
         if deep:
-            validation.check_step(f"{where}['step']", state["step"], self._step_dtype())
+            entries.check_step(f"{where}['step']", state["step"], self._step_dtype())
         else:  # torch's foreach AdamW would fail on it after the frames were written
-            validation.check_step_layout(f"{where}['step']", state["step"])
+            entries.check_step_layout(f"{where}['step']", state["step"])
 
     # -- loading state -------------------------------------------------------------------------
     #: Group entries that fix the geometry of a group's points and the layout of their state.
@@ -201,41 +222,15 @@ class StateChecks:
         "groups",
     )
 
-    #: Group entries that belong to the optimizer, not the group: how its step runs, fixed at
-    #: construction and the same in every group. A load takes them from ``defaults``, and
-    #: the step reads them from there.
-    _OWN_ENTRIES: tuple[str, ...] = ()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """torch's ``load_state_dict`` after checking everything it would load: the groups
-        (same geometry and options as this optimizer's, valid hyperparameters), and the state
-        of every parameter (this optimizer's entries and shapes, finite values, √v ≥ 0, integer
-        steps; moments tangent at the points within sqrt(ε) of the coarser dtype, checked
-        here and, for those that are not tangent at the points as they are now, again by the
-        first step after the load, at the points as they are then). A refused state dict
-        changes nothing. The entries named in ``_OWN_ENTRIES`` keep this optimizer's values.
-        √v keeps its documented dtype (at least float32; torch would cast it to the
-        parameter's dtype, and in bfloat16 √β2·√v rounds back to √v, so √v would stop
-        decaying). The load pre-hooks run first, so that what they return is what is
-        checked and loaded, and the post-hooks last, after this optimizer's own changes."""
-        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
-            result = pre_hook(self, state_dict)
-            state_dict = state_dict if result is None else result
-        pre, post = (
-            self._optimizer_load_state_dict_pre_hooks,
-            self._optimizer_load_state_dict_post_hooks,
-        )
-        self._optimizer_load_state_dict_pre_hooks = type(pre)()
-        self._optimizer_load_state_dict_post_hooks = type(post)()
-        try:
-            self._checked_load(state_dict)
-        finally:
-            self._optimizer_load_state_dict_pre_hooks = pre
-            self._optimizer_load_state_dict_post_hooks = post
-        for post_hook in post.values():
-            post_hook(self)
-
-    def _checked_load(self, state_dict: Any) -> None:
+    def check_load(self, state_dict: Any) -> LoadPlan:
+        """Everything a load would take, checked before anything changes: the groups (same
+        geometry and options as this optimizer's, valid hyperparameters), the parameter ids,
+        and the state of every parameter (this optimizer's entries and shapes, finite values,
+        √v ≥ 0, integer steps; moments tangent at the points within sqrt(ε) of the coarser
+        dtype, or, where they are not tangent at the points as they are now, left for the
+        first step after the load, ``check_loaded_moments``). Returns what the load takes:
+        the state dict with the optimizer's own entries, its state on the parameters'
+        devices."""
         if not (
             isinstance(state_dict, dict)
             and isinstance(state_dict.get("state"), dict)
@@ -286,23 +281,9 @@ class StateChecks:
             )
             for sid, entry in state_dict["state"].items()
         }
-        state_dict = {**state_dict, "state": saved}
         unverified = self._check_saved_state(saved, ids, saved_groups)
         sqrt_v = {ids[sid]: entry["sqrt_v"] for sid, entry in saved.items() if "sqrt_v" in entry}
-        before = [dict(group) for group in self.param_groups]
-        super().load_state_dict(state_dict)
-        for group, old in zip(self.param_groups, before, strict=True):
-            for k, v in old.items():  # entries the saved groups lack keep this optimizer's values
-                group.setdefault(k, v)
-        self._own_state_tensors()
-        self._unverified = unverified
-        self._geometries.forget()  # torch keeps the caller's tensors, which a buffer may be
-        for (gi, pi), value in sqrt_v.items():
-            p = self.param_groups[gi]["params"][pi]
-            if self.param_groups[gi].get("moment", "frame") == "frame":
-                self.state[p]["sqrt_v"] = value.to(
-                    p.device, self._sqrt_v_dtype(gi, p.dtype)
-                ).clone()
+        return LoadPlan({**state_dict, "state": saved}, unverified, sqrt_v)
 
     def _sqrt_v_dtype(self, gi: int, dtype: torch.dtype) -> torch.dtype:
         """The dtype a loaded √v is held in: ``sqrt_v_dtype`` for the frame moment (at least
@@ -314,25 +295,6 @@ class StateChecks:
         """The dtype torch's load casts step counts to: float32 for a capturable optimizer
         (as for torch's own), else None (kept as saved)."""
         return torch.float32 if self.defaults.get("capturable") else None
-
-    def _own_state_tensors(self) -> None:
-        """After a load: every state tensor a contiguous copy owned by this optimizer. torch
-        keeps the loaded tensors themselves (cast only where the dtype or device differs), so
-        without the copy a state dict taken from a live optimizer would share its tensors with
-        that optimizer, and one tensor saved under two entries (as ``torch.save`` keeps it)
-        would be shared between them; the steps write their state in place. Sharded state
-        (DTensors) is left to ``torch.distributed.checkpoint``, which loads into it in place.
-        A step count is held 0-d, as torch's optimizers hold it, and one saved in half
-        precision in float32 (in bfloat16 t + 1 rounds back to t from t = 256, and Adam's
-        bias corrections would stop)."""
-        for entry in self.state.values():
-            for k, v in entry.items():
-                if isinstance(v, torch.Tensor) and not sharding.is_sharded(v):
-                    entry[k] = v.clone(memory_format=torch.contiguous_format)
-                    if k == "step":  # 0-d (one entry was checked), at least float32
-                        entry[k] = entry[k].reshape(())
-                        if v.dtype.itemsize < 4:  # counts stop at 2/ε there
-                            entry[k] = entry[k].to(torch.float32)
 
     def _check_saved_group(self, gi: int, saved: Any, group: dict[str, Any]) -> None:
         where = f"param_groups[{gi}] of the state dict"
@@ -353,7 +315,9 @@ class StateChecks:
                 )
         merged = {**group, **{k: v for k, v in saved.items() if k != "params"}}
         try:
-            self._check_current_hyperparameters(merged)
+            if isinstance(merged["lr"], Tensor):
+                values.tensor_lr(merged["lr"])  # its value, read (the layout is checked next)
+            self._check_hyperparameters(self._in_use(merged))
         except (ValueError, TypeError, KeyError) as err:
             raise ValueError(f"{where}: {err}") from None
 
@@ -390,6 +354,6 @@ class StateChecks:
                 if _given(entry):
                     try:
                         self._check_state(point, sharding.localize(entry), deep=True)
-                    except validation.NotTangentError:
+                    except entries.NotTangentError:
                         unverified.add((gi, point.pis[0]))
         return unverified

@@ -1,9 +1,12 @@
-"""What the optimizers check and warn about: hyperparameters, and the warnings they raise."""
+"""The guard's checks of values: hyperparameters, layouts of parameters and gradients, the
+capturable step's constraints, and the warnings the optimizers raise. Each raises naming the
+value and what was measured; ``torch_port.optim.guard.Guard`` decides when each runs."""
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -80,18 +83,19 @@ def torch_flags(group: dict[str, Any], capturable: bool = False) -> None:
             )
 
 
-def tensor_lr(lr: Any) -> float:
+def tensor_lr(lr: Any, read: bool = True) -> float | None:
     """A learning rate given as a tensor, as torch's optimizers take it: a 0-d floating tensor
     with a finite value ≥ 0 (a scheduler may take it to 0, and groups added then share it). The
     capturable step reads it on the device (a scheduler's in-place ``fill_`` changes it without
-    a recompilation); the eager step reads its value once per step, as torch's does. Its value
-    is read here, once."""
+    a recompilation); the eager step reads its value where the guard validates its group,
+    when it has changed. Its value is read here, once, with ``read`` (else only its layout
+    is checked)."""
     if lr.ndim != 0 or not lr.is_floating_point():
         raise ValueError(
             f"a tensor lr must be a 0-d floating tensor, got shape {tuple(lr.shape)}, dtype "
             f"{lr.dtype}"
         )
-    return nonnegative("lr", float(lr))
+    return nonnegative("lr", float(lr)) if read else None
 
 
 def _python_number(name: str, v: Any) -> None:
@@ -106,6 +110,24 @@ def _python_number(name: str, v: Any) -> None:
             f"{name} must be a Python int or float, got {type(v).__module__}.{type(v).__name__} "
             f"{v!r}; pass float({name})"
         )
+
+
+def one_of(choices: tuple, note: str = "") -> Callable[[str, Any], Any]:
+    """A check that a value is one of ``choices``."""
+
+    def check(name: str, v: Any) -> Any:
+        if v not in choices:
+            raise ValueError(
+                f"unknown {name} {v!r}; choose one of {choices}" + (f" {note}" if note else "")
+            )
+        return v
+
+    return check
+
+
+def optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    """``check``, or None."""
+    return lambda name, v: None if v is None else check(name, v)
 
 
 def positive(name: str, v: Any) -> float:
@@ -139,8 +161,6 @@ def plain_eps(group: dict[str, Any]) -> None:
     """AdamW's √v + ε in the dtype of each plain parameter: ε must be > 0 and must not round to
     0 there, else the update of an entry whose squared gradient is 0 or underflows is 0/0 (NaN)
     or x/0 (inf)."""
-    import torch
-
     eps = group["eps"]
     for p in group["params"]:
         info = torch.finfo(p.dtype)  # below half the smallest subnormal, eps rounds to 0
@@ -226,4 +246,92 @@ def step_size(geometry: Any, x: Any, u: Any, c: Any) -> None:
             f"the step c·ξ has entries up to {top:.3e}, beyond √(largest {u[0].dtype}) = "
             f"{limit:.3e}, where the retraction's products of it overflow: the learning rate "
             "is too large for this dtype"
+        )
+
+
+# -- the capturable step (``torch_port.optim.capturable``) ------------------------------------
+#: Above this trust radius the capturable step's fixed-degree polar series needs too many
+#: terms (Δ = 0.7: degree 55).
+MAX_RADIUS = 0.7
+
+
+def capturable_radius(radius: Any) -> float:
+    """The capturable step's trust radius: 0 < Δ ≤ ``MAX_RADIUS``."""
+    if not (is_real(radius) and 0.0 < radius <= MAX_RADIUS):
+        raise ValueError(
+            f"capturable=True needs a trust radius 0 < Δ ≤ {MAX_RADIUS} (the polar factor's "
+            f"series is then of a fixed degree), got {radius!r}"
+        )
+    return float(radius)
+
+
+def capturable_group(group: dict[str, Any]) -> None:
+    """A group the capturable step can take: plain parameters, or Stiefel frames with the
+    polar retraction, the embedded metric, the frame moment with the mean, ε > 0 and a trust
+    radius Δ ≤ ``MAX_RADIUS``, none of them sharded, and a finite step factor."""
+    if group["eps"] <= 0.0:
+        raise ValueError(
+            f"capturable=True needs eps > 0 (with eps = 0 an underflowing √v has no step), got "
+            f"{group['eps']!r}"
+        )
+    name = group.get("geometry")
+    if name is None:
+        return
+    unsupported = {
+        "geometry": (name, "stiefel"),
+        "retraction": (group.get("retraction", "polar"), "polar"),
+        "metric": (group.get("metric", "embedded"), "embedded"),
+        "gradient": (group.get("gradient", "riemannian"), "riemannian"),
+        "moment": (group["moment"], "frame"),
+        "reduction": (group["reduction"], "mean"),
+        "maximize": (bool(group.get("maximize", False)), False),
+    }
+    for key, (value, supported) in unsupported.items():
+        if value != supported:
+            raise ValueError(
+                f"capturable=True supports {key}={supported!r} (and plain parameters), got "
+                f"{key}={value!r}"
+            )
+    if group["trust_radius"] is None:
+        raise ValueError(
+            "capturable=True needs trust_radius (Δ ≤ 0.7): it bounds ‖ξ‖, so the polar "
+            "factor's series has a degree fixed in advance"
+        )
+    capturable_radius(group["trust_radius"])
+    for p in group["params"]:
+        if sharding.is_sharded(p):
+            raise ValueError("capturable=True does not take sharded (DTensor) frames")
+    if not isinstance(group["lr"], torch.Tensor):  # a tensor lr: checked on the device
+        capturable_step_factor(group)
+
+
+def capturable_step_factor(group: dict[str, Any]) -> None:
+    """The largest step factor, lr/((1 − β1)·ε) (√v = 0 at the first step), is finite in the
+    dtype the capturable step forms W + c·m in (float32 for half-precision frames)."""
+    top = group["lr"] / ((1.0 - group["betas"][0]) * group["eps"])
+    for p in group["params"]:
+        dtype = torch.promote_types(p.dtype, torch.float32)
+        if not top < torch.finfo(dtype).max:
+            raise ValueError(
+                f"capturable=True: the step factor lr/((1 − β1)·eps) = {top:.3e} overflows "
+                f"{dtype} (largest {torch.finfo(dtype).max:.3e}); use a larger eps"
+            )
+
+
+def capturable_state(p: torch.Tensor, state: dict[str, Any], frame: bool) -> None:
+    """The state of a parameter as the capturable step holds it (a frame's: "step",
+    "exp_avg", "sqrt_v"; a plain parameter's: torch AdamW's), contiguous, on p's device
+    (shapes and devices: metadata, read with no synchronisation)."""
+    layout = {"step": (), "exp_avg": tuple(p.shape)}
+    layout.update({"sqrt_v": tuple(p.shape[:-2])} if frame else {"exp_avg_sq": tuple(p.shape)})
+    got = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if (
+        got != layout
+        or any(v.device != p.device for v in state.values())
+        or not all(v.is_contiguous() for v in state.values())  # written in place by copy_
+    ):
+        raise ValueError(
+            f"the state of a parameter of shape {tuple(p.shape)} has entries {got} (devices "
+            f"{sorted({str(v.device) for v in state.values()})}); capturable=True expects "
+            f"{layout} on {p.device}; no parameter or state was changed"
         )
