@@ -113,7 +113,7 @@ class RiemannianAdam(ChainOptimizer):
         return capturable.step(self, closure)
 
     def rule(self, group: dict[str, Any]) -> Transform:
-        b1, b2 = values.betas(group["betas"])
+        b1, b2 = (float(b) for b in group["betas"])  # validated by the guard
         steps = [
             transforms.scale_by_adam(b1, b2, group["eps"], group["moment"], group["reduction"]),
             transforms.scale(-group["lr"]),

@@ -59,29 +59,6 @@ def row_group(p: Tensor) -> Any:
     return None
 
 
-def check_placements(name: str, p: Tensor, rows: bool = False) -> None:
-    """Refuse a DTensor parameter whose placements the optimizer cannot step: anything but
-    Replicate and Shard(i) with i < ndim − 2 (or i = ndim − 2 with ``rows``, a Stiefel frame
-    under the polar retraction and the embedded metric)."""
-    if not is_sharded(p):
-        return
-    for placement in p.placements:
-        if isinstance(placement, Replicate):
-            continue
-        if isinstance(placement, Shard) and (
-            placement.dim < p.ndim - 2 or (rows and placement.dim == p.ndim - 2)
-        ):
-            continue
-        allowed = "the leading (layer/head) dims" + (" or the rows" if rows else "")
-        raise ValueError(
-            f"{name} is a DTensor with placements {tuple(p.placements)} over shape "
-            f"{tuple(p.shape)}: the optimizer steps it only when {allowed} are sharded (rows "
-            "only for a Stiefel group with the polar retraction and the embedded metric; the "
-            "factors of the ten design points need whole rows); keep it whole with "
-            "fully_shard(..., ignored_params={p}) or shard a (heads, d, r) tensor along dim 0"
-        )
-
-
 class RowShardedFrames(StiefelFrames):
     """St(d, r) for frames (..., d, r) whose rows are sharded over a process group (each rank
     holds rows of every frame, the embedded metric, the polar retraction): the operations of

@@ -47,8 +47,8 @@ class GroupSpec:
     for the eager step, read once when the group was validated); ``signature`` and ``layout``
     tell when it must be validated again."""
 
-    signature: tuple
-    layout: tuple
+    signature: list
+    layout: list
     values: Mapping[str, Any]
 
 
@@ -88,8 +88,8 @@ class Guard(GroupChecks, StateChecks):
         prefixed with it and say that nothing was changed."""
         group = self.param_groups[gi]
         read = adding or not self.defaults.get("capturable")
-        signature = _signature({k: v for k, v in group.items() if k != "params"}, read)
-        layout = tuple(_layout(p) for p in group["params"])
+        signature = _signature(group, read)
+        layout = [(id(p), p.dtype, p.device, p.shape, p.stride()) for p in group["params"]]
         spec = self._specs.get(gi)
         if not adding and spec is not None and (spec.signature, spec.layout) == (signature, layout):
             return spec
@@ -140,7 +140,12 @@ class Guard(GroupChecks, StateChecks):
             for point in self._geometries.points(gi, group)
         ]
         for gi, pi, p in items:
-            values.gradient_layout(self._param_name(gi, pi, p), p)
+            problem = values.gradient_problem(p)
+            if problem is not None:
+                name = self._param_name(gi, pi, p)
+                raise ValueError(
+                    f"the gradient of {name} {problem}; no parameter or state was changed"
+                )
         if not traced:
             self.check_loaded_moments()
         elif self._unverified:  # a Python value: part of the traced graph's guards
@@ -224,22 +229,30 @@ class Guard(GroupChecks, StateChecks):
     # ``check_load`` is ``StateChecks.check_load`` (``guard.states``).
 
 
-def _signature(value: Any, read: bool) -> Any:
-    """``value`` as a tuple that compares equal exactly when the value is unchanged: lists and
-    dicts copied, a tensor by its identity and (with ``read``, where its value is read on the
-    host) its version, a number with its type (``0.0 == False``), any other object by its
-    identity."""
+#: Values compared as they are (with their type: ``0.0 == False``).
+_PLAIN = frozenset({type(None), bool, int, float, str})
+
+
+def _signature(group: dict[str, Any], read: bool) -> list:
+    """A group's entries but its parameters, as a list that compares equal exactly when they
+    are unchanged: numbers and strings with their type, lists and dicts copied, a tensor by
+    its identity and (with ``read``, where its value is read on the host) its version, any
+    other object by its identity."""
+    return [
+        (k, type(v), v) if type(v) in _PLAIN else (k, _frozen(v, read))
+        for k, v in group.items()
+        if k != "params"
+    ]
+
+
+def _frozen(value: Any, read: bool) -> Any:
+    """``_signature`` of one value that is not a number or a string."""
     if isinstance(value, Tensor):
         return ("tensor", id(value), value._version if read else None)
     if isinstance(value, dict):
-        return ("dict", *((k, _signature(v, read)) for k, v in value.items()))
+        return ("dict", *((k, _frozen(v, read)) for k, v in value.items()))
     if isinstance(value, list | tuple):
-        return (type(value).__name__, *(_signature(v, read) for v in value))
-    if value is None or isinstance(value, bool | int | float | str):
-        return (type(value).__name__, value)
+        return (type(value), *(_frozen(v, read) for v in value))
+    if type(value) in _PLAIN:
+        return (type(value), value)
     return ("object", id(value))
-
-
-def _layout(p: Tensor) -> tuple:
-    """What ``check_group`` checks of a parameter: identity, dtype, device, shape, strides."""
-    return (id(p), p.dtype, p.device, tuple(p.shape), p.stride())

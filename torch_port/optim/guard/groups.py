@@ -11,7 +11,6 @@ import torch
 
 from torch_port.geometries import GEOMETRIES
 from torch_port.linalg import Tensor
-from torch_port.optim import sharding
 from torch_port.optim.guard import values
 from torch_port.optim.points import GRADIENTS, Geometries, Point
 from torch_port.stiefel import METRICS, RETRACTIONS
@@ -86,7 +85,7 @@ class GroupChecks:
             and group.get("gradient", "riemannian") == "riemannian"
         )
         for pi, p in enumerate(group["params"]):
-            sharding.check_placements(self._param_name(gi, pi, p), p, rows=rows)
+            values.check_placements(self._param_name(gi, pi, p), p, rows=rows)
         self.rule(group)  # the group's chain can be built from its hyperparameters
         values.one_of(tuple(GEOMETRIES), "(or none, for plain parameters updated by AdamW)")(
             "geometry", name

@@ -208,22 +208,43 @@ def parameter_layouts(group: dict[str, Any], params: Any) -> None:
             )
 
 
-def gradient_layout(name: str, p: Any) -> None:
-    """Refuse a gradient the step cannot use as its parameter's: not dense (sparse COO, CSR;
+def check_placements(name: str, p: torch.Tensor, rows: bool = False) -> None:
+    """Refuse a DTensor parameter whose placements the optimizer cannot step: anything but
+    Replicate and Shard(i) with i < ndim − 2 (or i = ndim − 2 with ``rows``, a Stiefel frame
+    under the polar retraction and the embedded metric)."""
+    if not sharding.is_sharded(p):
+        return
+    for placement in p.placements:
+        if isinstance(placement, sharding.Replicate):
+            continue
+        if isinstance(placement, sharding.Shard) and (
+            placement.dim < p.ndim - 2 or (rows and placement.dim == p.ndim - 2)
+        ):
+            continue
+        allowed = "the leading (layer/head) dims" + (" or the rows" if rows else "")
+        raise ValueError(
+            f"{name} is a DTensor with placements {tuple(p.placements)} over shape "
+            f"{tuple(p.shape)}: the optimizer steps it only when {allowed} are sharded (rows "
+            "only for a Stiefel group with the polar retraction and the embedded metric; the "
+            "factors of the ten design points need whole rows); keep it whole with "
+            "fully_shard(..., ignored_params={p}) or shard a (heads, d, r) tensor along dim 0"
+        )
+
+
+def gradient_problem(p: Any) -> str | None:
+    """What makes a gradient unusable as its parameter's, or None: not dense (sparse COO, CSR;
     the steps read gradients entry by entry), or of another shape, dtype or device than the
     parameter (torch lets ``grad_dtype = None`` or ``grad.data = ...`` set one; torch's AdamW
     would then fail after the frames were written). Metadata only: no host read."""
     g = p.grad
     if g.layout != torch.strided:
-        problem = f"is {g.layout} (a dense gradient is needed)"
-    elif (tuple(g.shape), g.dtype, g.device) != (tuple(p.shape), p.dtype, p.device):
-        problem = (
+        return f"is {g.layout} (a dense gradient is needed)"
+    if (g.shape, g.dtype, g.device) != (p.shape, p.dtype, p.device):
+        return (
             f"has shape {tuple(g.shape)}, {g.dtype} on {g.device}, the parameter "
             f"{tuple(p.shape)}, {p.dtype} on {p.device}"
         )
-    else:
-        return
-    raise ValueError(f"the gradient of {name} {problem}; no parameter or state was changed")
+    return None
 
 
 def step_size(geometry: Any, x: Any, u: Any, c: Any) -> None:
