@@ -34,6 +34,7 @@ from torch_port import linalg
 from torch_port.linalg import Tensor, sym, transpose
 from torch_port.optim import transforms
 from torch_port.optim.guard.values import capturable_radius
+from torch_port.optim.points import stepping
 
 #: The slack η added to Δ² in the bound on ‖E‖₂: ‖WᵀW − I‖ and the tangency error of ξ.
 DRIFT_SLACK = 1e-3
@@ -155,12 +156,7 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    items = [
-        (gi, pi, p)
-        for gi, group in enumerate(opt.param_groups)
-        for pi, p in enumerate(group["params"])
-        if p.grad is not None
-    ]
+    items = stepping(opt.param_groups)
     if not items:
         return loss
     opt.check_step(items, "capturable")  # before any state is made or anything written

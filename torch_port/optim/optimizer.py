@@ -28,7 +28,7 @@ from torch_port.linalg import Tensor
 from torch_port.optim import sharding
 from torch_port.optim.guard import CheckedStep, GroupSpec, Guard, values
 from torch_port.optim.loading import Loading
-from torch_port.optim.points import Geometries, Point
+from torch_port.optim.points import Geometries, Point, stepping
 from torch_port.optim.transforms import Step, Transform
 
 
@@ -151,12 +151,7 @@ class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        items = [
-            (gi, pi, p)
-            for gi, group in enumerate(self.param_groups)
-            for pi, p in enumerate(group["params"])
-            if p.grad is not None
-        ]
+        items = stepping(self.param_groups)
         if not items:
             return loss
         # Points: compute every new point and state first, then write them all.

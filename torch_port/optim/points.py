@@ -206,6 +206,17 @@ class Geometries:
 
 
 @torch.no_grad()
+def stepping(param_groups: list[dict[str, Any]]) -> list[tuple[int, int, Tensor]]:
+    """What a step updates: (group index, index in the group, parameter) of every parameter
+    that has a gradient, in the groups' order."""
+    return [
+        (gi, pi, p)
+        for gi, group in enumerate(param_groups)
+        for pi, p in enumerate(group["params"])
+        if p.grad is not None
+    ]
+
+
 def reproject(param_groups: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Put every point of the geometry groups back on its manifold, in place, and return the
     largest orthonormality residual ‖FᵀF − I‖ found before, per group (``"param_groups[i]"``).
