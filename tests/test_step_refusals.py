@@ -64,6 +64,7 @@ AFTER_CONSTRUCTION = {
     "plain weight decay NaN": (1, "weight_decay", math.nan, r"weight_decay must be a finite"),
     "frame lr < 0": (0, "lr", -0.01, r"param_groups\[0\]: lr must be a finite number ≥ 0"),
     "frame trust radius 0": (0, "trust_radius", 0.0, r"param_groups\[0\]: .*trust"),
+    "frame moment unknown": (0, "moment", "bogus", r"param_groups\[0\]: .*moment.*'bogus'"),
 }
 
 
@@ -99,6 +100,18 @@ CHANGED_UNSEEN = {
         {"lr": 1.0},
         lambda groups: groups[1].__setitem__("lr", True),
         r"param_groups\[1\]: lr must be a finite number ≥ 0, got True",
+    ),
+    "a parameter appended again to its own list": (
+        {},
+        lambda groups: groups[0]["params"].append(groups[0]["params"][0]),
+        r"param_groups\[0\]: a parameter group lists the same parameter twice",
+    ),
+    "a parameter given expanded data of its shape": (
+        {},
+        lambda groups: setattr(
+            groups[1]["params"][0], "data", torch.zeros(1, dtype=torch.float64).expand(4)
+        ),
+        r"param_groups\[1\]: a parameter of shape \(4,\) with strides \(0,\)",
     ),
 }
 
