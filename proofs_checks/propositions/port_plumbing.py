@@ -42,7 +42,7 @@ def schedule(t: int) -> float:
 
 
 def _lr_ignored(original: Callable) -> Callable:
-    """``optimizer._in_force`` reading the optimizer's default lr instead of the group's."""
+    """``guard._in_force`` reading the optimizer's default lr instead of the group's."""
     return lambda group: original({**group, "lr": DEFAULT_LR})
 
 
@@ -53,13 +53,13 @@ def groups_and_schedule(ctx: Context, wrong: bool) -> Outcome:
     ``torch_port.audit`` and replayed by ``rattn audit``: residual the largest deviation/bound of
     a step (tolerance 1), and every recorded lr must be the group's lr times the schedule's
     factor, exactly (else the residual is inf). Control: the step reading the default lr
-    instead of the group's, substituted for ``torch_port.optim.optimizer._in_force``."""
+    instead of the group's, substituted for ``torch_port.optim.guard._in_force``."""
     import torch
 
     import torch_port as tp
     from proofs_checks.audit import trace as trace_file
     from torch_port import audit
-    from torch_port.optim import optimizer as chain
+    from torch_port.optim import guard
 
     gen = torch.Generator().manual_seed(ctx.seed)
     ws, costs = frames_and_costs(gen, ((4, 8, 3), (2, 6, 2)), torch.float64)
@@ -71,7 +71,7 @@ def groups_and_schedule(ctx: Context, wrong: bool) -> Outcome:
         lr=DEFAULT_LR,
     )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    patch = substituted(chain, "_in_force", _lr_ignored(chain._in_force)) if wrong else None
+    patch = substituted(guard, "_in_force", _lr_ignored(guard._in_force)) if wrong else None
     with patch or contextlib.nullcontext(), tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.npz"
         with audit.record(opt, path):

@@ -94,9 +94,7 @@ class Guard(GroupChecks, StateChecks):
         if not adding and spec is not None and (spec.signature, spec.layout) == (signature, layout):
             return spec
         try:
-            view = group  # as the step reads it: the eager step takes a tensor lr's value
-            if read and isinstance(group["lr"], Tensor):
-                view = {**group, "lr": values.tensor_lr(group["lr"])}  # read once, here
+            view = _in_force(group) if read else group  # as the step reads it
             if adding:
                 self._check_hyperparameters(view)
                 self._check_structure(gi, group, adding=True)
@@ -227,6 +225,14 @@ class Guard(GroupChecks, StateChecks):
 
     # -- entry 3: a load -----------------------------------------------------------------------
     # ``check_load`` is ``StateChecks.check_load`` (``guard.states``).
+
+
+def _in_force(group: dict[str, Any]) -> dict[str, Any]:
+    """The group as the eager step reads it: a tensor lr as its value (torch's ``_to_scalar``),
+    checked and read once, here."""
+    if isinstance(group["lr"], Tensor):
+        return {**group, "lr": values.tensor_lr(group["lr"])}
+    return group
 
 
 #: Values compared as they are (with their type: ``0.0 == False``).
