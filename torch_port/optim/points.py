@@ -205,7 +205,6 @@ class Geometries:
         return [Point(view(self.factored(group)), params, gi, range(len(params)))]
 
 
-@torch.no_grad()
 def stepping(param_groups: list[dict[str, Any]]) -> list[tuple[int, int, Tensor]]:
     """What a step updates: (group index, index in the group, parameter) of every parameter
     that has a gradient, in the groups' order."""
@@ -217,6 +216,7 @@ def stepping(param_groups: list[dict[str, Any]]) -> list[tuple[int, int, Tensor]
     ]
 
 
+@torch.no_grad()
 def reproject(param_groups: Iterable[dict[str, Any]]) -> dict[str, float]:
     """Put every point of the geometry groups back on its manifold, in place, and return the
     largest orthonormality residual ‖FᵀF − I‖ found before, per group (``"param_groups[i]"``).
