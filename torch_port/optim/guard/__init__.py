@@ -2,7 +2,7 @@
 here, at three entry points, each before anything is written.
 
 - ``check_group(gi)``: a parameter group when it is added, and again only when its values
-  change (its hyperparameters, compared as a tuple, and the identity and layout of its
+  change (its entries, compared with those last validated, and the identity and layout of its
   parameters), so a scheduler's new ``lr`` is checked before the step that reads it while a
   steady step checks nothing twice. It returns a ``GroupSpec``: the group as the step reads it.
 - ``check_step(items, mode)``: the groups that step, every gradient (its layout; its
