@@ -1,7 +1,7 @@
 """The one guard (``torch_port.optim.guard``): a group is validated when it is added and again
-only when its values change, and a point is checked once. That each bad change made between
-steps is refused before the next step writes anything: ``test_step_refusals`` (its tables
-``AFTER_CONSTRUCTION`` and ``CHANGED_UNSEEN``)."""
+only when its values change, and a point when its group is added and at its first step. That
+each bad change made between steps is refused before the next step writes anything:
+``test_step_refusals`` (its tables ``AFTER_CONSTRUCTION`` and ``CHANGED_UNSEEN``)."""
 
 import pytest
 
@@ -48,14 +48,15 @@ def calls(monkeypatch):
 
 
 def test_a_steady_step_validates_nothing_again(calls) -> None:
-    """Construction validates each group once and each point once; the first step checks the
-    points it has seen unchanged no more, and later steps validate nothing."""
+    """Construction validates each group once and each point once, the first step checks the
+    point again (whatever changed it need not have been seen by torch), and later steps
+    validate nothing."""
     opt, w, b, gen = _setup()
     assert calls == {"hyperparameters": 2, "structure": 2, "point": 1}
     for _ in range(3):
         _grads(w, b, gen)
         opt.step()
-    assert calls == {"hyperparameters": 2, "structure": 2, "point": 1}
+    assert calls == {"hyperparameters": 2, "structure": 2, "point": 2}
 
 
 @pytest.mark.parametrize(
@@ -95,15 +96,44 @@ def test_a_change_between_steps_is_validated_once(calls, change, hyperparameters
     assert calls["structure"] - before["structure"] == structure
 
 
-def test_a_point_changed_after_its_check_is_checked_again(calls) -> None:
-    """A point checked when its group was added, then moved off its manifold in place before
-    the first step, is checked again by that step and refused with its residual (the version
-    its check remembered no longer matches)."""
+def test_a_point_changed_unseen_after_its_check_is_refused_at_its_first_step(calls) -> None:
+    """A point checked when its group was added, then moved off its manifold through ``.data``
+    (which moves no version counter) before the first step, is refused by that step with its
+    residual ‖WᵀW − I‖ = ‖4I − I‖_F = 3√3 for W doubled."""
     opt, w, b, gen = _setup()
-    with torch.no_grad():
-        w.mul_(2.0)
+    w.data.mul_(2.0)
     _grads(w, b, gen)
     off = r"param_groups\[0\]\['params'\]\[0\] \(shape \(2, 8, 3\)\): point is off St\(8, 3\)"
     with pytest.raises(ValueError, match=off + r": ‖WᵀW − I‖ = 5\.196e\+00"):
         opt.step()
     assert calls["point"] == 2 and not opt.state[w]
+
+
+def test_the_same_factors_under_another_geometry_are_checked_as_its_points() -> None:
+    """A group whose geometry is changed in place before its first step: its factors are
+    checked as points of the new geometry (R2's free factors are not a Stiefel pair's
+    frames)."""
+    gen = torch.Generator().manual_seed(1)
+    u, v = (
+        torch.nn.Parameter(torch.randn(n, 2, generator=gen, dtype=torch.float64)) for n in (6, 5)
+    )
+    opt = tp.RiemannianAdam([{"params": [u, v], "geometry": "fixed_rank_quotient"}], lr=1e-2)
+    opt.param_groups[0]["geometry"] = "stiefel_pair"
+    u.grad, v.grad = torch.ones_like(u), torch.ones_like(v)
+    before = (u.detach().clone(), v.detach().clone())
+    with pytest.raises(ValueError, match=r"stiefel_pair"):
+        opt.step()
+    assert torch.equal(u, before[0]) and torch.equal(v, before[1]) and not opt.state
+
+
+def test_a_tensor_lr_made_under_inference_mode_steps() -> None:
+    """A tensor lr made under ``torch.inference_mode`` (which keeps no version counter) is
+    taken as any other."""
+    with torch.inference_mode():
+        lr = torch.tensor(1e-2)
+    opt, w, b, gen = _setup()
+    opt.param_groups[1]["lr"] = lr
+    _grads(w, b, gen)
+    before = b.detach().clone()
+    opt.step()
+    assert not torch.equal(b, before)

@@ -106,6 +106,16 @@ CHANGED_UNSEEN = {
         lambda groups: groups[0]["params"].append(groups[0]["params"][0]),
         r"param_groups\[0\]: a parameter group lists the same parameter twice",
     ),
+    "tensor lr filled through .data (no version change)": (
+        {"lr": torch.tensor(0.01)},
+        lambda groups: groups[0]["lr"].data.fill_(-0.01),
+        r"param_groups\[0\]: lr must be a finite number ≥ 0",
+    ),
+    "capturable tensor lr given integer data": (
+        {"cap": True, "lr": torch.tensor(0.01)},
+        lambda groups: setattr(groups[0]["lr"], "data", torch.tensor(1)),
+        r"param_groups\[0\]: a tensor lr must be a 0-d floating tensor",
+    ),
     "a parameter given expanded data of its shape": (
         {},
         lambda groups: setattr(
@@ -723,22 +733,32 @@ def test_the_step_size_is_taken_frame_by_frame():
 
 
 @pytest.mark.parametrize(
-    ("edit", "message"),
+    ("cap", "edit", "message"),
     [
         (
+            False,
             lambda sd: sd["state"][1].update(exp_avg=sd["state"][1]["exp_avg"].to_sparse()),
             r"\['exp_avg'\]: a torch.sparse_coo tensor, where the state is held dense",
         ),
         (
+            False,
             lambda sd: sd["param_groups"][1].update(params=[[1]]),
             r"param_groups\[1\] of the state dict: params\[0\] is \[1\], not a parameter id",
         ),
+        (
+            True,
+            lambda sd: sd["param_groups"][0].update(lr=torch.tensor(1e300, dtype=torch.float64)),
+            r"param_groups\[0\] of the state dict: capturable=True: the step factor "
+            r"lr/\(\(1 − β1\)·eps\) = inf overflows torch.float64",
+        ),
     ],
-    ids=["sparse state", "unhashable id"],
+    ids=["sparse state", "unhashable id", "capturable tensor lr whose step overflows"],
 )
-def test_hand_edited_state_dicts_are_refused_by_name(edit, message):
-    """A sparse state tensor and a parameter id that is a list gave raw internal errors."""
-    w, b, opt, g = _model()
+def test_hand_edited_state_dicts_are_refused_by_name(cap, edit, message):
+    """A sparse state tensor and a parameter id that is a list gave raw internal errors; a
+    saved tensor lr is read where the load checks it (lr/((1 − β1)·ε) = 1e300/(0.1·1e-8)
+    overflows the float64 frames)."""
+    w, b, opt, g = _model(cap)
     _grads(g, w, b)
     opt.step()
     sd = copy.deepcopy(opt.state_dict())

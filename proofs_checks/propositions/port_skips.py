@@ -121,9 +121,12 @@ def _count_advancing(original: Callable) -> Callable:
     def variant(self: Any, items: Any, mode: str = "careful") -> Any:
         checked = original(self, items, mode)
         if checked is None:
-            for p in {id(p): p for _, _, p in items}.values():
-                if self.state.get(p) and "step" in self.state[p]:
-                    self.state[p]["step"] += 1
+            for gi, group in enumerate(self.param_groups):
+                if group.get("geometry") is None:
+                    continue
+                for point in self._geometries.points(gi, group):
+                    if self.state.get(point.key):
+                        self.state[point.key]["step"] += 1
         return checked
 
     return variant

@@ -55,8 +55,8 @@ Bad input. One guard (``torch_port.optim.guard``) checks a group when it is adde
 values change, a step and a load, before any parameter or state changes: a non-finite gradient
 raises ValueError naming the parameter and the count of bad entries, or, for groups built with
 ``skip_nonfinite=True``, skips the whole step with a ``NonFiniteGradientWarning``. A point is
-checked to lie on its manifold when its group is added, and again at its first step if it
-changed since, with the measured residual in the error. All updates of points are
+checked to lie on its manifold when its group is added, and again at its first step, with
+the measured residual in the error. All updates of points are
 computed before any is written, so an error raised while computing one (e.g. a step that
 overflows or leaves the rank-r manifold) leaves every parameter and every state as it was.
 """

@@ -7,8 +7,7 @@ here, at three entry points, each before anything is written.
   steady step checks nothing twice. It returns a ``GroupSpec``: the group as the step reads it.
 - ``check_step(items, mode)``: the groups that step, every gradient (its layout; its
   finiteness, where the step is skipped or refused), every point that has no state yet (on its
-  manifold, checked once: a point checked when its group was added and not changed since is
-  not checked again), and the layout of every stored state the step touches.
+  manifold), and the layout of every stored state the step touches.
 - ``check_load(state_dict)``: everything a load would take (groups, ids, every state entry's
   keys, layout, values and tangency).
 
@@ -48,7 +47,7 @@ class GroupSpec:
     tell when it must be validated again."""
 
     signature: list
-    layout: list
+    layout: list | None
     values: Mapping[str, Any]
 
 
@@ -68,7 +67,6 @@ class Guard(GroupChecks, StateChecks):
         """Drop what the guard remembers (after a load, or a copy): everything is checked
         anew."""
         self._specs: dict[int, GroupSpec] = {}
-        self._checked: dict[Tensor, tuple] = {}
 
     # -- entry 1: a group ----------------------------------------------------------------------
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -83,18 +81,24 @@ class Guard(GroupChecks, StateChecks):
 
     def check_group(self, gi: int, adding: bool = False) -> GroupSpec:
         """The spec of ``param_groups[gi]``, validated when the group is added and whenever
-        its values or its parameters' layouts changed since the last validation (a tensor
-        lr by its version: an in-place ``fill_`` is a change). Errors of a group in use are
-        prefixed with it and say that nothing was changed."""
+        its values (a tensor lr's, read at every eager step) or its parameters' layouts
+        changed since the last validation. Errors of a group in use are prefixed with it and
+        say that nothing was changed."""
         group = self.param_groups[gi]
         read = adding or not self.defaults.get("capturable")
-        signature = _signature(group, read)
-        layout = [(id(p), p.dtype, p.device, p.shape, p.stride()) for p in group["params"]]
         spec = self._specs.get(gi)
-        if not adding and spec is not None and (spec.signature, spec.layout) == (signature, layout):
-            return spec
         try:
-            view = _in_force(group) if read else group  # as the step reads it
+            # the group as the step reads it: the eager step takes a tensor lr's value, read
+            # (and checked) at every step, as torch's optimizers read it; the capturable step
+            # checks its layout here and its value on the device
+            view = _in_force(group) if read else group
+            if isinstance(view["lr"], Tensor):
+                values.tensor_lr(view["lr"], read=False)
+            signature = _signature(view)
+            layout = _layout(group["params"])
+            if not adding and spec is not None and spec.signature == signature:
+                if spec.layout == layout:
+                    return spec
             if adding:
                 self._check_hyperparameters(view)
                 self._check_structure(gi, group, adding=True)
@@ -235,30 +239,52 @@ def _in_force(group: dict[str, Any]) -> dict[str, Any]:
     return group
 
 
+def _layout(params: list[Tensor]) -> list | None:
+    """What ``check_group`` checks of each parameter: identity, dtype, device, shape, strides;
+    None (equal to no layout: the parameters are checked) where a parameter has no strides (a
+    lazy module's, not yet materialised)."""
+    try:
+        return [(id(p), p.dtype, p.device, p.shape, p.stride()) for p in params]
+    except RuntimeError:
+        return None
+
+
 #: Values compared as they are (with their type: ``0.0 == False``).
 _PLAIN = frozenset({type(None), bool, int, float, str})
 
 
-def _signature(group: dict[str, Any], read: bool) -> list:
+class _Same:
+    """An object in a signature, equal only to itself: kept alive by the signature, so its
+    identity is never another object's."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _signature(group: dict[str, Any]) -> list:
     """A group's entries but its parameters, as a list that compares equal exactly when they
-    are unchanged: numbers and strings with their type, lists and dicts copied, a tensor by
-    its identity and (with ``read``, where its value is read on the host) its version, any
-    other object by its identity."""
+    are unchanged: numbers and strings with their type, lists and dicts copied, any other
+    object (a tensor lr of the capturable step, whose value the device checks) by identity."""
     return [
-        (k, type(v), v) if type(v) in _PLAIN else (k, _frozen(v, read))
+        (k, type(v), v) if type(v) in _PLAIN else (k, _frozen(v))
         for k, v in group.items()
         if k != "params"
     ]
 
 
-def _frozen(value: Any, read: bool) -> Any:
+def _frozen(value: Any) -> Any:
     """``_signature`` of one value that is not a number or a string."""
-    if isinstance(value, Tensor):
-        return ("tensor", id(value), value._version if read else None)
     if isinstance(value, dict):
-        return ("dict", *((k, _frozen(v, read)) for k, v in value.items()))
+        return ("dict", *((k, _frozen(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):
-        return (type(value), *(_frozen(v, read) for v in value))
+        return (type(value), *(_frozen(v) for v in value))
     if type(value) in _PLAIN:
         return (type(value), value)
-    return ("object", id(value))
+    return _Same(value)

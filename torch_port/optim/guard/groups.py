@@ -110,21 +110,15 @@ class GroupChecks:
             )
 
     def _check_points(self, points: Sequence[Point]) -> None:
-        """Each point on its manifold (``check_point``, with its residual), unless it was
-        checked before and not changed since (``_checked``: its factors' versions and data)."""
+        """Each point on its manifold (``check_point``, with its residual). A point is checked
+        when its group is added and again at its first step: what changed it in between need
+        not be seen by torch (a write through ``.data`` or NumPy moves no version counter)."""
         for point in points:
-            token = _token(point)
-            if token is not None and self._checked.get(point.key) == token:
-                continue
             try:
                 point.geometry.check_point(point.value())
             except ValueError as err:
                 hint = values.REPROJECT_HINT
                 raise ValueError(f"{self._point_name(point)}: {err}; {hint}") from None
-            if token is not None:
-                self._checked[point.key] = token
-
-    _checked: dict[Tensor, tuple]
 
     # -- names -------------------------------------------------------------------------------
     def _param_name(self, gi: int, pi: int, p: Tensor) -> str:
@@ -140,11 +134,3 @@ class GroupChecks:
             self._param_name(point.gi, pi, p) for pi, p in zip(point.pis, point.params, strict=True)
         ]
         return f"the {point.geometry.name} point of " + ", ".join(names)
-
-
-def _token(point: Point) -> tuple | None:
-    """What changes when a point's factors are changed through torch (versions, data
-    pointers); None for a sharded point, checked every time."""
-    if point.sharded:
-        return None
-    return tuple((p._version, p.data_ptr()) for p in point.params)

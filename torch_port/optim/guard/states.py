@@ -315,8 +315,8 @@ class StateChecks:
                 )
         merged = {**group, **{k: v for k, v in saved.items() if k != "params"}}
         try:
-            if isinstance(merged["lr"], Tensor):
-                values.tensor_lr(merged["lr"])  # its value, read (the layout is checked next)
+            if isinstance(merged["lr"], Tensor):  # its layout and value, read
+                merged = {**merged, "lr": values.tensor_lr(merged["lr"])}
             self._check_hyperparameters(self._in_use(merged))
         except (ValueError, TypeError, KeyError) as err:
             raise ValueError(f"{where}: {err}") from None
