@@ -18,6 +18,7 @@ run is in progress (removed when it completes).
 from __future__ import annotations
 
 import atexit
+import copy
 import dataclasses
 import fcntl
 import hashlib
@@ -57,6 +58,16 @@ class RunOptions:
     progress: bool = True
     resume: bool = True
     overrides: Mapping[str, Any] = field(default_factory=dict)
+
+
+def preset_variant(base: Mapping[str, Any], **changes: Any) -> dict[str, Any]:
+    """A preset written as ``base`` with ``changes`` applied: a new dict in ``base``'s key order
+    (new keys last), deep-copied so that no list is shared between presets. A change equal to
+    ``base``'s value is refused, so that a variant lists exactly the settings that differ."""
+    same = sorted(k for k, v in changes.items() if k in base and base[k] == v)
+    if same:
+        raise ValueError(f"changes {same} repeat the base preset's values")
+    return copy.deepcopy({**base, **changes})
 
 
 def configure(presets: Mapping[str, Mapping[str, Any]], options: RunOptions) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import numpy as np
 
 from reference import capacity
 from torch_port.experiments import attention_students as st
-from torch_port.experiments.common import RunOptions, figure, markdown_table
+from torch_port.experiments.common import RunOptions, figure, markdown_table, preset_variant
 
 NAME = "ladder"
 
@@ -84,47 +84,32 @@ PRESETS: dict[str, dict[str, Any]] = {
         threads=1,
         seeds=[0],
     ),
-    "quick": dict(
-        n=16,
-        d=16,
-        r_star=3,
-        spec="flat",
-        sequences=4000,
-        test_sequences=500,
-        noise=0.01,
-        beta=2.0,
-        beta_static=2.0,
-        student_ranks=[1, 2, 3, 4, 5, 6],
-        student_sequences=400,
-        steps=1000,
-        lr=2e-2,
-        init_std=0.1,
-        plateau_tol=0.02,
-        dtype="float32",
-        threads=1,
-        seeds=[0, 1, 2],
-    ),
-    "paper": dict(
-        n=16,
-        d=16,
-        r_star=3,
-        spec="flat",
-        sequences=20000,
-        test_sequences=2000,
-        noise=0.01,
-        beta=2.0,
-        beta_static=2.0,
-        student_ranks=[1, 2, 3, 4, 5, 6, 8],
-        student_sequences=2000,
-        steps=3000,
-        lr=1e-2,
-        init_std=0.1,
-        plateau_tol=0.02,
-        dtype="float64",
-        threads=1,
-        seeds=list(range(10)),
-    ),
 }
+# CPU minutes: n = d = 16 and r* = 3, more sequences, longer student training.
+PRESETS["quick"] = preset_variant(
+    PRESETS["smoke"],
+    n=16,
+    d=16,
+    r_star=3,
+    sequences=4000,
+    test_sequences=500,
+    student_ranks=[1, 2, 3, 4, 5, 6],
+    student_sequences=400,
+    steps=1000,
+    seeds=[0, 1, 2],
+)
+# The quick problem with 5× the sequences, 3× the steps, in float64, over 10 seeds.
+PRESETS["paper"] = preset_variant(
+    PRESETS["quick"],
+    sequences=20000,
+    test_sequences=2000,
+    student_ranks=[1, 2, 3, 4, 5, 6, 8],
+    student_sequences=2000,
+    steps=3000,
+    lr=1e-2,
+    dtype="float64",
+    seeds=list(range(10)),
+)
 
 
 def check_config(config: Mapping[str, Any]) -> None:

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch_port.experiments import attention_students as st
-from torch_port.experiments.common import RunOptions
+from torch_port.experiments.common import RunOptions, preset_variant
 from torch_port.experiments.native_rank_cells import (
     cells_of,
     frontier_cell,
@@ -75,55 +75,42 @@ PRESETS: dict[str, dict[str, Any]] = {
         min_sequences=20,
         seeds=[0],
     ),
-    "quick": dict(
-        n=16,
-        d=16,
-        r_star=3,
-        noise=0.01,
-        beta=2.0,
-        train_sequences=400,
-        test_sequences=500,
-        ranks=[1, 2, 3, 4, 6],
-        steps=1000,
-        recovery_steps=1500,
-        lr=2e-2,
-        init_std=0.05,
-        plateau_tol=0.02,
-        dtype="float32",
-        threads=1,
-        log_every=25,
-        frontier_n_linear=[16, 64, 256],
-        frontier_n_softmax=[16, 64],
-        frontier_betas=[0.5, 2.0, 8.0],
-        tokens=65536,
-        min_sequences=100,
-        seeds=[0, 1, 2],
-    ),
-    "paper": dict(
-        n=16,
-        d=16,
-        r_star=3,
-        noise=0.01,
-        beta=2.0,
-        train_sequences=1000,
-        test_sequences=1000,
-        ranks=[1, 2, 3, 4, 6, 8],
-        steps=3000,
-        recovery_steps=4000,
-        lr=1e-2,
-        init_std=0.05,
-        plateau_tol=0.02,
-        dtype="float64",
-        threads=1,
-        log_every=25,
-        frontier_n_linear=[16, 64, 256, 1024],
-        frontier_n_softmax=[16, 64, 256],
-        frontier_betas=[0.5, 2.0, 4.0, 8.0, 16.0],
-        tokens=131072,
-        min_sequences=100,
-        seeds=list(range(10)),
-    ),
 }
+# CPU minutes: n = d = 16 and r* = 3, longer training, a wider data-only frontier.
+PRESETS["quick"] = preset_variant(
+    PRESETS["smoke"],
+    n=16,
+    d=16,
+    r_star=3,
+    train_sequences=400,
+    test_sequences=500,
+    ranks=[1, 2, 3, 4, 6],
+    steps=1000,
+    recovery_steps=1500,
+    log_every=25,
+    frontier_n_linear=[16, 64, 256],
+    frontier_n_softmax=[16, 64],
+    frontier_betas=[0.5, 2.0, 8.0],
+    tokens=65536,
+    min_sequences=100,
+    seeds=[0, 1, 2],
+)
+# The quick problem with more sequences and steps, in float64, the widest frontier, 10 seeds.
+PRESETS["paper"] = preset_variant(
+    PRESETS["quick"],
+    train_sequences=1000,
+    test_sequences=1000,
+    ranks=[1, 2, 3, 4, 6, 8],
+    steps=3000,
+    recovery_steps=4000,
+    lr=1e-2,
+    dtype="float64",
+    frontier_n_linear=[16, 64, 256, 1024],
+    frontier_n_softmax=[16, 64, 256],
+    frontier_betas=[0.5, 2.0, 4.0, 8.0, 16.0],
+    tokens=131072,
+    seeds=list(range(10)),
+)
 
 
 def check_config(config: Mapping[str, Any]) -> None:

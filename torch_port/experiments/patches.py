@@ -44,8 +44,6 @@ from torch_port.experiments.training import Task, check_training_config, train_c
 
 NAME = "patches"
 
-_SMALL = dict(d_model=64, n_layers=2, n_heads=4, d_mlp=128)
-
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         dataset="digits",
@@ -71,68 +69,57 @@ PRESETS: dict[str, dict[str, Any]] = {
         arms=["A", "C"],
         seeds=[0, 1],
     ),
-    "quick": dict(
-        dataset="digits",
-        patch_digits=2,
-        patch_cifar10=4,
-        val_size=497,
-        **_SMALL,
-        lr=1e-3,
-        betas=[0.9, 0.999],
-        weight_decay=0.05,
-        trust_tau=0.1,
-        frame_lr=None,
-        match_scale=False,
-        batch_size=64,
-        steps=300,
-        eval_every=100,
-        checkpoint_every=100,
-        fractions=[0.125, 0.25, 0.5],
-        sweep_seeds=[0, 1, 2, 3, 4, 5],
-        arms=["A", "C"],
-        seeds=list(range(24)),
-    ),
-    "paper": dict(
-        dataset="cifar10",
-        patch_digits=2,
-        patch_cifar10=4,
-        val_size=497,
-        d_model=128,
-        n_layers=4,
-        n_heads=4,
-        d_mlp=512,
-        lr=1e-3,
-        betas=[0.9, 0.999],
-        weight_decay=0.05,
-        trust_tau=0.1,
-        frame_lr=None,
-        match_scale=False,
-        batch_size=128,
-        steps=20000,
-        eval_every=2000,
-        checkpoint_every=2000,
-        fractions=[0.1, 0.2, 0.5],
-        sweep_seeds=list(range(12)),
-        arms=["A", "C"],
-        seeds=list(range(12)),
-    ),
 }
+# CPU minutes on the bundled digits: 2×2 patches, a two-layer d_model 64 model, 24 paired seeds.
+PRESETS["quick"] = common.preset_variant(
+    PRESETS["smoke"],
+    patch_digits=2,
+    patch_cifar10=4,
+    val_size=497,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    d_mlp=128,
+    lr=1e-3,
+    steps=300,
+    eval_every=100,
+    checkpoint_every=100,
+    fractions=[0.125, 0.25, 0.5],
+    sweep_seeds=[0, 1, 2, 3, 4, 5],
+    seeds=list(range(24)),
+)
+# The paper's scale: CIFAR-10 (``--data-dir``), a four-layer d_model 128 model, 20,000 steps of
+# batch 128, 12 paired seeds.
+PRESETS["paper"] = common.preset_variant(
+    PRESETS["quick"],
+    dataset="cifar10",
+    d_model=128,
+    n_layers=4,
+    d_mlp=512,
+    batch_size=128,
+    steps=20000,
+    eval_every=2000,
+    checkpoint_every=2000,
+    fractions=[0.1, 0.2, 0.5],
+    sweep_seeds=list(range(12)),
+    seeds=list(range(12)),
+)
 
 # The data-size question on real images: 1,000, 2,000 and 4,000 MNIST training images (7×7
 # patches: 16 tokens of 49 pixels), 12 paired seeds at each size, a step budget of 1,000 (16
 # epochs of the full set); otherwise the quick preset.
-PRESETS["long"] = {
-    **PRESETS["quick"],
-    "dataset": "mnist",
-    "patch_mnist": 7,
-    "val_size": 1000,
-    "steps": 1000,
-    "eval_every": 250,
-    "checkpoint_every": 250,
-    "fractions": [0.25, 0.5],
-    "sweep_seeds": list(range(12)),
-    "seeds": list(range(12)),
-}
+PRESETS["long"] = common.preset_variant(
+    PRESETS["quick"],
+    dataset="mnist",
+    patch_mnist=7,
+    val_size=1000,
+    steps=1000,
+    eval_every=250,
+    checkpoint_every=250,
+    fractions=[0.25, 0.5],
+    sweep_seeds=list(range(12)),
+    seeds=list(range(12)),
+)
 
 #: The paper's reported numbers (CIFAR-10, 12 paired starts).
 PAPER = {"mean_diff_pp": 8.98, "t": 60.6, "wins": 12, "n": 12}
@@ -324,63 +311,12 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
     base, other = summary["base"], summary["other"]
     m, g = summary["main"], summary["gap_slope"]
     main_table = common.markdown_table(
-        [
-            "dataset",
-            "train images",
-            "seeds",
-            f"{base} acc (%)",
-            f"{other} acc (%)",
-            f"{other} − {base} (pp)",
-            "SD (pp)",
-            "95% CI (pp)",
-            "t",
-            "p",
-            "W/T/L",
-        ],
-        [
-            [
-                summary["dataset"],
-                m["n_train"],
-                m["n"],
-                m["mean_base"],
-                m["mean_other"],
-                m["mean_diff"],
-                m["sd_diff"],
-                runs.interval(m),
-                runs.stat_cell(m["t"]),
-                runs.stat_cell(m["p"]),
-                runs.record_of_wins(m),
-            ]
-        ],
+        ["dataset", *_paired_header(base, other, f"{other} − {base} (pp)", p_value=True)],
+        [[summary["dataset"], *_paired_cells(m, p_value=True)]],
     )
     sweep_table = common.markdown_table(
-        [
-            "fraction",
-            "train images",
-            "seeds",
-            f"{base} acc (%)",
-            f"{other} acc (%)",
-            "gap (pp)",
-            "SD (pp)",
-            "95% CI (pp)",
-            "t",
-            "W/T/L",
-        ],
-        [
-            [
-                e["fraction"],
-                e["n_train"],
-                e["n"],
-                e["mean_base"],
-                e["mean_other"],
-                e["mean_diff"],
-                e["sd_diff"],
-                runs.interval(e),
-                runs.stat_cell(e["t"]),
-                runs.record_of_wins(e),
-            ]
-            for e in summary["sweep"]
-        ],
+        ["fraction", *_paired_header(base, other, "gap (pp)", p_value=False)],
+        [[e["fraction"], *_paired_cells(e, p_value=False)] for e in summary["sweep"]],
     )
     return "\n\n".join(
         [
@@ -402,6 +338,40 @@ def markdown(config: dict[str, Any], summary: dict[str, Any]) -> str:
             f"{PAPER['wins']}/12 wins, gap widening with data.",
         ]
     )
+
+
+def _paired_header(base: str, other: str, gap: str, p_value: bool) -> list[str]:
+    """The columns of a paired comparison of ``other`` against ``base`` after its first column
+    (the ``gap`` column named by the caller; the p column only where ``p_value``)."""
+    return [
+        "train images",
+        "seeds",
+        f"{base} acc (%)",
+        f"{other} acc (%)",
+        gap,
+        "SD (pp)",
+        "95% CI (pp)",
+        "t",
+        *(["p"] if p_value else []),
+        "W/T/L",
+    ]
+
+
+def _paired_cells(e: dict[str, Any], p_value: bool) -> list[Any]:
+    """The cells under ``_paired_header`` of one paired comparison ``e`` (``runs.paired_stats``
+    with its ``n_train``)."""
+    return [
+        e["n_train"],
+        e["n"],
+        e["mean_base"],
+        e["mean_other"],
+        e["mean_diff"],
+        e["sd_diff"],
+        runs.interval(e),
+        runs.stat_cell(e["t"]),
+        *([runs.stat_cell(e["p"])] if p_value else []),
+        runs.record_of_wins(e),
+    ]
 
 
 def _num(v: float | None, spec: str) -> str:
