@@ -6,8 +6,9 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from proofs_checks import early_interrupt
 from proofs_checks.certificate import certify, check_destination, resolve_ids, summary_table
@@ -215,6 +216,20 @@ def _require_torch(command: str) -> None:
         raise ValueError(f"{command} needs torch (pip install 'rattn[torch]'): {exc}") from None
 
 
+def _run_torch_bench(
+    args: argparse.Namespace,
+    bench: Callable[..., dict[str, Any]],
+    render: Callable[[dict[str, Any]], str],
+) -> int:
+    """``rattn bench NAME`` of a torch benchmark run at its defaults but ``repeats`` (5 unless
+    given): ``bench(repeats=..., progress=...)`` printed as JSON or by ``render``; 0."""
+    _require_torch(f"rattn bench {args.name}")
+    repeats = 5 if args.repeats is None else args.repeats
+    result = bench(repeats=repeats, progress=not args.json)
+    print(json.dumps(result, indent=2) if args.json else render(result))
+    return 0
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from proofs_checks.bench import (
         bench_geometries,
@@ -245,20 +260,12 @@ def run_bench(args: argparse.Namespace) -> int:
         from proofs_checks.bench.model import bench_model, check_model_memory, format_model
 
         check_model_memory(("float32", "float64"))  # before torch is imported
-        _require_torch("rattn bench model")
-        repeats = 5 if args.repeats is None else args.repeats
-        result = bench_model(repeats=repeats, progress=not args.json)
-        print(json.dumps(result, indent=2) if args.json else format_model(result))
-        return 0
+        return _run_torch_bench(args, bench_model, format_model)
 
     if args.name == "audit":
         from proofs_checks.bench.audit import bench_audit, format_audit
 
-        _require_torch("rattn bench audit")
-        repeats = 5 if args.repeats is None else args.repeats
-        result = bench_audit(repeats=repeats, progress=not args.json)
-        print(json.dumps(result, indent=2) if args.json else format_audit(result))
-        return 0
+        return _run_torch_bench(args, bench_audit, format_audit)
 
     if args.name == "geometries":
         if not (1 <= args.r <= min(args.m, args.n)):

@@ -4,7 +4,8 @@ The rounding bounds themselves (γ_k, ``frame_error``, …) and the geometry law
 Taylor-slope rule are owned by ``proofs_checks.bounds`` and ``proofs_checks.geometry_laws``; tests
 import them from there rather than copying them, so that a bound derived once reaches every test.
 Import from here with ``from conftest import U, unit_roundoff``; ``train_mse`` is the short
-training loop the attention-module tests share.
+training loop the attention-module tests share, ``reference_moments`` the reference optimizer
+state the port's is compared with.
 """
 
 from __future__ import annotations
@@ -44,6 +45,20 @@ def train_mse(model: Any, opt: Any, x: Any, y: Any, steps: int = 20, **forward: 
         opt.step()
         losses.append(loss.item())
     return losses
+
+
+def reference_moments(state: Any) -> tuple[Any, Any]:
+    """(m, √v) of a ``reference.optim`` chain state whose first transform is Adam, (m, None)
+    when it is a trace (momentum), else (None, None): the reference's first-moment array and
+    second-moment root, to compare with a port's state."""
+    from reference import optim as ro
+
+    first = state[0]
+    if isinstance(first, ro.AdamState):
+        return first.m, first.sqrt_v
+    if isinstance(first, ro.TraceState):
+        return first.m, None
+    return None, None
 
 
 def run_workers(script: str, world: int, out_dir: Any, timeout: float, what: str) -> None:

@@ -63,6 +63,16 @@ def _write(path, meta, arrays):
     return path
 
 
+def _edited(path, edit, out):
+    """The trace at ``path`` itself when ``edit`` is None, else a copy of it written to ``out``
+    with ``edit(meta, arrays)`` applied."""
+    if edit is None:
+        return path
+    meta, arrays = _read(path)
+    edit(meta, arrays)
+    return _write(out, meta, arrays)
+
+
 def _at(meta, step: int) -> int:
     return next(k for k, s in enumerate(meta["steps"]) if s["step"] == step)
 
@@ -138,12 +148,7 @@ EDITS = {
 @pytest.mark.parametrize("name", EDITS)
 def test_an_edited_trace_gets_its_verdict_at_its_step(honest, tmp_path, name) -> None:
     edit, expected, step = EDITS[name]
-    path = honest
-    if edit is not None:
-        meta, arrays = _read(honest)
-        edit(meta, arrays)
-        path = _write(tmp_path / "edited.npz", meta, arrays)
-    result = pa.audit(path)
+    result = pa.audit(_edited(honest, edit, tmp_path / "edited.npz"))
     assert result["verdict"] == expected, format_table(result)
     first = {"failed": "first_failure_step", "not auditable": "first_unauditable_step"}
     if expected in first:
@@ -227,11 +232,7 @@ def test_steps_at_lr_0_are_audited(tmp_path, edit, verdict) -> None:
     opt = tp.RSGD([{"params": [w], "geometry": "stiefel"}], lr=1e-2)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(t / 3, 1.0))
     path = _brockett_run(tmp_path / "w.npz", opt, w, schedule=schedule)
-    if edit is not None:
-        meta, arrays = _read(path)
-        edit(meta, arrays)
-        path = _write(tmp_path / "e.npz", meta, arrays)
-    result = pa.audit(path)
+    result = pa.audit(_edited(path, edit, tmp_path / "e.npz"))
     assert result["verdict"] == verdict, format_table(result)
     first = [r for r in result["steps"] if r["step"] == 1]
     if verdict == "passed":
@@ -246,12 +247,8 @@ def test_a_bfloat16_run_is_not_auditable_step_by_step_and_never_passes(tmp_path)
     w = _frames(torch.bfloat16)
     opt = tp.RiemannianAdam([{"params": [w], "geometry": "stiefel"}], lr=1e-2)
     path = _brockett_run(tmp_path / "b.npz", opt, w)
-    meta, arrays = _read(path)
     for edit in (None, _no_step):
-        if edit is not None:
-            edit(meta, arrays)
-            path = _write(tmp_path / "e.npz", meta, arrays)
-        result = pa.audit(path)
+        result = pa.audit(_edited(path, edit, tmp_path / "e.npz"))
         assert result["verdict"] != "passed" and result["counts"]["pass"] == 0
         assert all(
             r["bound"] > RESOLUTION * r["step_length"]

@@ -29,6 +29,8 @@ from conftest import run_as_worker, run_workers
 
 torch = pytest.importorskip("torch")
 
+from distributed_helpers import attention_net, needs_gloo, rank_shard, regression_batch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 20
 WORLD = 2
@@ -38,37 +40,11 @@ F64 = torch.float64
 
 
 def _model():
-    from torch_port.nn import RiemannianMultiheadAttention
-
-    class Tiny(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            self.inp = torch.nn.Linear(3, 16, dtype=F64)
-            self.attn = RiemannianMultiheadAttention(
-                16,
-                4,
-                n_kv_heads=2,
-                vo_geometry="stiefel",
-                bias=True,
-                generator=torch.Generator().manual_seed(1),
-                dtype=F64,
-            )
-            self.out = torch.nn.Linear(16, 1, dtype=F64)
-
-        def forward(self, x):
-            h = self.inp(x)
-            h = h + self.attn(h, is_causal=True)
-            return self.out(h).squeeze(-1)
-
-    return Tiny()
+    return attention_net(n_kv_heads=2, vo_geometry="stiefel", bias=True)
 
 
 def _data(seed: int = 0):
-    gen = torch.Generator().manual_seed(2 + 100 * seed)
-    x = torch.randn(BATCH, 5, 3, generator=gen, dtype=F64)
-    y = torch.randn(BATCH, 5, generator=gen, dtype=F64)
-    return x, y
+    return regression_batch(BATCH, 2 + 100 * seed)
 
 
 def _train(model, x, y, params_owner, trace=None):
@@ -97,15 +73,9 @@ def _worker(rank: int, out: str) -> None:
     model = _model()
     ddp = DistributedDataParallel(model)
     x, y = _data(seed)  # another batch for each seed
-    shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    shard = rank_shard(rank, WORLD, BATCH)
     _train(ddp, x[shard], y[shard], ddp, trace=Path(out) / "run.npz")
     torch.save(model.state_dict(), Path(out) / f"rank{rank}.pt")
-
-
-needs_gloo = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch.distributed with gloo is not available",
-)
 
 
 @needs_gloo

@@ -29,6 +29,8 @@ from conftest import run_as_worker, run_workers
 
 torch = pytest.importorskip("torch")
 
+from distributed_helpers import needs_gloo, rank_shard, regression_batch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, RESUME_AT = 20, 10
 WORLD = 2
@@ -73,10 +75,7 @@ def _model():
 
 
 def _data():
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(BATCH, 5, 3, generator=gen, dtype=F64)
-    y = torch.randn(BATCH, 5, generator=gen, dtype=F64)
-    return x, y
+    return regression_batch(BATCH)
 
 
 def _steps(model, opt, x, y, n):
@@ -122,7 +121,7 @@ def _worker(rank: int, out: str) -> None:
     )
 
     x, y = _data()
-    shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    shard = rank_shard(rank, WORLD, BATCH)
     x, y = x[shard], y[shard]
     model = _sharded()
     opt = _optimizer(model)
@@ -173,12 +172,6 @@ def _worker(rank: int, out: str) -> None:
         locals_ = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
         report = {"sent": sent, "local": locals_, "control": control, "reads": dict(reads.sites)}
         Path(out, "bytes.json").write_text(json.dumps(report))
-
-
-needs_gloo = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch.distributed with gloo is not available",
-)
 
 
 @needs_gloo

@@ -18,6 +18,8 @@ from conftest import run_as_worker, run_workers
 
 torch = pytest.importorskip("torch")
 
+from distributed_helpers import needs_gloo, rank_shard, regression_batch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 4
 
@@ -31,12 +33,9 @@ def _worker(rank: int, out: str) -> None:
     from torch_port.nn import RiemannianMultiheadAttention
 
     seed = int(Path(out, "seed").read_text()) if Path(out, "seed").exists() else 0
-    x, y = f._data()
-    if seed:  # another batch (and VO frames) for each seed
-        data = torch.Generator().manual_seed(100 + seed)
-        x = torch.randn(x.shape, generator=data, dtype=f.F64)
-        y = torch.randn(y.shape, generator=data, dtype=f.F64)
-    shard = slice(rank * f.BATCH // f.WORLD, (rank + 1) * f.BATCH // f.WORLD)
+    # another batch (and VO frames) for each seed
+    x, y = regression_batch(f.BATCH, 100 + seed) if seed else f._data()
+    shard = rank_shard(rank, f.WORLD, f.BATCH)
     model = f._model()
     gen = torch.Generator().manual_seed(3 + seed)
     model.a1 = RiemannianMultiheadAttention(
@@ -52,12 +51,6 @@ def _worker(rank: int, out: str) -> None:
     if rank == 0:
         local = {n: list(p.to_local().shape) for n, p in model.named_parameters()}
         Path(out, "local.json").write_text(json.dumps(local))
-
-
-needs_gloo = pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch.distributed with gloo is not available",
-)
 
 
 @needs_gloo

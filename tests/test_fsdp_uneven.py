@@ -20,6 +20,8 @@ from conftest import run_as_worker, run_workers
 
 torch = pytest.importorskip("torch")
 
+from distributed_helpers import attention_net, needs_gloo, rank_shard, regression_batch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 WORLD = 2
@@ -29,32 +31,11 @@ F64 = torch.float64
 
 
 def _model():
-    from torch_port.nn import RiemannianMultiheadAttention
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            torch.manual_seed(0)
-            gen = torch.Generator().manual_seed(1)
-            self.inp = torch.nn.Linear(3, 16, dtype=F64)
-            self.attn = RiemannianMultiheadAttention(
-                16, 4, n_kv_heads=1, vo_geometry="stiefel", generator=gen, dtype=F64
-            )
-            self.out = torch.nn.Linear(16, 1, dtype=F64)
-
-        def forward(self, x):
-            h = self.inp(x)
-            h = h + self.attn(h, is_causal=True)
-            return self.out(h).squeeze(-1)
-
-    return Net()
+    return attention_net(n_kv_heads=1, vo_geometry="stiefel")
 
 
 def _data():
-    gen = torch.Generator().manual_seed(2)
-    return torch.randn(BATCH, 5, 3, generator=gen, dtype=F64), torch.randn(
-        BATCH, 5, generator=gen, dtype=F64
-    )
+    return regression_batch(BATCH)
 
 
 def _train(model, x, y, trace=None):
@@ -77,7 +58,7 @@ def _worker(rank: int, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     x, y = _data()
-    shard = slice(rank * BATCH // WORLD, (rank + 1) * BATCH // WORLD)
+    shard = rank_shard(rank, WORLD, BATCH)
     model = _model()
     fully_shard(model.attn)
     fully_shard(model)
@@ -92,10 +73,7 @@ def _worker(rank: int, out: str) -> None:
         torch.save(full, Path(out) / "final.pt")
 
 
-@pytest.mark.skipif(
-    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
-    reason="torch.distributed with gloo is not available",
-)
+@needs_gloo
 def test_a_rank_with_an_empty_shard_steps_with_the_others(tmp_path) -> None:
     run_workers(__file__, WORLD, tmp_path, timeout=240, what="FSDP uneven")
 

@@ -208,14 +208,14 @@ def test_exp_on_sphere_is_great_circle(d):
     assert np.max(np.abs(st.exp(w, xi) - expected)) < 10 * U * np.e**2 * 4
 
 
-def _geodesic_ode(w, xi):
-    """Y(1) from Ÿ = −Y(ẎᵀẎ), Y(0) = W, Ẏ(0) = ξ (the embedded-metric geodesic equation,
-    Edelman, Arias & Smith 1998 eq. 2.7), integrated by DOP853 at rtol = atol = 1e-13."""
+def _integrate_geodesic(w, xi, acceleration):
+    """Y(1) from Ÿ = acceleration(Y, Ẏ), Y(0) = W, Ẏ(0) = ξ, integrated by DOP853 at
+    rtol = atol = 1e-13."""
     d, r = w.shape
 
     def rhs(_t, state):
         y, v = state[: d * r].reshape(d, r), state[d * r :].reshape(d, r)
-        return np.concatenate([v.ravel(), (-y @ (v.T @ v)).ravel()])
+        return np.concatenate([v.ravel(), acceleration(y, v).ravel()])
 
     sol = scipy.integrate.solve_ivp(
         rhs, (0.0, 1.0), np.concatenate([w.ravel(), xi.ravel()]), method="DOP853",
@@ -223,6 +223,12 @@ def _geodesic_ode(w, xi):
     )  # fmt: skip
     assert sol.success
     return sol.y[: d * r, -1].reshape(d, r)
+
+
+def _geodesic_ode(w, xi):
+    """Y(1) from Ÿ = −Y(ẎᵀẎ), Y(0) = W, Ẏ(0) = ξ (the embedded-metric geodesic equation,
+    Edelman, Arias & Smith 1998 eq. 2.7), integrated by DOP853 at rtol = atol = 1e-13."""
+    return _integrate_geodesic(w, xi, lambda y, v: -y @ (v.T @ v))
 
 
 @pytest.mark.parametrize(("d", "r"), SHAPES)
@@ -240,19 +246,12 @@ def test_exp_solves_geodesic_equation(d, r):
 def _canonical_ode(w, xi):
     """Y(1) from Ÿ + ẎẎᵀY + Y((YᵀẎ)² + ẎᵀẎ) = 0, Y(0) = W, Ẏ(0) = ξ (the canonical-metric
     geodesic equation, Edelman, Arias & Smith 1998 eq. 2.41), by DOP853 at rtol = atol = 1e-13."""
-    d, r = w.shape
 
-    def rhs(_t, state):
-        y, v = state[: d * r].reshape(d, r), state[d * r :].reshape(d, r)
+    def acceleration(y, v):
         a = y.T @ v
-        return np.concatenate([v.ravel(), (-v @ (v.T @ y) - y @ (a @ a + v.T @ v)).ravel()])
+        return -v @ (v.T @ y) - y @ (a @ a + v.T @ v)
 
-    sol = scipy.integrate.solve_ivp(
-        rhs, (0.0, 1.0), np.concatenate([w.ravel(), xi.ravel()]), method="DOP853",
-        rtol=1e-13, atol=1e-13,
-    )  # fmt: skip
-    assert sol.success
-    return sol.y[: d * r, -1].reshape(d, r)
+    return _integrate_geodesic(w, xi, acceleration)
 
 
 @pytest.mark.parametrize(("d", "r"), [*SHAPES, (5, 4), (7, 3)])

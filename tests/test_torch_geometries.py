@@ -25,6 +25,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import reference_moments
 
 torch = pytest.importorskip("torch")
 
@@ -125,15 +126,6 @@ def _w_deviation(adapter, a, b):
     wa, wb = (adapter.geometries()[0].to_matrix(x) for x in (a, b))
     pairs = zip(wa, wb, strict=True) if isinstance(wa, tuple) else [(wa, wb)]
     return max(float(np.max(np.abs(p - q))) for p, q in pairs)
-
-
-def _first_moment(state):
-    first = state[0]
-    if isinstance(first, ro.AdamState):
-        return first.m, first.sqrt_v
-    if isinstance(first, ro.TraceState):
-        return first.m, None
-    return None, None
 
 
 # -- registry and geometry methods --------------------------------------------------------------
@@ -267,7 +259,7 @@ def test_random_gradients_of_every_scale_agree_per_element(name):
             x, s = o.step(rg, x, gs[k], s)
         dev = _max_diff(tuple(adapter.compared(x_port)), tuple(adapter.compared(x)))
         assert dev <= TOL_F64, (name, k, dev)
-        m_ref, sv_ref = _first_moment(s)
+        m_ref, sv_ref = reference_moments(s)
         if not adapter.compares_matrix:
             size = max(1.0, max(float(np.max(np.abs(p))) for p in ref.geometry.parts(m_ref)))
             m_port = _elem(problem.tg, state["exp_avg"], elements[k])

@@ -18,6 +18,7 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import reference_moments
 
 torch = pytest.importorskip("torch")
 
@@ -110,16 +111,6 @@ def _batch_problem(seed=1, shape=(3, 2), d=7, r=3, steps=STEPS):
     return w0, grads
 
 
-def _reference_state_arrays(rule, state):
-    """The first-moment array and √v of the reference chain state (Adam/momentum)."""
-    first = state[0]
-    if isinstance(first, ref_optim.AdamState):
-        return first.m, first.sqrt_v
-    if isinstance(first, ref_optim.TraceState):
-        return first.m, None
-    return None, None
-
-
 @pytest.mark.parametrize("rule", list(cmp.RULES))
 def test_frame_batch_float64_agrees_with_reference_per_frame(rule):
     w0, grads = _batch_problem()
@@ -142,7 +133,7 @@ def test_frame_batch_float64_agrees_with_reference_per_frame(rule):
             w, state = opt.step(st, w, g[idx], state)
             worst = max(worst, float(np.linalg.norm(port_points[k][idx] - w)))
         assert worst <= TOL_F64, (rule, idx, worst)
-        m_ref, sv_ref = _reference_state_arrays(rule, state)
+        m_ref, sv_ref = reference_moments(state)
         key = "momentum_buffer" if "momentum" in rule else "exp_avg"
         if m_ref is not None:
             m_port = state_port[key][idx].numpy()
@@ -325,6 +316,13 @@ def _train(opt, frames, plain, grads):
         opt.step()
 
 
+def _trained(name, frames, plain, grads):
+    """``OPTIMIZERS[name]`` over (frames, plain), stepped through ``grads`` (``_train``)."""
+    opt = OPTIMIZERS[name](_groups(frames, plain))
+    _train(opt, frames, plain, grads)
+    return opt
+
+
 def _snapshot(opt, *params):
     return [p.detach().clone() for p in params], copy.deepcopy(opt.state_dict())
 
@@ -344,12 +342,10 @@ def _same(a, b) -> bool:
 def test_resume_equals_continue_bitwise(name):
     grads = _grads(20)
     f1, p1 = _model()
-    opt1 = OPTIMIZERS[name](_groups(f1, p1))
-    _train(opt1, f1, p1, grads)
+    opt1 = _trained(name, f1, p1, grads)
 
     f2, p2 = _model()
-    opt2 = OPTIMIZERS[name](_groups(f2, p2))
-    _train(opt2, f2, p2, grads[:10])
+    opt2 = _trained(name, f2, p2, grads[:10])
     buf = io.BytesIO()
     torch.save({"frames": f2.detach(), "plain": p2.detach(), "opt": opt2.state_dict()}, buf)
     buf.seek(0)
@@ -399,8 +395,7 @@ def test_momentum_is_transported_at_every_step():
 @pytest.mark.parametrize("warm", [0, 3])
 def test_non_finite_gradient_raises_and_changes_nothing(name, warm):
     frames, plain = _model()
-    opt = OPTIMIZERS[name](_groups(frames, plain))
-    _train(opt, frames, plain, _grads(warm))
+    opt = _trained(name, frames, plain, _grads(warm))
     before = _snapshot(opt, frames, plain)
     gf, gp = _grads(1, seed=11)[0]
     gf[2, 1, 0, 0] = float("nan")
@@ -583,11 +578,9 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_float64_matches_cpu(name):
     grads = _grads(20)
     f1, p1 = _model()
-    opt1 = OPTIMIZERS[name](_groups(f1, p1))
-    _train(opt1, f1, p1, grads)
+    _trained(name, f1, p1, grads)
     f2, p2 = (torch.nn.Parameter(t.detach().cuda()) for t in _model())
-    opt2 = OPTIMIZERS[name](_groups(f2, p2))
-    _train(opt2, f2, p2, [(a.cuda(), b.cuda()) for a, b in grads])
+    _trained(name, f2, p2, [(a.cuda(), b.cuda()) for a, b in grads])
     assert float((f2.cpu() - f1).abs().max()) <= 1e-12
     assert float((p2.cpu() - p1).abs().max()) <= 1e-12
 

@@ -229,6 +229,15 @@ def _params(dtype: torch.dtype) -> tuple[list[torch.nn.Parameter], list[Problem]
     return params, problems
 
 
+def _member(name: str, dtype: torch.dtype, lr: float = LR):
+    """(optimizer, params, problems): zoo member ``name`` over fresh ``_params(dtype)``, its
+    groups set to ``lr`` and weight decay 0.1."""
+    params, problems = _params(dtype)
+    opt = zoo.MEMBERS[name].factory(params)
+    _set(opt, lr=lr, weight_decay=0.1)
+    return opt, params, problems
+
+
 def _steps(opt, params, problems, start: int, count: int) -> None:
     for t in range(start, start + count):
         for p, pr in zip(params, problems, strict=True):
@@ -256,9 +265,7 @@ def _snapshot(state: dict) -> dict:
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(zoo.MEMBERS))
 def test_state_dict_round_trip(name, dtype):
-    params, problems = _params(dtype)
-    opt = zoo.MEMBERS[name].factory(params)
-    _set(opt, lr=3e-2, weight_decay=0.1)
+    opt, params, problems = _member(name, dtype, lr=3e-2)
     _steps(opt, params, problems, 0, 5)
     buffer = io.BytesIO()
     torch.save(opt.state_dict(), buffer)
@@ -282,9 +289,7 @@ def test_state_dict_round_trip(name, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(zoo.MEMBERS))
 def test_lr_zero_leaves_point(name, dtype):
-    params, problems = _params(dtype)
-    opt = zoo.MEMBERS[name].factory(params)
-    _set(opt, lr=LR, weight_decay=0.1)
+    opt, params, problems = _member(name, dtype)
     _steps(opt, params, problems, 0, 3)
     before = [p.detach().clone() for p in params]
     states = [_snapshot(opt.state[p]) for p in params]
@@ -301,9 +306,7 @@ def test_lr_zero_leaves_point(name, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", list(zoo.MEMBERS))
 def test_none_grad_leaves_point_and_state(name, dtype):
-    params, problems = _params(dtype)
-    opt = zoo.MEMBERS[name].factory(params)
-    _set(opt, lr=LR, weight_decay=0.1)
+    opt, params, problems = _member(name, dtype)
     # never given a gradient: no state, point unchanged
     start = params[1].detach().clone()
     params[0].grad = _grad(problems[0], params[0], 0)

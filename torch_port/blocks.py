@@ -134,14 +134,18 @@ class BlockGeometry:
         return f"{self.name}(m={self.m}, n={self.n}, r={self.r}, groups={self.groups})"
 
     # -- layout --------------------------------------------------------------------------------
+    def _layout(self, kind: str, to_slots: bool) -> tuple[Tensor, bool, int]:
+        """(index map, whether it is the identity, rows of a factor) of the "row" or "col"
+        factors: slot -> factor (``_stack``), or with ``to_slots`` factor -> slot
+        (``_unstack``)."""
+        if kind == "row":
+            return (self._row_slot if to_slots else self._row_index), self._row_identity, self.m
+        return (self._col_slot if to_slots else self._col_index), self._col_identity, self.n
+
     def _stack(self, t: Tensor, kind: str) -> Tensor:
         if kind == "core":
             return t
-        index, identity, size = (
-            (self._row_index, self._row_identity, self.m)
-            if kind == "row"
-            else (self._col_index, self._col_identity, self.n)
-        )
+        index, identity, size = self._layout(kind, to_slots=False)
         if not identity:
             t = t.index_select(t.ndim - 3, index.to(t.device))
         per = self.rows_per_group if kind == "row" else self.cols_per_group
@@ -150,11 +154,7 @@ class BlockGeometry:
     def _unstack(self, t: Tensor, kind: str) -> Tensor:
         if kind == "core":
             return t
-        slot, identity, size = (
-            (self._row_slot, self._row_identity, self.m)
-            if kind == "row"
-            else (self._col_slot, self._col_identity, self.n)
-        )
+        slot, identity, size = self._layout(kind, to_slots=True)
         heads = t.reshape(*t.shape[:-3], -1, size, t.shape[-1])
         return heads if identity else heads.index_select(heads.ndim - 3, slot.to(t.device))
 

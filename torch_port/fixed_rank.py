@@ -39,6 +39,14 @@ def _check_sizes(m: int, n: int, r: int) -> None:
         raise ValueError(f"rank r must satisfy r ≤ min(m, n), got r={r} > min({m}, {n})")
 
 
+def _set_sizes(geometry: FactoredGeometry, m: int, n: int, r: int) -> None:
+    """Check the sizes (``_check_sizes``), then set ``geometry.m``, ``.n``, ``.r`` and its
+    dimension (m + n − r)·r, that of the rank-r m×n matrices."""
+    _check_sizes(m, n, r)
+    geometry.m, geometry.n, geometry.r = int(m), int(n), int(r)
+    geometry.dim = (geometry.m + geometry.n - geometry.r) * geometry.r
+
+
 def _raise_if(flag: Tensor, message) -> None:
     """ValueError(message()) where any entry of ``flag`` is set (the read is deferred while a
     step speculates, ``torch_port.deferred``: the careful recomputation raises)."""
@@ -86,13 +94,11 @@ class FixedRankEmbedded(FactoredGeometry):
     orthonormal_factors = (0, 2)
 
     def __init__(self, m: int, n: int, r: int, retraction: str = "projection"):
-        _check_sizes(m, n, r)
+        _set_sizes(self, m, n, r)
         if retraction not in ("projection", "qr"):
             raise ValueError(f"unknown retraction {retraction!r}; choose 'projection' or 'qr'")
-        self.m, self.n, self.r = int(m), int(n), int(r)
         self.retraction = retraction
         self.retraction_order = 2 if retraction == "projection" else 1
-        self.dim = (self.m + self.n - self.r) * self.r
         self.point_shapes = ((self.m, self.r), (self.r, self.r), (self.n, self.r))
         self.tangent_shapes = ((self.r, self.r), (self.m, self.r), (self.n, self.r))
 
@@ -244,12 +250,10 @@ class FixedRankQuotient(FactoredGeometry):
     orthonormal_factors = ()  # any full-rank pair (A, B) is a point
 
     def __init__(self, m: int, n: int, r: int, metric: str = "preconditioned"):
-        _check_sizes(m, n, r)
+        _set_sizes(self, m, n, r)
         if metric not in ("preconditioned", "balanced"):
             raise ValueError(f"unknown metric {metric!r}; choose 'preconditioned' or 'balanced'")
-        self.m, self.n, self.r = int(m), int(n), int(r)
         self.metric = metric
-        self.dim = (self.m + self.n - self.r) * self.r
         self.point_shapes = ((self.m, self.r), (self.n, self.r))
         self.tangent_shapes = self.point_shapes
 

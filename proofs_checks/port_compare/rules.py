@@ -61,63 +61,73 @@ def _reference_arm(moment: str, radius: float | None) -> ro.Optimizer:
     return ro.Optimizer(ro.chain(*steps), LR, gradient="euclidean")
 
 
+#: The port's optimizer class of each preset of ``reference.optim`` (DESIGN §5).
+_PORT_PRESETS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "riemannian_adam": tp.RiemannianAdam,
+    "riemannian_momentum": tp.RiemannianMomentum,
+    "rsgd": tp.RSGD,
+    "normalized_rsgd": tp.NormalizedRSGD,
+}
+
+
+def _preset(name: str, description: str, preset: str, **hyper: Any) -> Rule:
+    """The rule ``name``: the preset ``preset`` with the same hyperparameters on both sides,
+    ``reference.optim.<preset>(**hyper)`` against the port's class of it over the groups."""
+    reference = getattr(ro, preset)
+    port = _PORT_PRESETS[preset]
+    return Rule(name, description, lambda: reference(**hyper), lambda groups: port(groups, **hyper))
+
+
 RULES: dict[str, Rule] = {
     r.name: r
     for r in (
-        Rule(
+        _preset(
             "riemannian_adam",
             f"lr {LR:g}, betas (0.9, 0.999), eps 1e-8, one √v per frame",
-            lambda: ro.riemannian_adam(lr=LR),
-            lambda groups: tp.RiemannianAdam(groups, lr=LR),
+            "riemannian_adam",
+            lr=LR,
         ),
-        Rule(
+        _preset(
             "riemannian_momentum",
             f"lr {LR:g}, beta 0.9, c 1",
-            lambda: ro.riemannian_momentum(lr=LR, beta=0.9, c=1.0),
-            lambda groups: tp.RiemannianMomentum(groups, lr=LR, beta=0.9, c=1.0),
+            "riemannian_momentum",
+            lr=LR,
+            beta=0.9,
+            c=1.0,
         ),
-        Rule(
-            "rsgd",
-            f"lr {LR:g}",
-            lambda: ro.rsgd(lr=LR),
-            lambda groups: tp.RSGD(groups, lr=LR),
-        ),
-        Rule(
-            "normalized_rsgd",
-            f"lr {LR_NORMALIZED:g}",
-            lambda: ro.normalized_rsgd(lr=LR_NORMALIZED),
-            lambda groups: tp.NormalizedRSGD(groups, lr=LR_NORMALIZED),
-        ),
-        Rule(
+        _preset("rsgd", f"lr {LR:g}", "rsgd", lr=LR),
+        _preset("normalized_rsgd", f"lr {LR_NORMALIZED:g}", "normalized_rsgd", lr=LR_NORMALIZED),
+        _preset(
             "riemannian_adam_capped",
             f"riemannian_adam with trust radius {RADIUS:g}",
-            lambda: ro.riemannian_adam(lr=LR, trust_radius=RADIUS),
-            lambda groups: tp.RiemannianAdam(groups, lr=LR, trust_radius=RADIUS),
+            "riemannian_adam",
+            lr=LR,
+            trust_radius=RADIUS,
         ),
-        Rule(
+        _preset(
             "riemannian_adam_elementwise",
             f"lr {LR:g}, one √v per entry, direction projected back (ablation arm F)",
-            lambda: ro.riemannian_adam(lr=LR, moment="elementwise"),
-            lambda groups: tp.RiemannianAdam(groups, lr=LR, moment="elementwise"),
+            "riemannian_adam",
+            lr=LR,
+            moment="elementwise",
         ),
-        Rule(
+        _preset(
             "riemannian_adam_sum",
             f"lr {LR:g}, eps 1e-3, √v of ‖g‖ (reduction 'sum') rather than RMS(g)",
-            lambda: ro.riemannian_adam(lr=LR, eps=1e-3, reduction="sum"),
-            lambda groups: tp.RiemannianAdam(groups, lr=LR, eps=1e-3, reduction="sum"),
+            "riemannian_adam",
+            lr=LR,
+            eps=1e-3,
+            reduction="sum",
         ),
-        Rule(
+        _preset(
             "riemannian_momentum_small_c",
             f"lr {LR:g}, beta 0.5, c 1e-3 (normalised steps of length lr)",
-            lambda: ro.riemannian_momentum(lr=LR, beta=0.5, c=1e-3),
-            lambda groups: tp.RiemannianMomentum(groups, lr=LR, beta=0.5, c=1e-3),
+            "riemannian_momentum",
+            lr=LR,
+            beta=0.5,
+            c=1e-3,
         ),
-        Rule(
-            "rsgd_capped",
-            f"lr {LR:g}, trust radius 0.01",
-            lambda: ro.rsgd(lr=LR, trust_radius=0.01),
-            lambda groups: tp.RSGD(groups, lr=LR, trust_radius=0.01),
-        ),
+        _preset("rsgd_capped", f"lr {LR:g}, trust radius 0.01", "rsgd", lr=LR, trust_radius=0.01),
         Rule(
             "arm_e",
             f"ablation arm E: frame Adam on the Euclidean gradient, trust radius {RADIUS:g}, polar",

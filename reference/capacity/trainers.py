@@ -195,6 +195,19 @@ def _train_args(width: int, steps: int, lr: float, init: float, limit: int, name
         raise ValueError(f"needs a finite init ≥ 0, got lr = {lr}, init = {init}")
 
 
+def _factorised_student(
+    gradient, rows: int, width: int, steps: int, lr: float, init: float, seed, name: str
+) -> tuple[Array, Array, Array]:
+    """(U Vᵀ, U, V) after ``factorised_gd`` on ``gradient`` from ``small_init`` factors U₀, V₀
+    (rows × width, drawn in that order from ``seed``); the arguments checked by ``_train_args``
+    first, the width named ``name`` in its messages."""
+    _train_args(width, steps, lr, init, rows, name)
+    rng = _rng(seed)
+    u0, v0 = small_init(rows, width, init, rng), small_init(rows, width, init, rng)
+    u, v = factorised_gd(gradient, u0, v0, lr, steps)
+    return u @ v.T, u, v
+
+
 def _final_loss(loss: float, lr: float, steps: int) -> float:
     if not math.isfinite(loss):
         raise ValueError(
@@ -232,11 +245,10 @@ def train_static_student(
     stats = static_statistics(x, y, w)
     n = stats.h.shape[0]
     width = n if width is None else width
-    _train_args(width, steps, lr, init, n, "student width")
-    rng = _rng(seed)
-    u0, v0 = small_init(n, width, init, rng), small_init(n, width, init, rng)
-    u, v = factorised_gd(lambda a: static_gradient(a, stats.h, stats.b), u0, v0, lr, steps)
-    a = u @ v.T
+    a, u, v = _factorised_student(
+        lambda a: static_gradient(a, stats.h, stats.b), n, width, steps, lr, init, seed,
+        "student width",
+    )  # fmt: skip
     with np.errstate(over="ignore", invalid="ignore"):
         loss = 0.5 * float(np.sum((a @ stats.h) * a)) - float(np.sum(stats.b * a)) + 0.5 * stats.c
     return StudentFit(a, u, v, _final_loss(loss, lr, steps))
@@ -266,11 +278,10 @@ def train_linear_qk_student(
     divergence (non-finite factors or final risk; the message names lr)."""
     stats = linear_qk_statistics(x, y, w_v)
     d = stats.b.shape[0]
-    _train_args(rank, steps, lr, init, d, "QK rank")
-    rng = _rng(seed)
-    u0, v0 = small_init(d, rank, init, rng), small_init(d, rank, init, rng)
-    u, v = factorised_gd(lambda k: linear_qk_gradient(k, stats.hess, stats.b), u0, v0, lr, steps)
-    k = u @ v.T
+    k, u, v = _factorised_student(
+        lambda k: linear_qk_gradient(k, stats.hess, stats.b), d, rank, steps, lr, init, seed,
+        "QK rank",
+    )  # fmt: skip
     with np.errstate(over="ignore", invalid="ignore"):
         quad = float(quadratic_form(k, stats.hess))
         loss = 0.5 * quad - float(np.sum(stats.b * k)) + 0.5 * stats.c
