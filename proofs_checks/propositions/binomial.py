@@ -15,15 +15,34 @@ k − h_min (or the number of hits against h_max).
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from typing import TypeVar
 
+import numpy as np
 from scipy.stats import binom
 
 from proofs_checks.registry import Outcome
 
 #: k, p₀ (claims of success), p₁ (claims of failure) and the level α of every statistical claim.
 REPLICATES, P_SUCCESS, P_FAILURE, ALPHA = 100, 0.9, 0.2, 0.05
+
+
+T = TypeVar("T")
+
+
+def replicates(
+    seed: int,
+    tag: int,
+    estimate: Callable[[np.random.Generator], T],
+    under: AbstractContextManager | None = None,
+) -> list[T]:
+    """``estimate(rng)`` on the ``REPLICATES`` independent replicates, rng = default_rng([seed,
+    tag, i]) for i = 0…k − 1, inside ``under`` (a control's substitution) when given."""
+    with under or contextlib.nullcontext():
+        return [estimate(np.random.default_rng([seed, tag, i])) for i in range(REPLICATES)]
 
 
 def min_hits(k: int = REPLICATES, p0: float = P_SUCCESS, alpha: float = ALPHA) -> int:

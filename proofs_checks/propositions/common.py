@@ -1,10 +1,11 @@
 """Shared by the proposition checks: the sizes and hyperparameters of the RA checks (stated once,
-cited by every check), and the exact symbolic-gradient harness of the EB trainers (EB-3, EB-6)."""
+cited by every check), the exact symbolic-gradient harness of the EB trainers (EB-3, EB-6), and
+the outcome of a symbolic check that residuals vanish."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,11 @@ LR = 5e-3
 #: Trust radius, below the uncapped step (≈ lr·√(d·r) = 0.16 at St(64, 16)), so the cap is active.
 RADIUS = 0.05
 BETAS = (0.9, 0.999)
+#: The control of RA-1 and RA-4, both of which need one scalar second moment per frame.
+ELEMENTWISE_CONTROL = (
+    "elementwise second moment (one √v per entry, then projected) (breaks the hypothesis: "
+    "one scalar second moment per frame, not the code)"
+)
 
 
 def adam(
@@ -32,6 +38,17 @@ def adam(
     return ref.optim.riemannian_adam(
         lr=LR, betas=(beta1, BETAS[1]), eps=eps, trust_radius=radius, moment=moment
     )
+
+
+def all_zero(
+    residuals: Iterable[sp.Expr],
+    detail: Callable[[int], str],
+    exercised: dict[str, object] | None = None,
+) -> Outcome:
+    """A symbolic check's outcome: passed when every residual (expanded or simplified already)
+    is 0. Residual: the number that are not (tolerance 0); ``detail(that number)`` says which."""
+    nonzero = sum(1 for e in residuals if e != 0)
+    return Outcome(nonzero == 0, float(nonzero), 0.0, detail(nonzero), exercised=exercised or {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -95,12 +112,8 @@ def factorised_gradient_check(
         for p, q in zip(params.ravel(), grads.ravel(), strict=True)
     ]
     diffs.append(sp.expand(risk - closed_risk(m)))
-    nonzero = sum(1 for e in diffs if e != 0)
-    return Outcome(
-        nonzero == 0,
-        float(nonzero),
-        0.0,
-        f"{nonzero} of {len(diffs)} gradient entries and risk identity differ from SymPy",
+    return all_zero(
+        diffs, lambda n: f"{n} of {len(diffs)} gradient entries and risk identity differ from SymPy"
     )
 
 
@@ -132,6 +145,14 @@ def adam_direction_times(factor: Callable[[np.ndarray], Any]) -> Callable:
     number: the step too long; an array per entry: a second moment not quite scalar): the
     near-miss controls of REF-1, RA-1 and RA-4."""
     return adam_update_then(lambda d, new: (ref.optim.tree_map(lambda p: p * factor(p), d), new))
+
+
+def entrywise_scaled(delta: float) -> Callable:
+    """``scale_by_adam`` whose direction is multiplied entry by entry by 1 + delta·s, s = ±1 in
+    a checkerboard fixed in the coordinates: a per-entry second moment that differs from the
+    frame's scalar one by a relative ∓delta (``adam_direction_times``): the near miss of RA-1
+    and RA-4, neither of which holds without one scalar second moment per frame."""
+    return adam_direction_times(lambda p: 1.0 + delta * checkerboard(p))
 
 
 # ---------------------------------------------------------------------------------------------

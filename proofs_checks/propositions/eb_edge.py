@@ -17,7 +17,6 @@ at κ = 4.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 
@@ -61,12 +60,9 @@ def _swapped_threshold(noise: float, p: int, dof: int, quantile: float = 0.99) -
 def _replicates(
     ctx: Context, wrong: bool, control: tuple, tag: int, estimate: Callable[[np.ndarray], int]
 ) -> list[int]:
-    """``estimate(rng)`` on the 100 replicates default_rng([seed, tag, i]), under ``control``
-    (a (module, name, variant) substitution) when ``wrong``."""
-    with substituted(*control) if wrong else contextlib.nullcontext():
-        return [
-            estimate(np.random.default_rng([ctx.seed, tag, i])) for i in range(binomial.REPLICATES)
-        ]
+    """``estimate(rng)`` on the 100 replicates default_rng([seed, tag, i]) (``binomial``), under
+    ``control`` (a (module, name, variant) substitution) when ``wrong``."""
+    return binomial.replicates(ctx.seed, tag, estimate, substituted(*control) if wrong else None)
 
 
 def _outcome(found: list[int], what: str, ctx: Context, tag: int, sizes: str) -> Outcome:

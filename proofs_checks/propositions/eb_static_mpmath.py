@@ -68,21 +68,49 @@ def _mp_seeds(ctx: Context) -> str:
     return f"default_rng([{ctx.seed}, {TAG_MP}]) and [{ctx.seed}, {TAG_MP}, 1]"
 
 
+def _mp_inputs(a_star: np.ndarray, c: np.ndarray, w: np.ndarray):
+    """A*, L = chol(C) and ‖W*‖_F² at the working precision (inside a ladder's ``measure``)."""
+    return _mp_matrix(a_star), mpmath.cholesky(_mp_matrix(c)), _mp_frob2(_mp_matrix(w))
+
+
+def _mp_bound(w2: mpmath.mpf, s: mpmath.matrix, r: int) -> mpmath.mpf:
+    """The deficiency bound b_r = ‖W*‖_F²·Σ_{i>r} σ_i² of EB-1 from the singular values s."""
+    return w2 * mpmath.fsum(s[i] ** 2 for i in range(r, MP_N))
+
+
+def _mp_ladder(ctx: Context, problem: tuple, measure, what: str, **exercised) -> Outcome:
+    """``ladder`` of ``measure`` under ``excess_tolerance`` of the mpmath problem ``problem``
+    (``_mp_problem``: one tolerance, m the largest candidate, covers every check) at the
+    working precision; what it exercised: the problem's sizes, ``exercised``, its seeds."""
+    _, _, w, _, kappa, m = problem
+    return ladder(
+        measure,
+        lambda u: excess_tolerance(MP_N, m, kappa, float(np.sum(w * w)), w.size, u),
+        what,
+        exercised={
+            "sizes": _sizes(MP_N, MP_D, MP_DV, MP_RSTAR),
+            **exercised,
+            "dtypes": "mpmath",
+            "seeds": _mp_seeds(ctx),
+        },
+    )
+
+
 def mpmath_deficiency(ctx: Context, wrong: bool) -> Outcome:
     """n = 6, r* = 3, seed [ctx.seed, 102], at 30 and 60 digits: for r = 1, 2, 3, the
     truncation A_r and (I + εG)[A*L]_r L^{-1} for ε = 1e-3, 1e-1 (G Gaussian, rank ≤ r) satisfy
     (b_r − ℰ(A))₊ ≤ ``excess_tolerance`` at the working precision, m the largest candidate."""
-    a_star, c, w, noise, kappa, m = _mp_problem(ctx)
+    problem = _mp_problem(ctx)
+    a_star, c, w, noise, _, _ = problem
     ranks = (1, 2, 3)
 
     def measure(dps: int) -> float:
-        am, ell = _mp_matrix(a_star), mpmath.cholesky(_mp_matrix(c))
-        w2 = _mp_frob2(_mp_matrix(w))
+        am, ell, w2 = _mp_inputs(a_star, c, w)
         b_star = am * (1 if wrong else ell)
         _, s, _ = mpmath.svd_r(b_star)
         worst = mpmath.mpf(0)
         for r in ranks:
-            bound = w2 * mpmath.fsum(s[i] ** 2 for i in range(r, MP_N))
+            bound = _mp_bound(w2, s, r)
             base = _mp_truncate(am * ell, r)
             for eps in MP_PERTURB:
                 a = (base + eps * _mp_matrix(noise[r]) * base) * ell**-1  # rank ≤ r
@@ -90,20 +118,15 @@ def mpmath_deficiency(ctx: Context, wrong: bool) -> Outcome:
                 worst = max(worst, bound - excess)
         return worst
 
-    return ladder(
+    return _mp_ladder(
+        ctx,
+        problem,
         measure,
-        lambda u: excess_tolerance(MP_N, m, kappa, float(np.sum(w * w)), w.size, u),
         "(b_r − ℰ(A))₊ over r and candidates",
-        exercised={
-            "sizes": _sizes(MP_N, MP_D, MP_DV, MP_RSTAR),
-            "options": f"r ∈ {{{_list(ranks)}}}",
-            "points": (
-                f"{len(MP_PERTURB)} candidates per r: (I + εG)[A*L]_r L⁻¹, "
-                f"ε ∈ {{{_list(MP_PERTURB)}}}"
-            ),
-            "dtypes": "mpmath",
-            "seeds": _mp_seeds(ctx),
-        },
+        options=f"r ∈ {{{_list(ranks)}}}",
+        points=(
+            f"{len(MP_PERTURB)} candidates per r: (I + εG)[A*L]_r L⁻¹, ε ∈ {{{_list(MP_PERTURB)}}}"
+        ),
     )
 
 
@@ -111,30 +134,22 @@ def mpmath_achievability(ctx: Context, wrong: bool) -> Outcome:
     """n = 6, r* = 3, seed [ctx.seed, 102], at 30 and 60 digits: max over r = 0…6 of
     |ℰ(A_r) − b_r| with A_r = [A*L]_r L^{-1} (mpmath Cholesky and SVD), under
     ``excess_tolerance`` at the working precision."""
-    a_star, c, w, _, kappa, m = _mp_problem(ctx)
+    problem = _mp_problem(ctx)
+    a_star, c, w, _, _, _ = problem
     ranks = range(MP_N + 1)
 
     def measure(dps: int) -> float:
-        am, ell = _mp_matrix(a_star), mpmath.cholesky(_mp_matrix(c))
-        w2 = _mp_frob2(_mp_matrix(w))
+        am, ell, w2 = _mp_inputs(a_star, c, w)
         b_star = am * ell
         _, s, _ = mpmath.svd_r(b_star)
         worst = mpmath.mpf(0)
         for r in ranks:
             a_r = _mp_truncate(am, r) if wrong else _mp_truncate(b_star, r) * ell**-1
             excess = w2 * _mp_frob2((a_r - am) * ell)
-            bound = w2 * mpmath.fsum(s[i] ** 2 for i in range(r, MP_N))
+            bound = _mp_bound(w2, s, r)
             worst = max(worst, abs(excess - bound))
         return worst
 
-    return ladder(
-        measure,
-        lambda u: excess_tolerance(MP_N, m, kappa, float(np.sum(w * w)), w.size, u),
-        "max_r |ℰ(A_r) − b_r|",
-        exercised={
-            "sizes": _sizes(MP_N, MP_D, MP_DV, MP_RSTAR),
-            "options": f"r = {ranks[0]}…{ranks[-1]}",
-            "dtypes": "mpmath",
-            "seeds": _mp_seeds(ctx),
-        },
+    return _mp_ladder(
+        ctx, problem, measure, "max_r |ℰ(A_r) − b_r|", options=f"r = {ranks[0]}…{ranks[-1]}"
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 
 import mpmath
 import numpy as np
@@ -16,15 +15,13 @@ from proofs_checks.harness import (
     frame_problem,
     ladder,
     property_check,
-    seeds,
-    shape_corners,
-    shapes,
     substituted,
     trajectory,
 )
 from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import (
     BETAS,
+    ELEMENTWISE_CONTROL,
     MP_D,
     MP_R,
     MP_STEPS,
@@ -33,18 +30,16 @@ from proofs_checks.propositions.common import (
     D,
     R,
     adam,
-    adam_direction_times,
-    checkerboard,
+    all_zero,
 )
+from proofs_checks.propositions.common import entrywise_scaled as _entrywise_scaled
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference import optim as ro
 from reference.linalg import frobenius
 
-CONTROL = (
-    "elementwise second moment (one √v per entry, then projected) (breaks the hypothesis: "
-    "one scalar second moment per frame, not the code)"
-)
+CONTROL = ELEMENTWISE_CONTROL
 #: The near miss of ``direction_resolution``: the Adam direction times 1 ± NEAR_MISS per entry.
 #: |1 − cos(ξ, −m̂)| grows like NEAR_MISS²/2 = 8e-12, about 18 × ``cosine_tolerance(64·16)``.
 NEAR_MISS = 4e-6
@@ -66,13 +61,10 @@ def symbolic_orthogonality(ctx: Context, wrong: bool) -> Outcome:
         o = sp.Matrix(r, r, lambda i, j: sp.Symbol(f"o_{i}_{j}"))
         omega = o if wrong else (o - o.T) / 2
         leftovers.append(sp.expand((s * omega).trace()))
-    nonzero = sum(1 for e in leftovers if e != 0)
-    return Outcome(
-        nonzero == 0,
-        float(nonzero),
-        0.0,
-        f"tr(SΩ) expanded for r = {rs[0]}…{rs[-1]}: {nonzero} nonzero",
-        exercised={
+    return all_zero(
+        leftovers,
+        lambda n: f"tr(SΩ) expanded for r = {rs[0]}…{rs[-1]}: {n} nonzero",
+        {
             "sizes": f"r = {rs[0]}…{rs[-1]} (symbolic r×r S symmetric, Ω)",
             "dtypes": "exact (SymPy)",
             "seeds": "none (exact)",
@@ -139,13 +131,6 @@ def float64_maximum(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
-def _entrywise_scaled(delta: float) -> Callable:
-    """``scale_by_adam`` whose direction is multiplied entry by entry by 1 + delta·s, s = ±1 in
-    a checkerboard fixed in the coordinates: a per-entry second moment that differs from the
-    frame's scalar one by a relative ∓delta (``common.adam_direction_times``)."""
-    return adam_direction_times(lambda p: 1.0 + delta * checkerboard(p))
-
-
 def direction_resolution(ctx: Context, wrong: bool) -> Outcome:
     """``float64_direction`` (max |1 − cos(ξ, −m̂)| over 6 steps at St(64, 16), bound
     ``cosine_tolerance(d·r)``); control, a near miss: the Adam direction times 1 ± ``NEAR_MISS``
@@ -190,7 +175,7 @@ def property_direction(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64, seeds, gradient RMS 10^[-8, 8], β1 ∈ {0, 0.9} and cap
     on/off: max |1 − cos(ξ, −m̂)| over 3 steps ≤ ``cosine_tolerance(d·r)``."""
     moment = "elementwise" if wrong else "frame"
-    steps_run, max_d, rms_exp, beta1s, radii = 3, 64, (-8, 8), [0.0, BETAS[0]], [None, RADIUS]
+    steps_run, rms_exp, beta1s, radii = 3, (-8, 8), [0.0, BETAS[0]], [None, RADIUS]
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed, exponent, beta1, radius = example
@@ -199,25 +184,17 @@ def property_direction(ctx: Context, wrong: bool) -> Outcome:
         steps, _ = trajectory(opt, prob.geometry, prob.w0, prob.grads)
         return max(cos_residual(s.xi, -m_hat(s)) for s in steps), cosine_tolerance(d * r)
 
-    strategy = st.tuples(
-        shapes(max_d),
-        seeds(),
+    radius_names = ", ".join("none" if r is None else str(r) for r in radii)
+    space = over_shapes(
         st.floats(*rms_exp),
         st.sampled_from(beta1s),
         st.sampled_from(radii),
-    )
-    corners = shape_corners(0, 0.0, BETAS[0], RADIUS, max_d=max_d)
-    radius_names = ", ".join("none" if r is None else str(r) for r in radii)
-    exercised = {
-        "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}",
-        "steps": steps_run,
-        "options": f"gradient RMS 10^[{rms_exp[0]}, {rms_exp[1]}], "
+        corner=(0, 0.0, BETAS[0], RADIUS),
+        steps=steps_run,
+        options=f"gradient RMS 10^[{rms_exp[0]}, {rms_exp[1]}], "
         f"β1 ∈ {{{', '.join(map(str, beta1s))}}}, trust radius ∈ {{{radius_names}}}",
-        "dtypes": "float64",
-    }
-    return property_check(
-        ctx, strategy, measure, "max |1 − cos(ξ, −m̂)|", explicit=corners, exercised=exercised
     )
+    return property_check(ctx, measure=measure, what="max |1 − cos(ξ, −m̂)|", **space)
 
 
 register(

@@ -15,9 +15,6 @@ from proofs_checks.harness import (
     ladder,
     max_distance,
     property_check,
-    seeds,
-    shape_corners,
-    shapes,
     substituted,
     trajectory,
 )
@@ -32,7 +29,9 @@ from proofs_checks.propositions.common import (
     D,
     R,
     adam,
+    all_zero,
 )
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference import optim as ro
@@ -72,13 +71,10 @@ def symbolic_homogeneity(ctx: Context, wrong: bool) -> Outcome:
     m1, v1, xi = step(m, v, g, s)
     m1c, v1c, xic = step(c * m, c**2 * v, c * g, c**2 * s)
     residuals += [sp.simplify(m1c - c * m1), sp.simplify(v1c - c**2 * v1), sp.simplify(xic - xi)]
-    nonzero = sum(1 for e in residuals if e != 0)
-    return Outcome(
-        nonzero == 0,
-        float(nonzero),
-        0.0,
-        f"{nonzero} of 4 identities left nonzero",
-        exercised={
+    return all_zero(
+        residuals,
+        lambda n: f"{n} of 4 identities left nonzero",
+        {
             "sizes": f"{len(gs)} symbolic gradient entries; one step of symbolic (m, v, g, s)",
             "options": f"{'ε > 0' if wrong else 'ε = 0'}, c > 0, β1, β2, lr, t symbolic",
             "dtypes": "exact (SymPy)",
@@ -276,7 +272,7 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
     (its corners always among the examples): 3-step trajectories agree within
     ``trajectory_tolerance(d, r, 3)``."""
 
-    steps_run, max_d, c_range, rms_range = 3, 64, (-150, 150), (-8, 8)
+    steps_run, c_range, rms_range = 3, (-150, 150), (-8, 8)
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed, c_exp, rms_exp = example
@@ -284,27 +280,20 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
         base, scaled = scaled_paths(prob, 10.0**c_exp, EPS if wrong else 0.0)
         return max_distance(base, scaled), trajectory_tolerance(d, r, steps_run)
 
-    strategy = st.tuples(shapes(max_d), seeds(), st.floats(*c_range), st.floats(*rms_range))
-    # the corners, on every seed: r = 1 and r = d at the largest scales, and the smallest
-    # gradient (c·RMS = 1e-158), where ε > 0 dominates the denominator and the control must fail
-    corners = [((8, 1), 0, 150.0, 8.0), ((6, 6), 1, -150.0, 0.0), ((16, 4), 2, -150.0, -8.0)]
-    corners += shape_corners(3, 0.0, 0.0, max_d=max_d)
-    exercised = {
-        "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}",
-        "steps": steps_run,
-        "options": f"c = 10^[{c_range[0]}, {c_range[1]}], "
+    space = over_shapes(
+        st.floats(*c_range),
+        st.floats(*rms_range),
+        # the corners, on every seed: r = 1 and r = d at the largest scales, and the smallest
+        # gradient (c·RMS = 1e-158), where ε > 0 dominates the denominator and the control must
+        # fail
+        corners=[((8, 1), 0, 150.0, 8.0), ((6, 6), 1, -150.0, 0.0), ((16, 4), 2, -150.0, -8.0)],
+        corner=(3, 0.0, 0.0),
+        steps=steps_run,
+        options=f"c = 10^[{c_range[0]}, {c_range[1]}], "
         f"base gradient RMS 10^[{rms_range[0]}, {rms_range[1]}], ε = {EPS if wrong else 0:g}, "
         f"trust radius {RADIUS}",
-        "dtypes": "float64",
-    }
-    return property_check(
-        ctx,
-        strategy,
-        measure,
-        "max_t ‖W_t(cG) − W_t(G)‖",
-        explicit=corners,
-        exercised=exercised,
     )
+    return property_check(ctx, measure=measure, what="max_t ‖W_t(cG) − W_t(G)‖", **space)
 
 
 register(

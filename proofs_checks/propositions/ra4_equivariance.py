@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 
 import numpy as np
-from hypothesis import strategies as st
 
 from proofs_checks.bounds import gamma, trajectory_tolerance
-from proofs_checks.harness import (
-    frame_problem,
-    ladder,
-    property_check,
-    seeds,
-    shape_corners,
-    shapes,
-    substituted,
-    trajectory,
-)
+from proofs_checks.harness import frame_problem, ladder, property_check, substituted, trajectory
 from proofs_checks.propositions.common import (
     BETAS,
+    ELEMENTWISE_CONTROL,
     LR,
     MP_D,
     MP_R,
@@ -29,18 +19,15 @@ from proofs_checks.propositions.common import (
     D,
     R,
     adam,
-    adam_direction_times,
-    checkerboard,
 )
+from proofs_checks.propositions.common import entrywise_scaled as _entrywise_scaled
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import Stiefel, mp
 from reference import optim as ro
 from reference.linalg import frobenius, haar_orthogonal, polar
 
-CONTROL = (
-    "elementwise second moment (one √v per entry, then projected) (breaks the hypothesis: "
-    "one scalar second moment per frame, not the code)"
-)
+CONTROL = ELEMENTWISE_CONTROL
 #: The near miss of ``equivariance_resolution``: the Adam direction times 1 ± NEAR_MISS per
 #: entry in fixed coordinates, which QW does not rotate; the 6-step gap is then ≈ 0.3·NEAR_MISS,
 #: about 21 × ``tolerance(64, 16, 6)``.
@@ -85,13 +72,6 @@ def float64_trajectory(ctx: Context, wrong: bool) -> Outcome:
             "seeds": f"{ctx.seed} (frame, gradients), {ctx.seed + 1} (Q)",
         },
     )
-
-
-def _entrywise_scaled(delta: float) -> Callable:
-    """``scale_by_adam`` whose direction is multiplied entry by entry by 1 + delta·s, s = ±1 in
-    a checkerboard fixed in the coordinates: a per-entry second moment that differs from the
-    frame's scalar one by a relative ∓delta (``common.adam_direction_times``)."""
-    return adam_direction_times(lambda p: 1.0 + delta * checkerboard(p))
 
 
 def equivariance_resolution(ctx: Context, wrong: bool) -> Outcome:
@@ -186,7 +166,7 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
     """Hypothesis over 1 ≤ r ≤ d ≤ 64 and seeds: the 5-step gap ≤ ``tolerance(d, r, 5)``, with
     the trust radius ½·lr·√(d·r), half the uncapped step, so the cap is active at every size."""
 
-    max_d, fraction = 64, 0.5
+    fraction = 0.5
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed = example
@@ -196,19 +176,13 @@ def property_trajectory(ctx: Context, wrong: bool) -> Outcome:
         gap = equivariance_gap(prob, q, moment, radius=fraction * LR * np.sqrt(d * r))
         return gap, tolerance(d, r, SHORT)
 
-    return property_check(
-        ctx,
-        st.tuples(shapes(max_d), seeds()),
-        measure,
-        "max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖",
-        explicit=shape_corners(0, max_d=max_d),
-        exercised={
-            "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}, Q ∈ O(d) Haar",
-            "steps": SHORT,
-            "options": f"lr {LR}, β = {BETAS}, trust radius {fraction:g}·lr·√(d·r)",
-            "dtypes": "float64",
-        },
+    space = over_shapes(
+        corner=(0,),
+        also=", Q ∈ O(d) Haar",
+        steps=SHORT,
+        options=f"lr {LR}, β = {BETAS}, trust radius {fraction:g}·lr·√(d·r)",
     )
+    return property_check(ctx, measure=measure, what="max_t ‖Φ_t(QW, QG) − QΦ_t(W, G)‖", **space)
 
 
 register(

@@ -17,14 +17,12 @@ from proofs_checks.harness import (
     ladder,
     max_distance,
     property_check,
-    seeds,
-    shape_corners,
-    shapes,
     substituted,
     trajectory,
 )
 from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import LR, MP_D, MP_R, STEPS, D, R
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference.linalg import frobenius, polar_svd, sym
@@ -189,7 +187,7 @@ def property_coupled(ctx: Context, wrong: bool) -> Outcome:
     normalisation); residual the worst ratio to its bound (tolerance 1). Control: W off the
     manifold."""
 
-    steps_run, max_d, lam_range = 1, 64, (-4, 2)
+    steps_run, lam_range = 1, (-4, 2)
 
     def measure(example) -> tuple[float, float]:
         (d, r), seed, lam_exp = example
@@ -204,17 +202,15 @@ def property_coupled(ctx: Context, wrong: bool) -> Outcome:
         bound = (1 + 10.0**lam_exp) * step_error(d, r)
         return max(normal, max_distance(plain, decayed) / bound), 1.0
 
-    strategy = st.tuples(shapes(max_d), seeds(), st.floats(*lam_range))
-    what = "‖P_W(W)‖ and the coupled-decay step"
-    exercised = {
-        "sizes": f"St(d, r), 1 ≤ r ≤ d ≤ {max_d}",
-        "steps": steps_run,
-        "options": f"coupled decay λ = 10^[{lam_range[0]}, {lam_range[1]}] vs none, "
+    space = over_shapes(
+        st.floats(*lam_range),
+        corner=(0, 0.0),
+        steps=steps_run,
+        options=f"coupled decay λ = 10^[{lam_range[0]}, {lam_range[1]}] vs none, "
         f"lr {LR}, trust radius {DECAY_RADIUS}",
-        "dtypes": "float64",
-    }
-    corners = shape_corners(0, 0.0, max_d=max_d)
-    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
+    )
+    what = "‖P_W(W)‖ and the coupled-decay step"
+    return property_check(ctx, measure=measure, what=what, **space)
 
 
 register(

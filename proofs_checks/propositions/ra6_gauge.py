@@ -14,20 +14,13 @@ from dataclasses import dataclass
 
 import mpmath
 import numpy as np
-from hypothesis import strategies as st
 
 import reference as ref
 from proofs_checks.bounds import frame_error, gamma, unit_roundoff
-from proofs_checks.harness import (
-    ladder,
-    property_check,
-    seeds,
-    shape_corners,
-    shapes,
-    substituted,
-)
+from proofs_checks.harness import ladder, property_check, substituted
 from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import LR, MP_D, MP_R, RADIUS, STEPS, D, R
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference import optim as ro
@@ -425,16 +418,17 @@ def property_gauge(ctx: Context, wrong: bool) -> Outcome:
         return max(gauge_ratios(wq, wk, x, seed, wrong).values()), 1.0
 
     # d = 1: H is 1×1, so the dropped transpose changes nothing; start at d = 2.
-    min_d, max_d = 2, 64
-    strategy = st.tuples(shapes(max_d).filter(lambda s: s[0] >= min_d), seeds())
+    min_d = 2
+    space = over_shapes(
+        corner=(0,),
+        min_d=min_d,
+        space="St(d, r) × St(d, r)",
+        also=f", {TOKENS} tokens",
+        dtypes="float64 (complex128 for the complex step)",
+        options=f"log-cosh loss, complex step h = {_log2(STEP)}, Haar Q ∈ O(r)",
+    )
     what = "largest measurement/bound of gauge_ratios"
-    exercised = {
-        "sizes": f"St(d, r) × St(d, r), {min_d} ≤ d ≤ {max_d}, 1 ≤ r ≤ d, {TOKENS} tokens",
-        "options": f"log-cosh loss, complex step h = {_log2(STEP)}, Haar Q ∈ O(r)",
-        "dtypes": "float64 (complex128 for the complex step)",
-    }
-    corners = shape_corners(0, max_d=max_d)
-    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
+    return property_check(ctx, measure=measure, what=what, **space)
 
 
 register(

@@ -12,17 +12,9 @@ from hypothesis import strategies as st
 
 import reference as ref
 from proofs_checks.bounds import gamma, relative_tolerance
-from proofs_checks.harness import (
-    frame_problem,
-    ladder,
-    property_check,
-    seeds,
-    shape_corners,
-    shapes,
-    substituted,
-    vanishes,
-)
+from proofs_checks.harness import frame_problem, ladder, property_check, substituted, vanishes
 from proofs_checks.propositions.common import BETAS, LR, MP_D, MP_R, D, R
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp, optim_transforms
 from reference.linalg import frobenius
@@ -426,22 +418,17 @@ def property_degree(ctx: Context, wrong: bool) -> Outcome:
         with eps_dropped(wrong):
             return degree_gap(d, r, seed, 10.0**c_exp)[0], tol
 
-    min_d, max_d, c_range, c_gap = 2, 64, (-100, 100), 0.5
-    strategy = st.tuples(
-        shapes(max_d).filter(lambda s: s[0] >= min_d),
-        seeds(),
+    min_d, c_range, c_gap = 2, (-100, 100), 0.5
+    space = over_shapes(
         st.floats(*c_range).filter(lambda e: abs(e) > c_gap),
+        corner=(0, 3.0),
+        min_d=min_d,
+        steps="1 from a fresh state",
+        options=f"c = 10^e, e ∈ [{c_range[0]}, {c_range[1]}], |e| > {c_gap}, "
+        f"rules {', '.join(RULES)} (lr {LR}, Adam ε = 0)",
     )
     what = "relative gap ξ(cG) vs c^k ξ(G)"
-    exercised = {
-        "sizes": f"St(d, r), {min_d} ≤ d ≤ {max_d}, 1 ≤ r ≤ d",
-        "steps": "1 from a fresh state",
-        "options": f"c = 10^e, e ∈ [{c_range[0]}, {c_range[1]}], |e| > {c_gap}, "
-        f"rules {', '.join(RULES)} (lr {LR}, Adam ε = 0)",
-        "dtypes": "float64",
-    }
-    corners = shape_corners(0, 3.0, max_d=max_d)
-    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
+    return property_check(ctx, measure=measure, what=what, **space)
 
 
 register(
