@@ -58,13 +58,15 @@ def frobenius_upper(m: Any) -> float:
     return float(total.sqrt().upper())
 
 
+def identity(r: int) -> Any:
+    """I_r as an ``arb_mat``."""
+    return _flint().arb_mat(r, r, [1 if i == j else 0 for i in range(r) for j in range(r)])
+
+
 def orthonormality_upper(w: np.ndarray) -> float:
     """An upper bound of ‖WᵀW − I‖_F for the float64 matrix W, exact up to the ball's width."""
-    flint = _flint()
-    r = np.shape(w)[1]
     big = matrix(w)
-    identity = flint.arb_mat(r, r, [1 if i == j else 0 for i in range(r) for j in range(r)])
-    return frobenius_upper(big.transpose() * big - identity)
+    return frobenius_upper(big.transpose() * big - identity(np.shape(w)[1]))
 
 
 def relative_error_upper(computed: float, exact: Any) -> float:
@@ -79,3 +81,28 @@ def mean_square(g: np.ndarray) -> Any:
     for x in entries:
         total += ball(x) * ball(x)
     return total / np.size(g)
+
+
+def gram_eigenvalue_range(*terms: np.ndarray) -> tuple[float, float]:
+    """(lower, upper): float64 numbers enclosing every eigenvalue of AᵀA, A the exact sum of
+    the float64 matrices ``terms`` (W + ξ summed in balls, not rounded to float64 first), the
+    Gram formed in balls and its eigenvalues enclosed by Arb (``acb_mat.eig``): so that
+    κ₂(A)² = λ_max/λ_min ≤ upper/lower."""
+    flint = _flint()
+    big = matrix(terms[0])
+    for term in terms[1:]:
+        big = big + matrix(term)
+    eigenvalues = flint.acb_mat(big.transpose() * big).eig()
+    return (
+        min(float(e.real.lower()) for e in eigenvalues),
+        max(float(e.real.upper()) for e in eigenvalues),
+    )
+
+
+def gram_defect_upper(w: np.ndarray, xi: np.ndarray) -> float:
+    """An upper bound of ‖(W + ξ)ᵀ(W + ξ) − I − ξᵀξ‖_F = ‖(WᵀW − I) + (Wᵀξ + ξᵀW)‖_F for the
+    float64 W and ξ, exact up to the ball's width."""
+    big_w, big_xi = matrix(w), matrix(xi)
+    cross = big_w.transpose() * big_xi
+    drift = big_w.transpose() * big_w - identity(np.shape(w)[1])
+    return frobenius_upper(drift + cross + cross.transpose())

@@ -9,6 +9,7 @@ import numpy as np
 import reference as ref
 from proofs_checks import geometry_cases as cases
 from proofs_checks import geometry_laws as law
+from proofs_checks import rigorous
 from proofs_checks.bounds import frame_error
 from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.geo_nearest import stiefel_nearest_point
@@ -25,6 +26,7 @@ from proofs_checks.propositions.geo_retraction import (
     check_options,
     check_retraction,
     every_stiefel_retraction,
+    exp_enclosure,
 )
 from proofs_checks.propositions.geo_validation import check_validation
 from proofs_checks.propositions.geo_variants import (
@@ -161,6 +163,13 @@ STIEFEL_ONLY = [
         stiefel_nearest_point,
         "the polar factor without its prescaling",
     ),
+    Check(
+        "rigorous",
+        "the exponential retraction's ‖YᵀY − I‖, enclosed",
+        exp_enclosure,
+        "the exponential map with +S (off the manifold at second order)",
+        unavailable=rigorous.unavailable,
+    ),
 ]
 
 
@@ -268,6 +277,7 @@ def _register(name: str) -> None:
                 )
                 + r", and the constraints hold after 1000 steps (200 quick) from one of them."
                 + MACHINE_CHECKED_CLAIMS.get(name, "")
+                + RIGOROUS_CLAIMS.get(name, "")
             ),
             hypotheses=(
                 f"sizes {_sizes(name)}",
@@ -292,6 +302,14 @@ MACHINE_CHECKED_CLAIMS = {
     r"$(I-VV^\top)B$ are orthogonal to $U$ and $V$ (machine-checked).",
     "partial_isometry_embedded": r" For every size, the projected factors $(I-UU^\top)A$ and "
     r"$(I-VV^\top)B$ are orthogonal to $U$ and $V$ (machine-checked).",
+}
+
+#: What the statement adds for the geometries with a rigorous check.
+RIGOROUS_CLAIMS = {
+    "stiefel": r" Computed in float64 by the reference, the exponential map's output "
+    r"$Y=\operatorname{Exp}_W(\xi)$ for a unit $\xi$ at $\mathrm{St}(7,3)$ and "
+    r"$\mathrm{St}(64,16)$ satisfies $\|Y^\top Y-I\|_F\le\mathtt{law\_tolerance}$ "
+    r"(a rigorous enclosure).",
 }
 
 for _name in ["stiefel", *ref.GEOMETRIES, *VARIANTS]:

@@ -13,6 +13,7 @@ import numpy as np
 import reference as ref
 from proofs_checks import geometry_cases as cases
 from proofs_checks import geometry_laws as law
+from proofs_checks import rigorous
 from proofs_checks.propositions.geo_points import SLOPE_POINTS, _exercised, _points
 from proofs_checks.propositions.geo_variants import PLAIN, STIEFEL, Case, _broken
 from proofs_checks.registry import Context, Outcome
@@ -199,3 +200,38 @@ def _retraction_control_text(geo: Any) -> str:
     if law.metric_geodesic(geo) is not None:
         return "the same retraction claiming order 2"
     return "(A + ξ_A, B): not a retraction"
+
+
+#: The sizes of the exponential map's enclosure: the law tests' St(7, 3) and a head's St(64, 16).
+EXP_SIZES = (STIEFEL, (64, 16))
+
+
+def exp_enclosure(ctx: Context, wrong: bool) -> Outcome:
+    """The exponential map of the embedded metric (``Stiefel.exp``), rigorously: at each of
+    ``EXP_SIZES``, for a random point and a random unit tangent, the float64 output Y as the
+    reference computes it and the upper end of a ball enclosing ‖YᵀY − I‖_F for its entries
+    (``rigorous.orthonormality_upper``, 256 bits), held to ``law.law_tolerance``, the float
+    checks' bound. Residual: the largest ratio, tolerance 1. Control: the exponential map with
+    +S in its block matrix (off the manifold at second order)."""
+    worst, details = 0.0, []
+    for shape in EXP_SIZES:
+        geo = ref.Stiefel(*shape, retraction="exp")
+        rng = np.random.default_rng(ctx.seed)
+        x = geo.random_point(rng)
+        xi = geo.random_tangent(x, rng)
+        y = law.patched(geo, exp=_exp_with_plus_s).retract(x, xi) if wrong else geo.retract(x, xi)
+        ratio = rigorous.orthonormality_upper(y) / law.law_tolerance(geo, x)
+        worst = max(worst, ratio)
+        details.append(f"St{shape}: {ratio:.3g}")
+    return Outcome.bound(
+        worst,
+        1.0,
+        "enclosed ‖YᵀY − I‖_F / law_tolerance: " + ", ".join(details),
+        {
+            "sizes": ", ".join(f"St{shape}" for shape in EXP_SIZES),
+            "points": "1 random",
+            "tangents": "1 random, unit norm",
+            "dtypes": f"float64 outputs enclosed in Arb balls at {rigorous.PRECISION} bits",
+            "seeds": ctx.seed,
+        },
+    )

@@ -10,20 +10,18 @@ from hypothesis import strategies as st
 
 import reference as ref
 from proofs_checks import rigorous
-from proofs_checks.bounds import frame_error, gamma, gram_tolerance, step_error
+from proofs_checks.bounds import frame_error, gamma, gram_tolerance, step_error, tangent_error
 from proofs_checks.harness import (
     frame_problem,
     identities,
     ladder,
     property_check,
-    seeds,
-    shape_corners,
-    shapes,
     substituted,
     trajectory,
 )
 from proofs_checks.machine_checked import machine_check
 from proofs_checks.propositions.common import MP_D, MP_R, STEPS, D, R
+from proofs_checks.propositions.ra_shapes import over_shapes
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 from reference import mp
 from reference.linalg import frobenius, sym
@@ -37,6 +35,8 @@ CONTROL = f"a non-tangent step ξ − ½‖ξ‖·W (a normal component added) (
 POLAR_TIKHONOV = 2e-11
 #: The trust radius of these checks: large, so that κ(W + ξ) is visibly above 1.
 DELTA = 0.4
+#: What the rigorous checks of the rule's steps enclose.
+ENCLOSED = f"float64 points and steps enclosed in Arb balls at {rigorous.PRECISION} bits"
 #: The learning rate of the rule's steps (``rule_steps``): large enough that the cap Δ acts.
 RULE_LR = 0.05
 
@@ -88,10 +88,11 @@ def bound_violation(w: np.ndarray, xi: np.ndarray, delta: float) -> float:
     return max(violations)
 
 
-def rule_steps(ctx: Context, wrong: bool):
-    """Steps of the full rule (lr = 0.05, so the cap Δ = 0.4 is active) at St(64, 16)."""
+def rule_steps(ctx: Context, wrong: bool, capped: bool = True):
+    """Steps of the full rule (lr = 0.05, so the cap Δ = 0.4 is active) at St(64, 16), or of
+    the rule without its cap."""
     prob = frame_problem(D, R, STEPS, ctx.seed)
-    opt = ref.optim.riemannian_adam(lr=RULE_LR, trust_radius=DELTA)
+    opt = ref.optim.riemannian_adam(lr=RULE_LR, trust_radius=DELTA if capped else None)
     for s in trajectory(opt, prob.geometry, prob.w0, prob.grads)[0]:
         yield s.w, corrupt(s.w, s.xi) if wrong else s.xi
 
@@ -176,6 +177,52 @@ def orthonormality_enclosure(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+def _drift(xi: np.ndarray) -> float:
+    """ε = frame_error(64, 16) + tangent_error(64, 16, ‖ξ‖): the float64 drift of a point and
+    the tangency error of a step (the exact-arithmetic part of ``gram_tolerance``)."""
+    return frame_error(D, R) + tangent_error(D, R, frobenius(xi))
+
+
+def defect_enclosure(ctx: Context, wrong: bool) -> Outcome:
+    """The Gram identity, rigorously, at every step of the rule (St(64, 16), Δ = 0.4): for the
+    float64 W and ξ the reference computes, Arb encloses the exact
+    e = ‖(W + ξ)ᵀ(W + ξ) − I − ξᵀξ‖_F = ‖(WᵀW − I) + (Wᵀξ + ξᵀW)‖_F
+    (``rigorous.gram_defect_upper``), held to ε (``_drift``). Residual: the largest e/ε,
+    tolerance 1. Control: the non-tangent step (``CONTROL``)."""
+    steps = list(rule_steps(ctx, wrong))
+    worst = max(rigorous.gram_defect_upper(w, xi) / _drift(xi) for w, xi in steps)
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"largest enclosed Gram defect / ε over {len(steps)} steps: {worst:.3g}",
+        {**rule_exercised(ctx), "dtypes": ENCLOSED},
+    )
+
+
+def conditioning_enclosure(ctx: Context, wrong: bool) -> Outcome:
+    """κ₂(W + ξ) ≤ √(1 + Δ²) up to the float64 drift, rigorously, at every step of the rule
+    (St(64, 16), Δ = 0.4): Arb encloses the eigenvalues of (W + ξ)ᵀ(W + ξ) for the float64 W
+    and ξ, summed exactly (``rigorous.gram_eigenvalue_range``), whose ratio bounds
+    κ₂(W + ξ)², held to (1 + Δ² + ε)/(1 − ε) (``_drift``): by Weyl's inequality the
+    eigenvalues of I + ξᵀξ + E lie in [1 − ‖E‖₂, 1 + ‖ξ‖₂² + ‖E‖₂], ‖ξ‖₂ ≤ ‖ξ‖_F ≤ Δ, and
+    ‖E‖₂ ≤ ε is the other rigorous check's. Residual: the largest ratio, tolerance 1.
+    Control: the same rule without its trust cap (steps of norm up to lr·√(d·r) = 1.6)."""
+    steps = list(rule_steps(ctx, False, capped=not wrong))
+    worst = 0.0
+    for w, xi in steps:
+        low, high = rigorous.gram_eigenvalue_range(w, xi)
+        eps = _drift(xi)
+        bound = (1 + DELTA**2 + eps) / (1 - eps)
+        worst = max(worst, (high / low if low > 0 else np.inf) / bound)
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"largest enclosed κ₂(W + ξ)² / ((1 + Δ² + ε)/(1 − ε)) over {len(steps)} steps: "
+        f"{worst:.3g}",
+        {**rule_exercised(ctx), "dtypes": ENCLOSED},
+    )
+
+
 def mpmath_gram(ctx: Context, wrong: bool) -> Outcome:
     """The Gram identity at St(6, 3) for a tangent step of norm Δ at 30 and 60 digits, under
     ``gram_tolerance(6, 3, Δ, u)``."""
@@ -222,19 +269,16 @@ def property_conditioning(ctx: Context, wrong: bool) -> Outcome:
         return max(gram, bound_violation(w, xi, delta)), 1.0
 
     # St(1, 1) has only the zero tangent vector, where every claim is trivial: start at d = 2.
-    min_d, max_d, delta_range = 2, 64, (-3, 1)
-    strategy = st.tuples(
-        shapes(max_d).filter(lambda s: s[0] >= min_d), seeds(), st.floats(*delta_range)
+    min_d, delta_range = 2, (-3, 1)
+    space = over_shapes(
+        st.floats(*delta_range),
+        corner=(0, 0.0),
+        min_d=min_d,
+        options=f"‖ξ‖ = Δ ∈ 10^[{delta_range[0]}, {delta_range[1]}]",
+        tangents="1 random tangent per example",
     )
     what = "violation / tolerance, Gram identity and bounds"
-    exercised = {
-        "sizes": f"St(d, r), {min_d} ≤ d ≤ {max_d}, 1 ≤ r ≤ d",
-        "options": f"‖ξ‖ = Δ ∈ 10^[{delta_range[0]}, {delta_range[1]}]",
-        "tangents": "1 random tangent per example",
-        "dtypes": "float64",
-    }
-    corners = shape_corners(0, 0.0, max_d=max_d)
-    return property_check(ctx, strategy, measure, what, explicit=corners, exercised=exercised)
+    return property_check(ctx, measure=measure, what=what, **space)
 
 
 register(
@@ -249,7 +293,11 @@ register(
             r"$R_W(\xi)=(W+\xi)(I_r+\xi^\top\xi)^{-1/2}$. Computed in float64 by the "
             r"reference along a run at $\mathrm{St}(64,16)$ with $\Delta=0.4$, "
             r"$R_W(\xi)$ satisfies $\|R^\top R-I\|_F\le\mathtt{frame\_error}(64,16,"
-            r"\sqrt{1+\Delta^2})$ (a rigorous enclosure of the float64 values)."
+            r"\sqrt{1+\Delta^2})$, and its points and steps satisfy "
+            r"$\|(W+\xi)^\top(W+\xi)-I_r-\xi^\top\xi\|_F\le\varepsilon$ and "
+            r"$\kappa_2(W+\xi)^2\le(1+\Delta^2+\varepsilon)/(1-\varepsilon)$ with "
+            r"$\varepsilon=\mathtt{frame\_error}(64,16)+\mathtt{tangent\_error}(64,16,"
+            r"\|\xi\|)$ (rigorous enclosures of the float64 values)."
         ),
         hypotheses=(
             "WᵀW = I_r",
@@ -283,6 +331,20 @@ register(
                 orthonormality_enclosure,
                 f"near miss: the polar retraction regularised by τ = {POLAR_TIKHONOV:g}, "
                 "substituted into reference.linalg",
+                unavailable=rigorous.unavailable,
+            ),
+            Check(
+                "rigorous",
+                "the Gram identity along the rule, enclosed",
+                defect_enclosure,
+                CONTROL,
+                unavailable=rigorous.unavailable,
+            ),
+            Check(
+                "rigorous",
+                "κ₂(W + ξ) ≤ √(1 + Δ²) along the rule, enclosed",
+                conditioning_enclosure,
+                "the rule without its trust cap (steps longer than Δ)",
                 unavailable=rigorous.unavailable,
             ),
             Check("mpmath", "Gram residual falls with precision", mpmath_gram, CONTROL),
