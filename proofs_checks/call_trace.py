@@ -1,89 +1,125 @@
-"""Which functions of given source files each proposition's quick checks call: run as a script by
-``proofs_checks.mutation`` in its copy of the project, so that the hook is in place before any of
-the project is imported.
+"""Which functions of given source files each proposition's checks call, traced with each
+proposition in a fresh interpreter (so that a value one of them caches cannot hide a call from
+another, and the imports are seen):
 
-    python proofs_checks/call_trace.py OUT.json FILE [FILE ...] [--ids ID,ID]
+    python proofs_checks/call_trace.py OUT.json FILE [FILE ...] [--ids ID,ID] [--qualified] [--full]
+    python proofs_checks/call_trace.py --map [--jobs J]
 
-writes ``{file: {function: [ids]}}``: the propositions whose quick checks and negative controls,
-at seed 0, call a function of that name in that file (a profile hook, ``sys.setprofile`` and
-``threading.setprofile``, sees every Python call). Each proposition runs in a fresh interpreter,
-so that a value one of them caches cannot hide a call from another. A function called while a
-module is imported (at the start, or lazily inside a check) is charged to every proposition,
-since module-level values built by it reach any of them. A mutant inside a function that a
+The first writes ``{file: {function: [ids]}}``: the propositions whose quick checks and negative
+controls (with ``--full`` the full ones too), at seed 0, call a function of that name in that
+file. A function called while the certificate's modules are imported, before any check runs,
+is charged to every proposition, since module-level values built by it reach any of them.
+``proofs_checks.mutation`` runs it in its copy of the project: a mutant inside a function that a
 proposition never calls cannot change what that proposition computes, so certify judges the
 mutant by the propositions listed for its function.
+
+The second writes the project's call map (``registry.CALL_MAP``): every function of
+``reference`` and ``torch_port`` by qualified name, quick and full checks, with the digests of
+the sources it was traced on; each proposition's implementation hash covers the functions the
+map lists for it (``registry.Proposition.implementation_content_hash``).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import subprocess
 import sys
 import tempfile
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 IMPORT = "(import)"
 
 
-def trace_one(files: list[str], pid: str) -> dict[str, dict[str, list[str]]]:
+def trace_one(
+    files: list[str], pid: str, qualified: bool = False, full: bool = False
+) -> dict[str, dict[str, list[str]]]:
     """In this interpreter: the functions of ``files`` that the proposition ``pid`` calls, as
-    ``{file: {function: [pid]}}``, or ``[IMPORT]`` for those called while a module is
-    imported."""
+    ``{file: {function: [pid]}}``, or ``[IMPORT]`` for those called while the certificate's
+    modules are imported, before any check runs. Functions are named by their innermost name,
+    or with ``qualified`` by their qualified name (``Class.method``); ``full``: the checks run
+    quick and full (else quick only). Both are watched by ``cProfile`` (a C profiler: they run
+    at about their own speed)."""
     root = Path(__file__).resolve().parents[1]
     targets = {str((root / f).resolve()): f for f in files}
     known: dict[str, str | None] = {}  # a code object's file name -> the target it is, if any
     calls: dict[str, dict[str, set[str]]] = {f: {} for f in files}
-    current = [IMPORT]
 
-    def hook(frame, event, arg):  # the profile hook's signature
-        if event != "call":
-            return
-        name = frame.f_code.co_filename
+    def note(code, who: str) -> None:
+        name = code.co_filename
         if name not in known:
             known[name] = targets.get(str(Path(name).resolve()))
         f = known[name]
         if f is not None:
-            who = IMPORT if _importing(frame.f_back) else current[0]
-            calls[f].setdefault(frame.f_code.co_name, set()).add(who)
+            calls[f].setdefault(code.co_qualname if qualified else code.co_name, set()).add(who)
 
-    sys.setprofile(hook)
-    threading.setprofile(hook)
+    imports, checks = cProfile.Profile(), cProfile.Profile()
+    imports.enable()
     try:
         from proofs_checks.certificate import certify
-
-        current[0] = pid
-        certify(ids=[pid], quick=True, seed=0)
     finally:
-        sys.setprofile(None)
-        threading.setprofile(None)
+        imports.disable()
+    checks.enable()
+    try:
+        for quick in (True, False) if full else (True,):
+            certify(ids=[pid], quick=quick, seed=0)
+    finally:
+        checks.disable()
+    for profiler, who in ((imports, IMPORT), (checks, pid)):
+        for entry in profiler.getstats():
+            if not isinstance(entry.code, str):  # a Python function (builtins are named by text)
+                note(entry.code, who)
     return {f: {name: sorted(who) for name, who in fns.items()} for f, fns in calls.items()}
 
 
-def _importing(frame) -> bool:
-    """Is a module body (other than this script's) running below this frame: an import, lazy
-    or not, whose values any later proposition may use?"""
-    while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_code.co_filename != __file__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def trace(files: list[str], ids: list[str]) -> dict[str, dict[str, list[str]]]:
+def trace(
+    files: list[str], ids: list[str], qualified: bool = False, full: bool = False, jobs: int = 1
+) -> dict[str, dict[str, list[str]]]:
     """The table of the module docstring: ``trace_one`` for each id in a fresh interpreter
-    (this script with ``--one``), merged, with IMPORT charged to every id."""
+    (this script with ``--one``), ``jobs`` at a time, merged, with IMPORT charged to every
+    id."""
     table: dict[str, dict[str, set[str]]] = {f: {} for f in files}
-    with tempfile.TemporaryDirectory() as tmp:
-        for pid in ids:
-            out = Path(tmp) / "one.json"
-            args = [sys.executable, __file__, str(out), *files, "--one", pid]
-            subprocess.run(args, check=True, capture_output=True)
-            for f, fns in json.loads(out.read_text(encoding="utf-8")).items():
+    flags = ["--qualified"] * qualified + ["--full"] * full
+
+    def one(pid: str, tmp: str) -> dict[str, dict[str, list[str]]]:
+        out = Path(tmp) / f"{pid}.json"
+        args = [sys.executable, __file__, str(out), *files, "--one", pid, *flags]
+        subprocess.run(args, check=True, capture_output=True)
+        return json.loads(out.read_text(encoding="utf-8"))
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=jobs) as pool:
+        for found in pool.map(lambda pid: one(pid, tmp), ids):
+            for f, fns in found.items():
                 for name, who in fns.items():
                     table[f].setdefault(name, set()).update(ids if IMPORT in who else who)
     return {f: {n: [i for i in ids if i in w] for n, w in fns.items()} for f, fns in table.items()}
+
+
+def call_map(jobs: int = 1) -> dict:
+    """The project's call map (``registry.CALL_MAP``): every function of ``reference`` and
+    ``torch_port`` by module and qualified name, with the propositions that call it
+    (``calls``), and the SHA-256 of every module's source it was traced on (``traced_on``),
+    so that a map traced on other code is never used (``registry.call_map``)."""
+    from proofs_checks.registry import IMPLEMENTATION_PACKAGES, project_sources, source_digest
+
+    root = Path(__file__).resolve().parents[1]
+    files = sorted(
+        str(path.relative_to(root))
+        for package in IMPLEMENTATION_PACKAGES
+        for path in (root / package).rglob("*.py")
+    )
+    table = trace(files, _all_ids(), qualified=True, full=True, jobs=jobs)
+    calls = {_module(f): fns for f, fns in table.items() if fns}
+    return {"traced_on": source_digest(project_sources()), "calls": calls}
+
+
+def _module(file: str) -> str:
+    """``reference/capacity/tasks.py`` -> ``reference.capacity.tasks`` (a package's
+    ``__init__.py`` -> the package)."""
+    parts = list(Path(file).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def _all_ids() -> list[str]:
@@ -95,13 +131,27 @@ def _all_ids() -> list[str]:
 if __name__ == "__main__":
     sys.path.pop(0)  # this script's folder is not a root to import from
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
-    parser.add_argument("files", nargs="+")
+    parser.add_argument("out", nargs="?", help="the JSON to write (default with --map: the map)")
+    parser.add_argument("files", nargs="*")
     parser.add_argument("--ids", default=None, help="comma-separated ids (default: all)")
+    parser.add_argument("--qualified", action="store_true", help="qualified function names")
+    parser.add_argument("--full", action="store_true", help="the full checks too, not only quick")
+    parser.add_argument("--map", action="store_true", help="trace the project's call map")
+    parser.add_argument("--jobs", type=int, default=1, help="propositions traced at a time")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # one id, this process
     args = parser.parse_args()
+    if args.map:
+        from proofs_checks.registry import CALL_MAP
+
+        table = call_map(args.jobs)
+        out = Path(args.out) if args.out else CALL_MAP
+        out.write_text(json.dumps(table, indent=0, sort_keys=True) + "\n", encoding="utf-8")
+        sys.exit(0)
+    if args.out is None or not args.files:
+        parser.error("give OUT.json and the files to trace, or --map")
     if args.one is not None:
-        table = trace_one(args.files, args.one)
+        table = trace_one(args.files, args.one, args.qualified, args.full)
     else:
-        table = trace(args.files, _all_ids() if args.ids is None else args.ids.split(","))
+        ids = _all_ids() if args.ids is None else args.ids.split(",")
+        table = trace(args.files, ids, args.qualified, args.full, args.jobs)
     Path(args.out).write_text(json.dumps(table, indent=1), encoding="utf-8")

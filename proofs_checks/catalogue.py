@@ -19,8 +19,9 @@ def render_catalogue() -> str:
         "Cite a proposition by its id and the content hash below (the hash covers the statement,",
         "the hypotheses, the source of every check and of every `proofs_checks` module the checks'",
         "modules import, directly or not; `rattn certify` prints the same hash). Certificates",
-        "also record each proposition's implementation hash, over the modules of `reference` and",
-        "`torch_port` its checks exercise, which changes with the code under test.",
+        "also record each proposition's implementation hash, over the code of `reference` and",
+        "`torch_port` its checks exercise (the module-level code of the modules they import and",
+        "the functions they call), which changes with the code under test.",
         "",
     ]
     for p in REGISTRY.values():

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import json
 import math
 import sys
 import time
@@ -153,17 +154,24 @@ class Proposition:
         over the project's sources on disk (``project_sources``)."""
         return self.implementation_content_hash(project_sources())
 
-    def implementation_content_hash(self, sources: Mapping[str, str]) -> str:
-        """The hash over the name and source of every module of ``IMPLEMENTATION_PACKAGES``
+    def implementation_content_hash(
+        self, sources: Mapping[str, str], calls: CallMap | None = None
+    ) -> str:
+        """The hash over the name and the source of every module of ``IMPLEMENTATION_PACKAGES``
         (``reference``, ``torch_port``) that the check modules import, directly or through
-        other modules (``imported_closure`` over ``sources``, the three packages together): a
-        comment or a bug in the code under test changes it, the checks' own code does not."""
+        other modules (``imported_closure`` over ``sources``, the three packages together),
+        each module as ``called_source`` gives it for this proposition: its module-level code
+        and the functions this proposition's checks call, without the functions that the call
+        map (``calls``, default ``call_map()``) lists as called by other propositions only. A
+        comment or a bug in a function the checks call changes it; the checks' own code, and
+        an edit inside a function only other propositions call, do not."""
+        calls = call_map() if calls is None else calls
         modules = {c.run.__module__ for c in self.checks}
         h = hashlib.sha256()
         for name in imported_closure(modules, sources):
             if name.partition(".")[0] in IMPLEMENTATION_PACKAGES:
                 h.update(name.encode())
-                h.update(sources[name].encode())
+                h.update(called_source(sources[name], calls.get(name, {}), self.id).encode())
         return h.hexdigest()
 
 
@@ -256,6 +264,69 @@ def _import_statements(source: str) -> tuple[tuple[int, str | None, tuple[str, .
         elif isinstance(node, ast.ImportFrom):
             out.append((node.level, node.module or "", tuple(a.name for a in node.names)))
     return tuple(out)
+
+
+# -- which functions of a module a proposition's implementation hash covers: those it calls -----
+
+#: module -> qualified function name -> the ids of the propositions whose quick checks and
+#: controls call it (``proofs_checks/call_trace.py``).
+CallMap = Mapping[str, Mapping[str, Iterable[str]]]
+
+#: The call map of the project (``python proofs_checks/call_trace.py --map``): the functions
+#: each proposition calls, traced on the sources whose digests it records.
+CALL_MAP = PACKAGE_DIR / "call_map.json"
+
+
+def source_digest(sources: Mapping[str, str]) -> dict[str, str]:
+    """Module name -> SHA-256 of its source text."""
+    return {name: hashlib.sha256(sources[name].encode()).hexdigest() for name in sorted(sources)}
+
+
+@functools.lru_cache(maxsize=1)
+def call_map() -> dict[str, dict[str, frozenset[str]]]:
+    """The rows of ``CALL_MAP`` (read as JSON: no code runs) when it was traced on exactly the
+    sources on disk now (``project_sources``: every module of the three packages, the checks'
+    own included, since they decide what is called); else empty, and every implementation hash
+    covers whole modules. A map traced on other code could leave out a call that an edit made
+    since, so it is never used."""
+    if not CALL_MAP.is_file():
+        return {}
+    doc = json.loads(CALL_MAP.read_text(encoding="utf-8"))
+    if doc.get("traced_on") != source_digest(project_sources()):
+        return {}
+    return {m: {q: frozenset(ids) for q, ids in fns.items()} for m, fns in doc["calls"].items()}
+
+
+@functools.lru_cache(maxsize=512)
+def function_spans(source: str) -> tuple[tuple[str, int, int], ...]:
+    """(qualified name, first line, last line), 0-based, end exclusive, of every function
+    defined at module level or in a class body (classes nested in classes included) of
+    ``source``: the ``def`` line to the body's end; decorators, evaluated at import, stay
+    module-level code. Functions nested in functions are part of theirs."""
+    spans: list[tuple[str, int, int]] = []
+
+    def visit(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                spans.append((prefix + node.name, node.lineno - 1, node.end_lineno or node.lineno))
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body, f"{prefix}{node.name}.")
+
+    visit(ast.parse(source).body, "")
+    return tuple(spans)
+
+
+def called_source(source: str, callers: Mapping[str, Iterable[str]], pid: str) -> str:
+    """``source`` less the functions that ``callers`` (qualified name -> ids, a module's row of
+    the call map) lists as called and not by ``pid``, each replaced by one line naming it. A
+    function the map does not list (called by no proposition when traced) is kept: what no
+    trace vouches for is covered."""
+    lines = source.splitlines(keepends=True)
+    for name, first, last in reversed(function_spans(source)):
+        who = callers.get(name)
+        if who is not None and pid not in who:
+            lines[first:last] = [f"# {name}: not called by {pid}\n"]
+    return "".join(lines)
 
 
 def imported_closure(roots: Iterable[str], sources: Mapping[str, str]) -> list[str]:
