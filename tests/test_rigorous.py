@@ -1,5 +1,5 @@
-"""The rigorous checks' ball arithmetic: enclosures that contain the exact value, and the two
-checks that use them, with their near misses."""
+"""The rigorous checks' ball arithmetic: enclosures that contain the exact value, and the checks
+that use them, with their controls."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from proofs_checks import rigorous
-from proofs_checks.propositions import ra3_conditioning, ref_adam
+from proofs_checks.propositions import geo_retraction, ra3_conditioning, ref_adam
 from proofs_checks.registry import REGISTRY, Context
 
 pytestmark = pytest.mark.skipif(
@@ -49,5 +49,37 @@ def test_each_rigorous_check_passes_and_its_near_miss_fails(pid, run) -> None:
     good, bad = run(CTX, False), run(CTX, True)
     assert good.passed and good.residual < 0.2  # far inside the bound
     assert not bad.passed and 1.0 < bad.residual <= 100.0  # a near miss
-    (check,) = [c for c in REGISTRY[pid].checks if c.kind == "rigorous"]
-    assert check.run is run and check.control.startswith("near miss")
+    (check,) = [c for c in REGISTRY[pid].checks if c.run is run]
+    assert check.kind == "rigorous" and check.control.startswith("near miss")
+
+
+def test_gram_eigenvalues_and_defect_are_exact_for_exact_inputs() -> None:
+    """W = [I; 0] and ξ = [0; diag(1, 2)] (tangent: Wᵀξ = 0): (W + ξ)ᵀ(W + ξ) = diag(2, 5)
+    exactly, so its eigenvalues are enclosed as 2 and 5 and the Gram defect is 0; ξ + W (not
+    tangent) has the defect 2‖I‖_F = 2√2."""
+    w = np.eye(4, 2)
+    xi = np.zeros((4, 2))
+    xi[2, 0], xi[3, 1] = 1.0, 2.0
+    low, high = rigorous.gram_eigenvalue_range(w, xi)
+    assert 2.0 * (1 - 1e-15) <= low <= 2.0 and 5.0 <= high <= 5.0 * (1 + 1e-15)
+    assert rigorous.gram_defect_upper(w, xi) == 0.0
+    assert 2 * math.sqrt(2) <= rigorous.gram_defect_upper(w, xi + w) <= 2 * math.sqrt(2) * 1.001
+
+
+@pytest.mark.parametrize(
+    ("pid", "run", "control_at_least"),
+    [
+        ("RA-3", ra3_conditioning.defect_enclosure, 1e6),
+        ("RA-3", ra3_conditioning.conditioning_enclosure, 1.0),
+        ("GEO-stiefel", geo_retraction.exp_enclosure, 1e6),
+    ],
+)
+def test_the_other_rigorous_checks_pass_and_their_controls_fail(pid, run, control_at_least) -> None:
+    """The Gram defect, κ₂(W + ξ) and the exponential map, each registered as rigorous: passed
+    with a residual below 1, the control failed beyond the given ratio (the uncapped rule, a
+    near miss of κ, only just)."""
+    good, bad = run(CTX, False), run(CTX, True)
+    assert good.passed and good.residual < 1.0
+    assert not bad.passed and bad.residual > control_at_least
+    (check,) = [c for c in REGISTRY[pid].checks if c.run is run]
+    assert check.kind == "rigorous" and check.unavailable is rigorous.unavailable

@@ -182,6 +182,88 @@ def binding_trust_cap(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+#: PORT-6's defaults: each preset with the lr it requires (RiemannianAdam: none, so torch's),
+#: the reference preset of the same name, and the steps of the comparison.
+DEFAULT_PRESETS = {
+    "RiemannianAdam": ("riemannian_adam", None),
+    "RiemannianMomentum": ("riemannian_momentum", 0.05),
+    "RSGD": ("rsgd", 0.05),
+    "NormalizedRSGD": ("normalized_rsgd", 0.05),
+}
+DEFAULT_STEPS = 3
+
+
+def _default_lr(init: Callable, lr: float) -> Callable:
+    """A preset's ``__init__`` whose default lr is ``lr``."""
+
+    def wrapped(self, params, *args, lr: float = lr, **kwargs):
+        return init(self, params, *args, lr=lr, **kwargs)
+
+    return wrapped
+
+
+def defaults(ctx: Context, wrong: bool) -> Outcome:
+    """Each preset built as a user builds it, with no hyperparameter but the lr it requires
+    (``DEFAULT_PRESETS``), on an St(8, 3) float64 frame and a plain 4×3 parameter,
+    ``DEFAULT_STEPS`` steps: the frame against the reference preset of the same name with its
+    own defaults and the same lr (RiemannianAdam's: ``torch.optim.Adam``'s default lr), within
+    ``trajectory_tolerance(8, 3, steps)``; the plain parameter against ``torch.optim.Adam`` with
+    its defaults and the same lr, within 4·u·max|p| per step (one AdamW update rounded in
+    another order). Residual: the largest ratio, tolerance 1. Control: RiemannianAdam's default
+    lr moved from torch's 1e-3 to 2e-3 (its ``__init__`` substituted)."""
+    import numpy as np
+    import torch
+
+    import reference as ref
+    import torch_port as tp
+    from proofs_checks.bounds import FLOAT64_U, trajectory_tolerance
+
+    torch_lr = torch.optim.Adam([torch.zeros(1)]).defaults["lr"]
+    frame_tol = trajectory_tolerance(8, 3, DEFAULT_STEPS)
+    worst, details = 0.0, []
+    wrong_init = _default_lr(tp.RiemannianAdam.__init__, 2e-3)
+    patch = substituted(tp.RiemannianAdam, "__init__", wrong_init) if wrong else None
+    with patch or contextlib.nullcontext():
+        for name, (reference_name, lr) in DEFAULT_PRESETS.items():
+            gen = torch.Generator().manual_seed(ctx.seed)
+            w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(gen, dtype=torch.float64))
+            p = torch.nn.Parameter(torch.randn(4, 3, generator=gen, dtype=torch.float64))
+            q = torch.nn.Parameter(p.detach().clone())
+            given = {} if lr is None else {"lr": lr}
+            opt = getattr(tp, name)(
+                [{"params": [w], "geometry": "stiefel"}, {"params": [p]}], **given
+            )
+            adam = torch.optim.Adam([q], **given)
+            rule = getattr(ref.optim, reference_name)(lr=torch_lr if lr is None else lr)
+            geo, x = ref.Stiefel(8, 3), w.detach().numpy().copy()
+            state = rule.init(geo, x)
+            for _ in range(DEFAULT_STEPS):
+                g, h = (
+                    torch.randn(s, generator=gen, dtype=torch.float64) for s in ((8, 3), (4, 3))
+                )
+                w.grad, p.grad, q.grad = g, h, h.clone()
+                opt.step()
+                adam.step()
+                x, state = rule.step(geo, x, g.numpy(), state)
+            frame = float(np.abs(w.detach().numpy() - x).max()) / frame_tol
+            plain_tol = 4 * FLOAT64_U * DEFAULT_STEPS * float(q.detach().abs().max())
+            plain = float((p - q).detach().abs().max()) / plain_tol
+            worst = max(worst, frame, plain)
+            details.append(f"{name}: frame {frame:.3g}, plain {plain:.3g}")
+    return Outcome.bound(
+        worst,
+        1.0,
+        "deviation / bound with the defaults: " + "; ".join(details),
+        {
+            "sizes": "St(8, 3) and a plain 4×3 parameter",
+            "options": ", ".join(DEFAULT_PRESETS),
+            "steps": DEFAULT_STEPS,
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
 register(
     Proposition(
         id="PORT-6",
@@ -193,7 +275,10 @@ register(
             r"scheduled learning rate (a step at lr $=0$ not moving), and the learning rate the "
             r"recorder reads is the group's rate times the schedule's factor, exactly. Where the "
             r"trust cap $\|\xi\|\le\Delta$ binds, the step is the reference's capped step within "
-            r"the same bound."
+            r"the same bound. Each preset built with no hyperparameter but the lr it requires "
+            r"(\texttt{RiemannianAdam}: none) steps frames as the reference preset with its "
+            r"defaults (and \texttt{torch.optim.Adam}'s default lr), and plain parameters as "
+            r"\texttt{torch.optim.Adam} with its defaults."
         ),
         hypotheses=(
             f"float64 frames; {SCHEDULE_STEPS} steps of LambdaLR (a linear warm-up from lr = 0 "
@@ -214,6 +299,13 @@ register(
                 binding_trust_cap,
                 f"near miss: the cap at Δ·(1 + {TRUST_NEAR_MISS:g}), substituted into the port "
                 "(visible only where the cap binds)",
+            ),
+            Check(
+                "float64",
+                "each preset with its defaults: the reference's and torch's Adam's",
+                defaults,
+                "RiemannianAdam's default lr moved from torch's 1e-3 to 2e-3, substituted into "
+                "the port",
             ),
         ),
         requires=("torch",),
