@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,8 +41,10 @@ def trace_one(
     ``{file: {function: [pid]}}``, or ``[IMPORT]`` for those called while the certificate's
     modules are imported, before any check runs. Functions are named by their innermost name,
     or with ``qualified`` by their qualified name (``Class.method``); ``full``: the checks run
-    quick and full (else quick only). Both are watched by ``cProfile`` (a C profiler: they run
-    at about their own speed)."""
+    quick and full (else quick only), and every check must run and pass (what a check that
+    did not run would call is not known). Both are watched by ``cProfile`` (a C profiler: they
+    run at about their own speed); threads the checks start, which ``cProfile`` does not see
+    before Python 3.12, by a profile hook."""
     root = Path(__file__).resolve().parents[1]
     targets = {str((root / f).resolve()): f for f in files}
     known: dict[str, str | None] = {}  # a code object's file name -> the target it is, if any
@@ -61,12 +64,22 @@ def trace_one(
         from proofs_checks.certificate import certify
     finally:
         imports.disable()
+
+    def in_threads(frame, event, arg):  # cProfile sees one thread (before Python 3.12)
+        if event == "call":
+            note(frame.f_code, pid)
+
+    threading.setprofile(in_threads)
     checks.enable()
     try:
-        for quick in (True, False) if full else (True,):
-            certify(ids=[pid], quick=quick, seed=0)
+        runs = [certify(ids=[pid], quick=quick, seed=0) for quick in (True, False)[: 1 + full]]
     finally:
         checks.disable()
+        threading.setprofile(None)
+    for cert in runs if full else ():  # a check not run, or failing, would leave calls out
+        skipped = [c for r in cert.results for c in r.checks if c.not_run] + cert.not_run
+        if skipped or not cert.passed:
+            raise RuntimeError(f"{pid}: not every check ran and passed here; no trace of it")
     for profiler, who in ((imports, IMPORT), (checks, pid)):
         for entry in profiler.getstats():
             if not isinstance(entry.code, str):  # a Python function (builtins are named by text)
@@ -100,19 +113,30 @@ def trace(
 def call_map(jobs: int = 1) -> dict:
     """The project's call map (``registry.CALL_MAP``): every function of ``reference`` and
     ``torch_port`` by module and qualified name, with the propositions that call it
-    (``calls``), and the SHA-256 of every module's source it was traced on (``traced_on``),
-    so that a map traced on other code is never used (``registry.call_map``)."""
+    (``calls``); the SHA-256 of every module's source it was traced on (``traced_on``, taken
+    before and after the trace, which is refused when they differ), so that a map traced on
+    other code is never used (``registry.call_map``); and where it was traced (``traced_in``:
+    Python, platform, library versions), since a check that branches on computed values may
+    take another branch elsewhere."""
     from proofs_checks.registry import IMPLEMENTATION_PACKAGES, project_sources, source_digest
+    from reference.environment import environment
 
+    if sys.version_info < (3, 11):
+        raise RuntimeError("the call map needs Python 3.11 or later (qualified code names)")
     root = Path(__file__).resolve().parents[1]
     files = sorted(
         str(path.relative_to(root))
         for package in IMPLEMENTATION_PACKAGES
         for path in (root / package).rglob("*.py")
     )
+    before = source_digest(project_sources())
     table = trace(files, _all_ids(), qualified=True, full=True, jobs=jobs)
+    if source_digest(project_sources()) != before:
+        raise RuntimeError("the sources changed while they were traced; trace them again")
+    env = environment("torch", "python-flint")
+    traced_in = {k: env[k] for k in ("python", "platform", "versions")}
     calls = {_module(f): fns for f, fns in table.items() if fns}
-    return {"traced_on": source_digest(project_sources()), "calls": calls}
+    return {"traced_on": before, "traced_in": traced_in, "calls": calls}
 
 
 def _module(file: str) -> str:
@@ -129,7 +153,8 @@ def _all_ids() -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)  # this script's folder is not a root to import from
+    # import this checkout's packages, whatever is installed: its root, not this script's folder
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="the JSON to write (default with --map: the map)")
     parser.add_argument("files", nargs="*")

@@ -20,8 +20,8 @@ def render_catalogue() -> str:
         "the hypotheses, the source of every check and of every `proofs_checks` module the checks'",
         "modules import, directly or not; `rattn certify` prints the same hash). Certificates",
         "also record each proposition's implementation hash, over the code of `reference` and",
-        "`torch_port` its checks exercise (the module-level code of the modules they import and",
-        "the functions they call), which changes with the code under test.",
+        "`torch_port` its checks exercise (the modules that run for them, less the bodies of the",
+        "functions only other propositions call), which changes with the code under test.",
         "",
     ]
     for p in REGISTRY.values():

@@ -113,18 +113,9 @@ JUDGES: dict[str, list[str]] = {
     },
     **{
         f"torch_port/optim/{name}.py": _STEP_TESTS
-        for name in (
-            "optimizer",
-            "guard/__init__",
-            "guard/groups",
-            "guard/states",
-            "guard/values",
-            "loading",
-            "capturable",
-            "sharding",
-            "points",
-            "presets",
-        )
+        # the guard's other modules and loading.py compare layouts and types (==, in, is),
+        # which no mutation operator here changes: 0 to 7 mutants each
+        for name in ("optimizer", "guard/values", "capturable", "sharding", "points", "presets")
     },
     "torch_port/audit.py": _AUDIT_TESTS,
     **{

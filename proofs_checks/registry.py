@@ -16,6 +16,8 @@ import importlib.util
 import inspect
 import json
 import math
+import os
+import re
 import sys
 import time
 from collections import ChainMap
@@ -157,22 +159,36 @@ class Proposition:
     def implementation_content_hash(
         self, sources: Mapping[str, str], calls: CallMap | None = None
     ) -> str:
-        """The hash over the name and the source of every module of ``IMPLEMENTATION_PACKAGES``
-        (``reference``, ``torch_port``) that the check modules import, directly or through
-        other modules (``imported_closure`` over ``sources``, the three packages together),
-        each module as ``called_source`` gives it for this proposition: its module-level code
-        and the functions this proposition's checks call, without the functions that the call
-        map (``calls``, default ``call_map()``) lists as called by other propositions only. A
-        comment or a bug in a function the checks call changes it; the checks' own code, and
-        an edit inside a function only other propositions call, do not."""
+        """The hash over the name and the source of every module ``implementation_modules``
+        names, each as ``called_source`` gives it for this proposition: its module-level code,
+        the signatures of its functions and the bodies of those this proposition's checks call,
+        without the bodies the call map (``calls``, default ``call_map()``) lists as run by
+        other propositions only. A comment or a bug in a function the checks call, or in
+        module-level code that runs, changes it; the checks' own code, and an edit inside a
+        function only other propositions call, do not."""
         calls = call_map() if calls is None else calls
-        modules = {c.run.__module__ for c in self.checks}
         h = hashlib.sha256()
-        for name in imported_closure(modules, sources):
-            if name.partition(".")[0] in IMPLEMENTATION_PACKAGES:
-                h.update(name.encode())
-                h.update(called_source(sources[name], calls.get(name, {}), self.id).encode())
+        for name in self.implementation_modules(sources, calls):
+            h.update(name.encode())
+            h.update(called_source(sources[name], calls.get(name, {}), self.id).encode())
         return h.hexdigest()
+
+    def implementation_modules(self, sources: Mapping[str, str], calls: CallMap) -> list[str]:
+        """The modules of ``IMPLEMENTATION_PACKAGES`` (``reference``, ``torch_port``) that this
+        proposition's implementation hash covers. With a call map: those the check modules
+        import, directly or through other modules (``imported_closure`` over ``sources``, the
+        three packages together), their parent packages (whose ``__init__`` runs first), and
+        every module in which the map lists this proposition (code that runs though no check
+        module imports it: the certificate's own imports, other modules' imports). Without one
+        (``calls`` empty: no map traced on these sources), every module of the two packages,
+        since what runs cannot be told then."""
+        implementation = [m for m in sources if m.partition(".")[0] in IMPLEMENTATION_PACKAGES]
+        if not calls:
+            return sorted(implementation)
+        found = set(imported_closure({c.run.__module__ for c in self.checks}, sources))
+        found |= {m for m, fns in calls.items() if any(self.id in who for who in fns.values())}
+        found |= {m.rsplit(".", k)[0] for m in found for k in range(1, m.count(".") + 1)}
+        return sorted(found & set(implementation))
 
 
 # -- which code a proposition's hash covers: its check modules and their imports in the package ----
@@ -282,13 +298,25 @@ def source_digest(sources: Mapping[str, str]) -> dict[str, str]:
     return {name: hashlib.sha256(sources[name].encode()).hexdigest() for name in sorted(sources)}
 
 
-@functools.lru_cache(maxsize=1)
 def call_map() -> dict[str, dict[str, frozenset[str]]]:
     """The rows of ``CALL_MAP`` (read as JSON: no code runs) when it was traced on exactly the
     sources on disk now (``project_sources``: every module of the three packages, the checks'
     own included, since they decide what is called); else empty, and every implementation hash
-    covers whole modules. A map traced on other code could leave out a call that an edit made
-    since, so it is never used."""
+    covers every module whole. A map traced on other code could leave out a call that an edit
+    made since, so it is never used. Read again whenever a source file or the map changes."""
+    return _call_map(_fingerprint())
+
+
+def _fingerprint() -> tuple:
+    """(path, modification time, size) of the map and of every source file: what
+    ``call_map`` depends on, cheap to take."""
+    files = [path for source in project_sources().maps for path in source._paths.values()]
+    stats = [(str(p), os.stat(p)) for p in [CALL_MAP, *files] if p.is_file()]
+    return tuple((p, st.st_mtime_ns, st.st_size) for p, st in stats)
+
+
+@functools.lru_cache(maxsize=1)
+def _call_map(fingerprint: tuple) -> dict[str, dict[str, frozenset[str]]]:
     if not CALL_MAP.is_file():
         return {}
     doc = json.loads(CALL_MAP.read_text(encoding="utf-8"))
@@ -298,34 +326,45 @@ def call_map() -> dict[str, dict[str, frozenset[str]]]:
 
 
 @functools.lru_cache(maxsize=512)
-def function_spans(source: str) -> tuple[tuple[str, int, int], ...]:
-    """(qualified name, first line, last line), 0-based, end exclusive, of every function
-    defined at module level or in a class body (classes nested in classes included) of
-    ``source``: the ``def`` line to the body's end; decorators, evaluated at import, stay
-    module-level code. Functions nested in functions are part of theirs."""
-    spans: list[tuple[str, int, int]] = []
+def function_bodies(source: str) -> tuple[tuple[str, int, int], ...]:
+    """(qualified name, first line, last line), 0-based, end exclusive, of the body of every
+    function defined at module level or in a class body (classes nested in classes included)
+    of ``source``. The ``def`` line, its decorators and its default values run at import and
+    stay module-level code; a function whose body starts on its ``def`` line is left whole.
+    Functions nested in functions are part of their body."""
+    bodies: list[tuple[str, int, int]] = []
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                spans.append((prefix + node.name, node.lineno - 1, node.end_lineno or node.lineno))
+                first = node.body[0]
+                decorators = getattr(first, "decorator_list", [])
+                start = min([first.lineno, *(d.lineno for d in decorators)]) - 1
+                if start >= node.lineno:  # else the body starts on the def line: kept whole
+                    bodies.append((prefix + node.name, start, node.end_lineno or node.lineno))
             elif isinstance(node, ast.ClassDef):
                 visit(node.body, f"{prefix}{node.name}.")
 
     visit(ast.parse(source).body, "")
-    return tuple(spans)
+    return tuple(bodies)
+
+
+def source_lines(source: str) -> list[str]:
+    """``source`` split after each ``\n`` only, as Python numbers its lines (``splitlines``
+    would also split at form feeds and other separators that Python does not count)."""
+    return re.split(r"(?<=\n)", source)
 
 
 def called_source(source: str, callers: Mapping[str, Iterable[str]], pid: str) -> str:
-    """``source`` less the functions that ``callers`` (qualified name -> ids, a module's row of
-    the call map) lists as called and not by ``pid``, each replaced by one line naming it. A
-    function the map does not list (called by no proposition when traced) is kept: what no
+    """``source`` less the bodies of the functions that ``callers`` (qualified name -> ids, a
+    module's row of the call map) lists as called, and not by ``pid``, each replaced by one
+    line naming it. A function the map does not list, or lists for nobody, is kept: what no
     trace vouches for is covered."""
-    lines = source.splitlines(keepends=True)
-    for name, first, last in reversed(function_spans(source)):
+    lines = source_lines(source)
+    for name, first, last in reversed(function_bodies(source)):
         who = callers.get(name)
-        if who is not None and pid not in who:
-            lines[first:last] = [f"# {name}: not called by {pid}\n"]
+        if who and pid not in who:
+            lines[first:last] = [f"# {name}: body not called by {pid}\n"]
     return "".join(lines)
 
 

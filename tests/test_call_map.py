@@ -1,6 +1,6 @@
 """Selective implementation hashes: a proposition's implementation hash covers the module-level
-code of the modules its checks import and the functions its checks call (the call map,
-``proofs_checks/call_map.json``), so an edit inside a function moves the hashes of the
+code of the modules that run for it and the bodies of the functions its checks call (the call
+map, ``proofs_checks/call_map.json``), so an edit inside a function moves the hashes of the
 propositions that call it and of no others."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from proofs_checks.registry import (
     REGISTRY,
     call_map,
     called_source,
-    function_spans,
-    imported_closure,
+    function_bodies,
     project_sources,
 )
 
@@ -43,24 +42,38 @@ def g():
 """
 
 
-def test_function_spans_name_methods_by_their_class() -> None:
-    spans = function_spans(TOY)
-    assert [name for name, _, _ in spans] == ["f", "C.m", "C.p", "g"]
+def test_function_bodies_name_methods_by_their_class_and_keep_signatures() -> None:
+    bodies = function_bodies(TOY)
+    assert [name for name, _, _ in bodies] == ["f", "C.m", "C.p", "g"]
     lines = TOY.splitlines()
-    assert [lines[first] for _, first, _ in spans][1:3] == ["    def m(self):", "    def p(self):"]
-    assert lines[spans[2][1] - 1] == "    @property"  # the decorator is module-level code
+    assert [lines[first].strip() for _, first, _ in bodies] == [
+        "return x + 1",
+        "return 2",
+        "return 3",
+        "return math.pi",
+    ]
+    one_line = "def h(): return 1\n\n\ndef k():\n    return 2\n"
+    assert [name for name, _, _ in function_bodies(one_line)] == ["k"]  # h kept whole
 
 
-def test_called_source_drops_only_functions_traced_as_called_by_others() -> None:
-    callers = {"f": ["A"], "C.m": ["B"], "C.p": ["A", "B"]}
+def test_called_source_drops_only_bodies_traced_as_called_by_others() -> None:
+    callers = {"f": ["A"], "C.m": ["B"], "C.p": ["A", "B"], "g": []}
     a = called_source(TOY, callers, "A")
     assert "return x + 1" in a and "return 3" in a
-    assert "return 2" not in a and "# C.m: not called by A" in a
+    assert "return 2" not in a and "# C.m: body not called by A" in a
+    assert "def m(self):" in a  # signatures (and their defaults) run at import: kept
     assert "return math.pi" in a  # listed for nobody: no trace vouches for it, so kept
     assert "LIMIT = 3" in a and "@property" in a
     b = called_source(TOY, callers, "B")
     assert "return x + 1" not in b and "return 2" in b
     assert called_source(TOY, {}, "A") == TOY
+
+
+def test_lines_are_counted_as_python_counts_them() -> None:
+    """A form feed is no line end for Python: the body dropped is still the right one."""
+    text = "# page\x0c\x0c break\n" + TOY
+    a = called_source(text, {"f": ["B"]}, "A")
+    assert "return x + 1" not in a and "return 2" in a and "def f(x):" in a
 
 
 def test_the_call_map_is_current() -> None:
@@ -78,20 +91,16 @@ def test_a_map_traced_on_other_sources_is_never_used(tmp_path, monkeypatch) -> N
     stale = tmp_path / "call_map.json"
     stale.write_text(json.dumps(doc), encoding="utf-8")
     monkeypatch.setattr(registry, "CALL_MAP", stale)
-    registry.call_map.cache_clear()
-    try:
-        assert registry.call_map() == {}
-    finally:
-        registry.call_map.cache_clear()
+    assert registry.call_map() == {}  # read again: the map's path is part of what it depends on
 
 
 def _edit_inside(sources: dict[str, str], module: str, function: str) -> dict[str, str]:
-    """``sources`` with a comment added on the line after ``function``'s ``def`` line: inside
-    its span (within the signature's parentheses or the body)."""
+    """``sources`` with a comment added after the first line of ``function``'s body (a comment
+    before its first statement would be module-level text)."""
     text = sources[module]
-    (first,) = [first for name, first, _ in function_spans(text) if name == function]
+    (first,) = [first for name, first, _ in function_bodies(text) if name == function]
     lines = text.splitlines(keepends=True)
-    lines.insert(first + 1, "    # an edit\n")
+    lines.insert(first + 1, "    # an edit\n")  # after the body's first line: inside it
     return {**sources, module: "".join(lines)}
 
 
@@ -102,8 +111,12 @@ def _moved(before: dict[str, str], after: dict[str, str], calls) -> set[str]:
     return {p.id for p in REGISTRY.values() if digest(p, after) != digest(p, before)}
 
 
-#: (module, function, a proposition known to call it, one whose checks import the module but
-#: do not call it): edits in three modules of both packages.
+def _covering(module: str, sources: dict[str, str], calls) -> set[str]:
+    return {p.id for p in REGISTRY.values() if module in p.implementation_modules(sources, calls)}
+
+
+#: (module, function, a proposition known to call it, one whose hash covers the module but
+#: whose checks do not call it): edits in three modules of both packages.
 EDITS = [
     ("reference.optim", "riemannian_adam", "RA-2", "PORT-1"),
     ("reference.linalg", "polar", "RA-3", "EB-1"),
@@ -116,31 +129,34 @@ def test_an_edit_inside_a_function_moves_the_hashes_of_its_callers_only(
     module: str, function: str, caller: str, other: str
 ) -> None:
     """Moved: exactly the propositions that the map lists for the function, among those whose
-    checks import the module; a known caller among them, a known importer that does not call
-    it not. Control: without the map (whole modules, as before) every importer moves."""
+    hash covers the module; a known caller among them, a known other not. Control: without a
+    map (none traced on these sources), every proposition moves."""
     sources = dict(project_sources())
     calls = call_map()
     edited = _edit_inside(sources, module, function)
-    importers = {
-        p.id
-        for p in REGISTRY.values()
-        if module in imported_closure({c.run.__module__ for c in p.checks}, sources)
-    }
+    covering = _covering(module, sources, calls)
     moved = _moved(sources, edited, calls)
-    assert moved == set(calls[module][function]) & importers
-    assert caller in moved and other in importers - moved
-    assert _moved(sources, edited, {}) == importers
+    assert moved == set(calls[module][function]) & covering
+    assert caller in moved and other in covering - moved
+    assert _moved(sources, edited, {}) == set(REGISTRY)
 
 
-def test_a_module_level_edit_moves_every_importer() -> None:
-    sources = dict(project_sources())
-    edited = {**sources, "reference.optim": sources["reference.optim"] + "\nLIMIT = 1\n"}
-    importers = {
-        p.id
+def test_the_modules_that_run_are_covered_though_no_check_imports_them() -> None:
+    """``torch_port/__init__.py`` runs for PORT-5 (it imports the port's package) and
+    ``reference.environment`` for every proposition (the certificate records it): both are
+    covered, so a patch put there moves the hashes."""
+    sources, calls = dict(project_sources()), call_map()
+    assert "torch_port" in REGISTRY["PORT-5"].implementation_modules(sources, calls)
+    assert all(
+        "reference.environment" in p.implementation_modules(sources, calls)
         for p in REGISTRY.values()
-        if "reference.optim" in imported_closure({c.run.__module__ for c in p.checks}, sources)
-    }
-    assert _moved(sources, edited, call_map()) == importers
+    )
+
+
+def test_a_module_level_edit_moves_every_proposition_it_runs_for() -> None:
+    sources, calls = dict(project_sources()), call_map()
+    edited = {**sources, "reference.optim": sources["reference.optim"] + "\nLIMIT = 1\n"}
+    assert _moved(sources, edited, calls) == _covering("reference.optim", sources, calls)
 
 
 @pytest.mark.slow

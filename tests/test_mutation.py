@@ -68,8 +68,10 @@ def test_every_mutant_of_a_file_has_its_own_key() -> None:
 @pytest.mark.slow
 def test_mutants_are_judged_by_the_propositions_that_call_their_function(tmp_path) -> None:
     """The trace, in a fresh interpreter as the tool runs it: the port's R1 projection and
-    rgrad are called by PORT-5 alone, the capacity tasks by EB-4 alone, and what runs while
-    the modules are imported (their bodies, class bodies) is charged to both."""
+    rgrad are called by PORT-5 alone, the capacity tasks by EB-4 alone, what runs while the
+    certificate's modules are imported (their bodies, class bodies) is charged to both, and a
+    module first imported inside one proposition's checks (the port's, inside PORT-5's) to
+    that one."""
     import json
     import subprocess
     import sys
@@ -89,5 +91,5 @@ def test_mutants_are_judged_by_the_propositions_that_call_their_function(tmp_pat
     port, tasks = calls["torch_port/fixed_rank.py"], calls["reference/capacity/tasks.py"]
     assert port["proj_tangent"] == port["egrad_to_rgrad"] == ["PORT-5"]
     assert tasks["static_task"] == tasks["linear_qk_task"] == ["EB-4"]
-    assert port["<module>"] == tasks["<module>"] == ["PORT-5", "EB-4"]
-    assert tasks["PlantedTask"] == ["PORT-5", "EB-4"]
+    assert tasks["<module>"] == tasks["PlantedTask"] == ["PORT-5", "EB-4"]
+    assert port["<module>"] == ["PORT-5"]  # imported inside PORT-5's checks, not before

@@ -319,6 +319,71 @@ def factors_read(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+#: PORT-10's rank threshold: the core sizes k tried, and the relative distance from the
+#: threshold at which each decision is tested.
+RANK_KS, RANK_SIDE = (2, 3, 4), 1e-6
+
+
+def _threshold_moved(factor: float) -> Callable:
+    """``convert.points.rank_tolerance`` times ``factor``."""
+    return lambda k: factor * k * np.finfo(np.float64).eps
+
+
+def rank_threshold(ctx: Context, wrong: bool) -> Outcome:
+    """``convert.points.factor_svd`` refuses a product exactly when σ_min/σ_max ≤ k·ε of float64
+    (the threshold stated in its docstring, computed here from NumPy's ε): for k in
+    ``RANK_KS`` (d = 12), A = [I_k; 0] and B = [diag(s); 0], whose product has the singular
+    values s exactly (the QR factors of both are ±I and ±diag(s)), s_1 = 1 and the others
+    k·ε·(1 ∓ ``RANK_SIDE``): refused below, accepted above (σ_min/σ_max is one division, within
+    half an ulp, 1e-16 of the side). Residual: the number of wrong decisions, tolerance 0.
+    Control, near misses: the threshold moved by +0.5% and by −0.5% in turn, substituted for
+    ``convert.points.rank_tolerance``; the control's residual is the fewest wrong decisions
+    either causes (rejected only if both are caught)."""
+    import torch
+
+    from torch_port.convert import points
+
+    def wrong_decisions() -> list[str]:
+        wrong_calls = []
+        for k in RANK_KS:
+            threshold = k * np.finfo(np.float64).eps
+            for side, refused in ((1 - RANK_SIDE, True), (1 + RANK_SIDE, False)):
+                s = torch.full((k,), threshold * side, dtype=torch.float64)
+                s[0] = 1.0
+                a = torch.eye(CONVERT_D, k, dtype=torch.float64)
+                try:
+                    points.factor_svd("PORT-10", a, a * s)
+                    decided = False
+                except ValueError:
+                    decided = True
+                if decided != refused:
+                    wrong_calls.append(f"k = {k} at {side:g}×threshold")
+        return wrong_calls
+
+    if wrong:
+        caught = {}
+        for factor in (1.005, 0.995):
+            with substituted(points, "rank_tolerance", _threshold_moved(factor)):
+                caught[factor] = len(wrong_decisions())
+        least = min(caught.values())
+        return Outcome(
+            least == 0, float(least), 0.0, f"wrong decisions per moved threshold: {caught}"
+        )
+    found = wrong_decisions()
+    return Outcome(
+        not found,
+        float(len(found)),
+        0.0,
+        f"wrong decisions: {found or 'none'} of {2 * len(RANK_KS)}",
+        {
+            "sizes": f"d = {CONVERT_D}, k = {', '.join(map(str, RANK_KS))}",
+            "cases": f"σ_min/σ_max at 1 ∓ {RANK_SIDE:g} × k·ε",
+            "dtypes": "float64",
+            "seeds": "none (exact inputs)",
+        },
+    )
+
+
 register(
     Proposition(
         id="PORT-10",
@@ -331,7 +396,9 @@ register(
             r"norms); with \texttt{stiefel} every head's frame is the polar factor of its "
             r"weight, and with P1 every head's product is the nearest rank-$k$ partial "
             r"isometry, each within $2\kappa\,\mathrm{frame\_error}$ of NumPy's SVD; and the "
-            r"converted module's per-head products are R1's $U S V^\top$ of its stored factors."
+            r"converted module's per-head products are R1's $U S V^\top$ of its stored factors. "
+            r"A product whose $\sigma_{\min}/\sigma_{\max}\le k\varepsilon$ (float64) is "
+            r"refused as of rank below $k$, and one above it is converted."
         ),
         hypotheses=(
             f"a LLaMA-style module (q/k/v/o projections, q/k/v biases), d = {CONVERT_D}, "
@@ -363,6 +430,12 @@ register(
                 "the module's products are R1's U S Vᵀ of random stored points",
                 factors_read,
                 "every R1 core transposed where the module assembles its weights, substituted",
+            ),
+            Check(
+                "float64",
+                "a product of rank below k is refused exactly at σ_min/σ_max ≤ k·ε",
+                rank_threshold,
+                "near miss: the threshold moved by ±0.5%, substituted into the port",
             ),
         ),
         requires=("torch",),

@@ -20,15 +20,21 @@ Tensor = torch.Tensor
 WIDE = torch.float64
 
 
+def rank_tolerance(k: int) -> float:
+    """k·ε of float64: a product of k directions whose σ_min/σ_max is at most this has fewer
+    than k that are not rounding (``factor_svd`` refuses it)."""
+    return k * torch.finfo(WIDE).eps
+
+
 def factor_svd(label: str, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(U, s, V) with A Bᵀ = U diag(s) Vᵀ, from the thin QR of A and B and the SVD of the k×k
-    core R_A R_Bᵀ; refuses a product of rank < k (σ_min/σ_max ≤ k·ε of float64)."""
+    core R_A R_Bᵀ; refuses a product of rank < k (σ_min/σ_max ≤ ``rank_tolerance(k)``)."""
     qa, ra = torch.linalg.qr(a)
     qb, rb = torch.linalg.qr(b)
     u, s, vh = torch.linalg.svd(ra @ rb.mT)
     ratio = s[..., -1] / s[..., 0]
     k = a.shape[-1]
-    if bool((~(ratio > k * torch.finfo(WIDE).eps)).any()):
+    if bool((~(ratio > rank_tolerance(k))).any()):
         raise ValueError(
             f"{label}: a product W_Q W_Kᵀ (or its block) has rank below {k}: σ_min/σ_max = "
             f"{float(ratio.min()):.3e}; it is no point of a rank-{k} geometry (use init='random')"
