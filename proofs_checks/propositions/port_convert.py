@@ -375,7 +375,7 @@ def rank_threshold(ctx: Context, wrong: bool) -> Outcome:
         float(len(found)),
         0.0,
         f"wrong decisions: {found or 'none'} of {2 * len(RANK_KS)}",
-        {
+        exercised={
             "sizes": f"d = {CONVERT_D}, k = {', '.join(map(str, RANK_KS))}",
             "cases": f"σ_min/σ_max at 1 ∓ {RANK_SIDE:g} × k·ε",
             "dtypes": "float64",
