@@ -284,8 +284,8 @@ def _import_statements(source: str) -> tuple[tuple[int, str | None, tuple[str, .
 
 # -- which functions of a module a proposition's implementation hash covers: those it calls -----
 
-#: module -> qualified function name -> the ids of the propositions whose quick checks and
-#: controls call it (``proofs_checks/call_trace.py``).
+#: module -> qualified function name -> the ids of the propositions whose checks and controls,
+#: quick and full, call it (``proofs_checks/call_trace.py``).
 CallMap = Mapping[str, Mapping[str, Iterable[str]]]
 
 #: The call map of the project (``python proofs_checks/call_trace.py --map``): the functions
@@ -350,8 +350,8 @@ def function_bodies(source: str) -> tuple[tuple[str, int, int], ...]:
 
 
 def source_lines(source: str) -> list[str]:
-    """``source`` split after each ``\n`` only, as Python numbers its lines (``splitlines``
-    would also split at form feeds and other separators that Python does not count)."""
+    """``source`` split after each newline character only, as Python numbers its lines
+    (``splitlines`` would also split at form feeds and other separators Python does not count)."""
     return re.split(r"(?<=\n)", source)
 
 

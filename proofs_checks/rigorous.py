@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -49,13 +50,27 @@ def matrix(a: np.ndarray) -> Any:
     return flint.arb_mat([[flint.arb(float(x)) for x in row] for row in np.asarray(a)])
 
 
+def above(x: Any) -> float:
+    """The smallest float64 certainly ≥ every point of the ball x (``float`` rounds to the
+    nearest, which may lie below x's upper end)."""
+    v = float(x.upper())
+    while not ball(v) >= x:
+        v = math.nextafter(v, math.inf)
+    return v
+
+
+def below(x: Any) -> float:
+    """The largest float64 certainly ≤ every point of the ball x."""
+    return -above(-x)
+
+
 def frobenius_upper(m: Any) -> float:
     """An upper bound (a float64 above the ball's upper end) of ‖m‖_F for an ``arb_mat``."""
     total = ball(0.0)
     for row in m.tolist():
         for x in row:
             total += x * x
-    return float(total.sqrt().upper())
+    return above(total.sqrt())
 
 
 def identity(r: int) -> Any:
@@ -71,7 +86,7 @@ def orthonormality_upper(w: np.ndarray) -> float:
 
 def relative_error_upper(computed: float, exact: Any) -> float:
     """An upper bound of |computed − exact|/|exact| for a float64 and a ball not containing 0."""
-    return float((abs(ball(computed) - exact) / abs(exact)).upper())
+    return above(abs(ball(computed) - exact) / abs(exact))
 
 
 def mean_square(g: np.ndarray) -> Any:
@@ -93,10 +108,7 @@ def gram_eigenvalue_range(*terms: np.ndarray) -> tuple[float, float]:
     for term in terms[1:]:
         big = big + matrix(term)
     eigenvalues = flint.acb_mat(big.transpose() * big).eig()
-    return (
-        min(float(e.real.lower()) for e in eigenvalues),
-        max(float(e.real.upper()) for e in eigenvalues),
-    )
+    return min(below(e.real) for e in eigenvalues), max(above(e.real) for e in eigenvalues)
 
 
 def gram_defect_upper(w: np.ndarray, xi: np.ndarray) -> float:

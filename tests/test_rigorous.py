@@ -34,6 +34,17 @@ def test_an_enclosure_sees_what_float64_rounds_away() -> None:
     assert exact <= rigorous.orthonormality_upper(w) <= exact * (1 + 1e-15)
 
 
+def test_bounds_are_rounded_outward_to_float64() -> None:
+    """1/3 is no float64: the nearest, ``float``'s answer, lies below it, so an upper bound
+    must round up (and a lower one down); an exact float64 stays itself."""
+    third = rigorous.ball(1.0) / 3
+    assert not rigorous.ball(float(third.upper())) >= third  # the nearest is no upper bound
+    up, down = rigorous.above(third), rigorous.below(third)
+    assert rigorous.ball(up) >= third and rigorous.ball(down) <= third
+    assert up == math.nextafter(down, math.inf)
+    assert rigorous.above(rigorous.ball(0.5)) == rigorous.below(rigorous.ball(0.5)) == 0.5
+
+
 def test_mean_square_and_relative_error_are_exact_for_exact_inputs() -> None:
     g = np.array([[3.0, 4.0]])
     ms = rigorous.mean_square(g)
