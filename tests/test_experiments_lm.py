@@ -303,6 +303,28 @@ def test_weight_decay_setup_is_stated(tmp_path: Path) -> None:
     assert "the attention projections included in the adamw arm" in md and "RA-5" in md
 
 
+def test_adamw_sweeps_its_own_grid(tmp_path: Path) -> None:
+    """With ``adamw_lrs`` AdamW runs over its grid and the geometry over ``lrs``, and the
+    geometry's plain parameters take AdamW's best lr from AdamW's grid."""
+    doc = _smoke(
+        tmp_path,
+        overrides={"configs": ["mha"], "adamw_lrs": [1e-3, 2e-3], "lrs": [1e-2]},
+    )
+    lrs = {
+        arm: sorted({r["lr"] for r in doc["runs"] if r["arm"] == arm})
+        for arm in ("adamw", "stiefel")
+    }
+    assert lrs == {"adamw": [1e-3, 2e-3], "stiefel": [1e-2]}
+    assert doc["summary"]["plain_lr_by_config"]["mha"] in (1e-3, 2e-3)
+    assert {r["plain_lr"] for r in doc["runs"] if r["arm"] == "stiefel"} == {
+        doc["summary"]["plain_lr_by_config"]["mha"]
+    }
+    assert (
+        "AdamW over {0.001, 0.002}, the points over {0.01}"
+        in (tmp_path / "lm" / "results.md").read_text()
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -324,6 +346,9 @@ def test_bad_input(
     ("overrides", "message"),
     [
         ({"lrs": [0.0]}, "lrs must be"),
+        ({"adamw_lrs": []}, "adamw_lrs must be a non-empty list"),
+        ({"adamw_lrs": [1e-3, float("inf")]}, "adamw_lrs must be"),
+        ({"adamw_lrs": "0.001"}, "adamw_lrs must be"),
         ({"arms": ["sgd"]}, "unknown arms"),
         ({"configs": ["mqa"]}, "configs must be"),
         ({"steps": 0}, "steps must be a positive integer, got 0"),

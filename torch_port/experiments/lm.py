@@ -79,7 +79,7 @@ from torch_port.experiments import common, lm_report, runs
 from torch_port.experiments.common import RunOptions
 from torch_port.experiments.corpus import Corpus, load_corpus, train_batch, val_windows
 from torch_port.experiments.lm_arms import arm_refusal, build_model, kv_heads, resolve_arms
-from torch_port.experiments.lm_config import PRESETS, SWEEP_KEYS, check_config
+from torch_port.experiments.lm_config import PRESETS, SWEEP_KEYS, arm_lrs, check_config
 from torch_port.experiments.lm_report import (
     best_lr,
     block_equals_plain,
@@ -323,7 +323,7 @@ def run(options: RunOptions) -> dict[str, Any]:
                 for name, arm in pairs
                 for spec in (
                     RunSpec(name, arm, float(lr), int(seed), plain[name])
-                    for lr in config["lrs"]
+                    for lr in arm_lrs(config, arm)
                     for seed in config["seeds"]
                 )
             ]

@@ -14,7 +14,7 @@ from torch_port.optim.guard import values as checks
 
 #: Configuration keys that choose which runs make up the sweep; the others define one run,
 #: and only those enter a run's checkpoint key (so a sweep may grow and still resume).
-SWEEP_KEYS = ("seeds", "configs", "arms", "lrs", "threads", "checkpoint_every")
+SWEEP_KEYS = ("seeds", "configs", "arms", "lrs", "adamw_lrs", "threads", "checkpoint_every")
 
 #: The paper's protocol: the QK and VO products of every head on the arm's geometry, trained by
 #: the momentum rule with trust-region normalisation (``RiemannianMomentum``), AdamW (PyTorch's
@@ -54,6 +54,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         "configs": ["mha", "gqa"],
         "arms": ["adamw", "stiefel"],
         "lrs": [3e-3, 1e-2],
+        # AdamW's own grid (null: ``lrs``); its best lr then trains the other arms' plain
+        # parameters, so the two grids tune plain parameters and points separately
+        "adamw_lrs": None,
         "seeds": [0],
         "threads": 1,
         "checkpoint_every": 2,
@@ -96,6 +99,34 @@ PRESETS["paper"] = common.preset_variant(
     threads=4,
     checkpoint_every=250,
 )
+# The quick model at the paper's length: 3,000 steps, 3 seeds, MHA (under MHA each block
+# variant is its plain geometry, as the quick preset shows). Each grid holds the arm's best lr
+# at 300 steps and the next one down (a longer run without annealing wants a smaller lr).
+PRESETS["long"] = common.preset_variant(
+    PRESETS["quick"],
+    steps=3000,
+    eval_every=250,
+    configs=["mha"],
+    arms=[
+        "adamw",
+        "stiefel",
+        "fixed_rank_embedded",
+        "fixed_rank_quotient",
+        "partial_isometry_embedded",
+        "partial_isometry_quotient",
+        "stiefel_pair",
+    ],
+    adamw_lrs=[1e-3, 3e-3],
+    lrs=[1e-2, 3e-2],
+    seeds=[0, 1, 2],
+    checkpoint_every=250,
+)
+
+
+def arm_lrs(config: Mapping[str, Any], arm: str) -> list[float]:
+    """The learning rates swept for ``arm``: ``adamw_lrs`` for AdamW when given, else ``lrs``."""
+    own = config["adamw_lrs"] if arm == "adamw" else None
+    return [float(lr) for lr in (config["lrs"] if own is None else own)]
 
 
 def check_config(config: Mapping[str, Any]) -> None:
@@ -123,9 +154,19 @@ def check_config(config: Mapping[str, Any]) -> None:
         )
     if isinstance(config["warmup"], bool) or int(config["warmup"]) < 0:
         raise ValueError(f"warmup must be ≥ 0, got {config['warmup']!r}")
-    lrs = config["lrs"]
-    if not lrs or any(not (isinstance(x, int | float) and math.isfinite(x) and x > 0) for x in lrs):
-        raise ValueError(f"lrs must be a non-empty list of finite positive numbers, got {lrs!r}")
+    for key in ("lrs", "adamw_lrs"):
+        lrs = config[key]
+        if key == "adamw_lrs" and lrs is None:
+            continue
+        if (
+            isinstance(lrs, str)
+            or not isinstance(lrs, list)
+            or not lrs
+            or any(not (isinstance(x, int | float) and math.isfinite(x) and x > 0) for x in lrs)
+        ):
+            raise ValueError(
+                f"{key} must be a non-empty list of finite positive numbers, got {lrs!r}"
+            )
     for key, known in (("products", PRODUCTS), ("rule", RULES)):
         if config[key] not in known:
             raise ValueError(f"{key} must be one of {known}, got {config[key]!r}")

@@ -132,14 +132,23 @@ def protocol(cfg: Mapping[str, Any]) -> str:
     else:
         rule = "`RiemannianAdam` (one scalar second moment per frame)"
     if cfg["plain_lr"] == "adamw":
+        grids = (
+            ""
+            if cfg.get("adamw_lrs") is None
+            else f" (AdamW over {_grid(cfg['adamw_lrs'])}, the points over {_grid(cfg['lrs'])})"
+        )
         lr = (
             "The adamw arm's lr is swept for the whole model first; every other arm keeps "
             "AdamW at that best lr (per configuration) on its plain parameters and sweeps the "
-            "lr of its points only."
+            f"lr of its points only{grids}."
         )
     else:
         lr = "The learning rate is swept for the whole optimizer (points and AdamW share it)."
     return f"Each geometry arm puts the {products} on it, trained by {rule}. {lr}"
+
+
+def _grid(lrs: Sequence[float]) -> str:
+    return "{" + ", ".join(f"{float(lr):g}" for lr in lrs) + "}"
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -195,7 +204,7 @@ def markdown(document: Mapping[str, Any]) -> str:
             table,
         )
     )
-    lrs = sorted({float(x) for x in cfg["lrs"]})
+    lrs = sorted({float(x) for x in [*cfg["lrs"], *(cfg.get("adamw_lrs") or [])]})
     lines += ["", "## Mean final validation loss for every learning rate", ""]
     lines.append(
         common.markdown_table(
