@@ -202,9 +202,11 @@ class _SourceFiles(Mapping[str, str]):
     """Module name -> source text of the ``.py`` files under a package directory, each read
     (UTF-8) when it is looked up; a package's ``__init__.py`` is keyed by the package's name."""
 
-    def __init__(self, root: Path, package: str) -> None:
+    def __init__(self, root: Path, package: str, skip: tuple[str, ...] = ()) -> None:
         self._paths: dict[str, Path] = {}
         for path in sorted(root.rglob("*.py")):
+            if path.relative_to(root).parts[0] in skip:
+                continue
             parts = [package, *path.relative_to(root).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
@@ -223,9 +225,14 @@ class _SourceFiles(Mapping[str, str]):
         return name in self._paths
 
 
+#: Subpackages that are not installed (``pyproject.toml``): developer tools, which no check runs.
+NOT_INSTALLED = ("dev",)
+
+
 def package_sources() -> Mapping[str, str]:
-    """Module name -> source text of every module of the package as it is on disk now."""
-    return _SourceFiles(PACKAGE_DIR, PACKAGE)
+    """Module name -> source text of every installed module of the package as it is on disk
+    now (a checkout's ``NOT_INSTALLED`` tools left out, so that it hashes as an install does)."""
+    return _SourceFiles(PACKAGE_DIR, PACKAGE, skip=NOT_INSTALLED)
 
 
 #: The packages of the code under test, beside this one (in the same directory).
@@ -285,10 +292,10 @@ def _import_statements(source: str) -> tuple[tuple[int, str | None, tuple[str, .
 # -- which functions of a module a proposition's implementation hash covers: those it calls -----
 
 #: module -> qualified function name -> the ids of the propositions whose checks and controls,
-#: quick and full, call it (``proofs_checks/call_trace.py``).
+#: quick and full, call it (``proofs_checks/dev/call_trace.py``).
 CallMap = Mapping[str, Mapping[str, Iterable[str]]]
 
-#: The call map of the project (``python proofs_checks/call_trace.py --map``): the functions
+#: The call map of the project (``python proofs_checks/dev/call_trace.py --map``): the functions
 #: each proposition calls, traced on the sources whose digests it records.
 CALL_MAP = PACKAGE_DIR / "call_map.json"
 

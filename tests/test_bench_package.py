@@ -149,3 +149,60 @@ def test_the_route_floor_takes_the_steps_route() -> None:
     assert gap(*step(0.1, True)) > 1e-3 and gap(*step(0.9, False)) > 1e-3  # controls
     assert float((y_floor - w).abs().max()) > 1e-4  # the step moved the frames
     assert torch.equal(p.detach(), w)  # the floor writes its buffers, not the parameter
+
+
+TINY = {"layers": 1, "d": 16, "heads": 2, "context": 8, "batch": 2, "vocab": 32}
+
+
+def test_the_training_benchmark_counts_gpt2_small() -> None:
+    """GPT-2 small with its 1,024 positions has 124,439,808 parameters (the published count);
+    the benchmark's 512 positions leave out 512 × 768 of them."""
+    from proofs_checks.bench.train import SIZES, parameter_count
+
+    full = dict(SIZES["gpt2-small"], context=1024)
+    assert parameter_count(full) == 124_439_808
+    assert parameter_count(SIZES["gpt2-small"]) == 124_439_808 - 512 * 768
+
+
+@pytest.mark.parametrize("hide_transformers", [False, True], ids=["hugging face", "built"])
+def test_the_training_benchmark_converts_and_times_both_models(
+    hide_transformers: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With or without ``transformers``: W_Q and W_K of every head are frames (2·d² entries a
+    block), the model has the counted parameters, both rows are timed and the ratio is the
+    port row's."""
+    pytest.importorskip("torch")
+    if hide_transformers:
+        monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    else:
+        pytest.importorskip("transformers")
+    from proofs_checks.bench.train import ADAMW_ROW, PORT_ROW, bench_train, parameter_count
+
+    result = bench_train(repeats=1, progress=False, config=TINY)
+    assert result["model"] == ("GPT" if hide_transformers else "GPT2LMHeadModel")
+    assert result["parameters"] == parameter_count(TINY)
+    assert result["frame_parameters"] == 2 * 16 * 16
+    rows = {row["name"]: row for row in result["rows"]}
+    assert set(rows) == {PORT_ROW, ADAMW_ROW} and rows[ADAMW_ROW]["ratio_to_adamw"] == 1.0
+    assert result["target"]["train_over_adamw"] == rows[PORT_ROW]["ratio_to_adamw"] > 0
+    assert all(row["median_s"] > 0 and row["peak_bytes"] is None for row in rows.values())
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--size", "huge"], "--size must be one of small, gpt2-small, got 'huge'"),
+        (["--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+    ],
+)
+def test_the_training_benchmark_refuses_bad_options(argv, message, capsys) -> None:
+    pytest.importorskip("torch")
+    assert main(["bench", "train", "--repeats", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_training_benchmark_is_refused_beyond_memory(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(memory, "memory_limit", lambda: (1000, "a test limit"))
+    assert main(["bench", "train", "--size", "gpt2-small"]) == 2
+    assert "bench train needs about" in capsys.readouterr().err

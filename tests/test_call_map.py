@@ -81,7 +81,7 @@ def test_the_call_map_is_current() -> None:
     covers whole modules again."""
     assert call_map(), (
         "proofs_checks/call_map.json was traced on other sources: regenerate it with "
-        "`python proofs_checks/call_trace.py --map --jobs 2`"
+        "`python proofs_checks/dev/call_trace.py --map --jobs 2`"
     )
 
 
@@ -167,7 +167,7 @@ def test_the_map_is_what_a_fresh_trace_finds() -> None:
     import sys
     from pathlib import Path
 
-    path = Path(registry.__file__).with_name("call_trace.py")
+    path = Path(registry.__file__).parent / "dev" / "call_trace.py"
     spec = importlib.util.spec_from_file_location("call_trace", path)
     call_trace = importlib.util.module_from_spec(spec)
     sys.modules["call_trace"] = call_trace

@@ -158,41 +158,6 @@ def test_the_state_moves_between_the_capturable_and_the_eager_step():
         assert (a - b).abs().max().item() <= 10 * step_error(D, R)
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"trust_radius": None}, "needs trust_radius"),
-        ({"trust_radius": 0.8}, "0 < Δ ≤ 0.7"),
-        ({"eps": 0.0}, "needs eps > 0"),
-        ({"moment": "elementwise"}, "moment='frame'"),
-        ({"reduction": "sum"}, "reduction='mean'"),
-    ],
-)
-def test_what_the_capturable_step_cannot_take_is_refused(options, message):
-    params = _model()
-    kw = {"lr": LR, "trust_radius": RADIUS, "capturable": True, **options}
-    with pytest.raises(ValueError, match=message):
-        tp.RiemannianAdam([{"params": params[:1], "geometry": "stiefel"}], **kw)
-
-
-def test_other_geometries_and_mixed_groups_are_refused():
-    g = torch.Generator().manual_seed(0)
-    u, s, v = tp.GEOMETRIES["fixed_rank_embedded"](6, 5, 2).random_point(g)
-    factors = [torch.nn.Parameter(t) for t in (u, s, v)]
-    with pytest.raises(ValueError, match="geometry='stiefel'"):
-        tp.RiemannianAdam(
-            [{"params": factors, "geometry": "fixed_rank_embedded"}],
-            trust_radius=RADIUS,
-            capturable=True,
-        )
-    params = _model()
-    opt = tp.RiemannianAdam(
-        [{"params": params[:1], "geometry": "stiefel"}], trust_radius=RADIUS, capturable=True
-    )
-    with pytest.raises(ValueError, match="the same for every parameter group"):
-        opt.add_param_group({"params": params[1:2], "geometry": "stiefel", "capturable": False})
-
-
 def test_the_series_degree_truncates_below_float64_rounding():
     """At ‖E‖₂ = δ = Δ² + η for Δ = 0.7 (the largest radius taken): A = W Q diag(√μ) Qᵀ with
     the eigenvalues μ of AᵀA spread over [1 − δ, 1 + δ] (so α = 1 and E's eigenvalues reach

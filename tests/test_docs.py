@@ -84,7 +84,7 @@ def rattn_commands(path: Path) -> list[str]:
 def test_every_rattn_command_in_the_docs_parses() -> None:
     """Each shell example names a command and options that ``rattn`` accepts (running them all
     would take the certificate's and the benchmarks' time; the Python blocks above run)."""
-    from proofs_checks.cli_parser import _UsageError, build_parser
+    from proofs_checks.cli.parser import _UsageError, build_parser
 
     commands = [c for p in FILES for c in rattn_commands(p)]
     scripts = sorted((ROOT / "docs").glob("*.sh"))  # the prepared scripts

@@ -85,7 +85,7 @@ def test_set_overrides_reach_the_experiment(tmp_path):
     import json
 
     from proofs_checks.cli import main
-    from proofs_checks.cli_parser import parse_overrides
+    from proofs_checks.cli.parser import parse_overrides
 
     assert parse_overrides(["lr=1e-3", "init=torch", "betas=[0.9, 0.95]"]) == {
         "lr": 1e-3,

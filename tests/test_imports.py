@@ -217,3 +217,55 @@ def test_no_experiment_module_imports_another_inside_a_function() -> None:
         if target == EXPERIMENTS or target.startswith(EXPERIMENTS + ".")
     ]
     assert not bad, "imports of experiment modules inside functions: " + ", ".join(bad)
+
+
+#: DESIGN §2: (importer package, packages it may never import), function-level imports included.
+#: ``torch_port``'s experiments may use ``reference`` but not ``proofs_checks``; developer tools
+#: (``proofs_checks.dev``, not installed) are imported by nothing that is installed.
+FORBIDDEN = [
+    ("reference", ("torch_port", "proofs_checks")),
+    ("torch_port", ("proofs_checks",)),
+    ("proofs_checks", ("proofs_checks.dev",)),
+]
+
+
+def _forbidden_edges(graph: dict[str, set[str]]) -> list[str]:
+    def within(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return [
+        f"{module} → {target}"
+        for importer, banned in FORBIDDEN
+        for module, targets in sorted(graph.items())
+        if within(module, importer) and not within(module, "proofs_checks.dev")
+        for target in sorted(targets)
+        if any(within(target, b) for b in banned)
+    ]
+
+
+def test_imports_flow_one_way() -> None:
+    top, lazy = import_graph()
+    both = {m: top.get(m, set()) | lazy.get(m, set()) for m in top.keys() | lazy.keys()}
+    bad = _forbidden_edges(both)
+    assert not bad, "imports against DESIGN §2's direction: " + ", ".join(bad)
+
+
+def test_a_forbidden_import_is_seen() -> None:
+    """Control: an experiment importing the command's module is reported."""
+    bad = _forbidden_edges({f"{EXPERIMENTS}.rank_edge": {"proofs_checks.cli.rank"}})
+    assert bad == [f"{EXPERIMENTS}.rank_edge → proofs_checks.cli.rank"]
+
+
+def test_the_developer_tools_are_not_installed_and_not_hashed() -> None:
+    """``pyproject.toml`` leaves out of the wheel exactly the subpackages the registry leaves out
+    of its source hashes, so a checkout and an install hash the same files."""
+    import tomllib
+
+    from proofs_checks import registry
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    excluded = config["tool"]["setuptools"]["packages"]["find"]["exclude"]
+    assert excluded == [f"proofs_checks.{name}*" for name in registry.NOT_INSTALLED]
+    hashed = set(registry.package_sources())
+    assert "proofs_checks.registry" in hashed
+    assert not any(m.startswith("proofs_checks.dev") for m in hashed)

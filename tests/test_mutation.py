@@ -1,5 +1,6 @@
-"""``proofs_checks.mutation`` makes real mutants: each one valid Python that differs from its file
-at the line it names, by the change it names (the judging itself is long and not run here)."""
+"""``proofs_checks.dev.mutation`` makes real mutants: each one valid Python that differs from
+its file at the line it names, by the change it names (the judging itself is long and not run
+here)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ast
 
 import pytest
 
-from proofs_checks import mutation
+from proofs_checks.dev import mutation
 
 #: Two judged files by default (one reference, one port module); every file with ``-m slow``.
 DEFAULT_FILES = ("reference/optim.py", "torch_port/optim/transforms.py")
@@ -78,7 +79,7 @@ def test_mutants_are_judged_by_the_propositions_that_call_their_function(tmp_pat
 
     out = tmp_path / "calls.json"
     files = ["torch_port/fixed_rank.py", "reference/capacity/tasks.py"]
-    script = mutation.ROOT / "proofs_checks" / "call_trace.py"
+    script = mutation.ROOT / "proofs_checks" / "dev" / "call_trace.py"
     env = {"PYTHONPATH": str(mutation.ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     subprocess.run(
         [sys.executable, str(script), str(out), *files, "--ids", "PORT-5,EB-4"],

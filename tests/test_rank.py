@@ -1,5 +1,6 @@
-"""``rattn rank`` (proofs_checks.rank): planted files recover the planted rank; every bad input is
-refused with a one-line ValueError naming the problem and the measured value."""
+"""``rattn rank`` (``proofs_checks.cli.rank``, ``reference.capacity.recommend``): planted files
+recover the planted rank; every bad input is refused with a one-line ValueError naming the
+problem and the measured value."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from proofs_checks import rank
+from proofs_checks.cli import rank
 from reference import capacity as cap
+from reference.capacity import recommend
 
 #: Planted tasks (reference.capacity) and the attention kind each is read with; rank 3 each.
 PLANTED = {
@@ -59,7 +61,7 @@ def test_attention_floor_is_the_one_function_of_reference_capacity(monkeypatch, 
         return real(s, noise, n)
 
     monkeypatch.setattr(cap, "attention_gap_floor", spy)
-    report = rank.estimate(task.x, task.y, attention)
+    report = recommend.estimate(task.x, task.y, attention)
     assert calls == [(report["noise_edge"], task.x.shape[1])]
     expected = max(report["noise_edge"], max(report["spectrum"]) / task.x.shape[1])
     assert report["noise_floor"] == expected
@@ -78,7 +80,7 @@ def test_softmax_with_self_attention_bias_still_finds_the_gap(tmp_path, capsys):
     """K = UUᵀ (PSD): the value map leaks into the first-order coefficient (partial recovery);
     the energy estimators over-count at n = 16, β = 4, the floored gap rank does not."""
     task = cap.softmax_task(1000, 16, 16, 16, 3, beta=4.0, seed=14, psd=True)
-    report = rank.estimate(task.x, task.y, "softmax")
+    report = recommend.estimate(task.x, task.y, "softmax")
     assert report["recommended_rank"] == 3
     assert report["estimators"]["energy_threshold_rank(eta=0.99)"] > 3
 

@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from proofs_checks import rank
-from proofs_checks.cli import main
+from proofs_checks.cli import main, rank
 from reference import capacity
+from reference.capacity import recommend
 
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
@@ -56,7 +56,7 @@ def test_rank_zero_says_what_it_means(capsys) -> None:
     the threshold and from which singular value one would have."""
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((200, 8, 6)), rng.standard_normal((200, 8, 6))
-    report = rank.estimate(x, y, "linear")
+    report = recommend.estimate(x, y, "linear")
     assert report["recommended_rank"] == 0 and report["spectrum"][0] <= report["threshold"]
     assert f"{report['threshold']:.3g}" in report["zero_means"]
     assert "no singular value above the threshold" in report["zero_means"]
@@ -68,13 +68,13 @@ def test_caveats_fire_only_on_their_measured_condition() -> None:
     """A clear planted rank (κ far above the edge): no caveat; a counted value just above the
     threshold: the near-threshold caveat, naming it."""
     task = capacity.linear_qk_task(1000, 16, 12, 12, 3, seed=0, noise=4.0)
-    report = rank.estimate(task.x, task.y, "linear")
+    report = recommend.estimate(task.x, task.y, "linear")
     assert report["recommended_rank"] == 3 and report["caveats"] == []
     sv = np.asarray(report["spectrum"])
-    assert sv[2] > rank.NEAR * report["threshold"]  # the condition does not hold
-    near = rank._near_threshold(np.array([1.1, 0.5]), 1.0, "singular value(s)")
+    assert sv[2] > recommend.NEAR * report["threshold"]  # the condition does not hold
+    near = recommend._near_threshold(np.array([1.1, 0.5]), 1.0, "singular value(s)")
     assert len(near) == 1 and "1.1" in near[0]
-    assert rank._near_threshold(np.array([1.3, 0.5]), 1.0, "x") == []
+    assert recommend._near_threshold(np.array([1.3, 0.5]), 1.0, "x") == []
 
 
 def test_gavish_donoho_constants() -> None:

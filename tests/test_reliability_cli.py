@@ -16,9 +16,10 @@ import zipfile
 import numpy as np
 import pytest
 
-from proofs_checks import bench, certificate, cli, cli_parser, memory, rank
+from proofs_checks import bench, certificate, cli, memory
 from proofs_checks.certificate import Certificate
-from proofs_checks.cli import main
+from proofs_checks.cli import main, rank
+from proofs_checks.cli import parser as cli_parser
 
 CERTIFICATE_FILES = ("certificate.json", "certificate.md", "certificate.tex", "certificate.bib")
 

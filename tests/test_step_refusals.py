@@ -160,17 +160,6 @@ def test_a_capturable_tensor_lr_set_to_a_bad_value_skips_the_step_on_the_device(
     assert _same(before, _snapshot(opt, w, b)) and int(opt.skipped_on_device) == 1
 
 
-def test_plain_eps_zero_and_duplicates_and_empty_frames_are_refused_at_construction():
-    _, b, _, _ = _model()
-    with pytest.raises(ValueError, match=r"eps=0 is 0 in torch.float64, so AdamW's update"):
-        tp.RiemannianAdam([{"params": [b]}], eps=0.0)
-    with pytest.raises(ValueError, match=r"lists the same parameter twice \(params\[0\] and "):
-        tp.RiemannianAdam([{"params": [b, b]}])
-    empty = torch.nn.Parameter(torch.zeros(0, 8, 3, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"shape \(0, 8, 3\) holds no point"):
-        tp.RiemannianAdam([{"params": [empty], "geometry": "stiefel"}])
-
-
 @pytest.mark.parametrize("cap", [False, True], ids=["eager", "capturable"])
 @pytest.mark.parametrize("shape", [(3, 5), (5,)])
 def test_a_parameter_appended_to_a_group_is_checked_at_its_first_step(cap, shape):

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 
 import torch
 
-from proofs_checks.cli_parser import build_parser, parse_overrides, parse_seeds
+from proofs_checks.cli.parser import build_parser, parse_overrides, parse_seeds
 from torch_port import experiments
 from torch_port.experiments.common import RunOptions, configure, cpu_kind
 

@@ -129,18 +129,6 @@ def test_capturable_as_a_group_key_is_refused_by_name_where_there_is_no_capturab
     assert CLASSES[cls](_groups(capturable=False)).param_groups[0]["capturable"] is False
 
 
-def test_capturable_refuses_maximize_by_name() -> None:
-    frame = torch.nn.Parameter(_frame().detach().float())
-    with pytest.raises(ValueError, match="capturable=True supports maximize=False"):
-        tp.RiemannianAdam(
-            [{"params": [frame], "geometry": "stiefel"}],
-            lr=1e-2,
-            trust_radius=0.5,
-            capturable=True,
-            maximize=True,
-        )
-
-
 def _adamw_run(opt, param, steps: range) -> None:
     for t in steps:
         g = torch.Generator().manual_seed(100 + t)

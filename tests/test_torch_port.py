@@ -505,27 +505,6 @@ def test_a_chain_optimizer_needs_a_rule():
     assert torch.equal(w.detach(), w_preset) and not torch.equal(w_preset, w0)
 
 
-def test_bad_hyperparameters_and_groups_are_refused():
-    frames, _ = _model()
-    with pytest.raises(ValueError, match="lr"):
-        tp.RiemannianAdam([frames], lr=-1e-3)  # lr = 0 is a warm-up (test_torch_conventions)
-    with pytest.raises(ValueError, match="beta2"):
-        tp.RiemannianAdam([frames], betas=(0.9, 1.0))
-    with pytest.raises(ValueError, match="moment"):
-        tp.RiemannianAdam([_group(frames)], moment="diag")
-    with pytest.raises(ValueError, match="trust_radius"):
-        tp.RSGD([_group(frames)], lr=1.0, trust_radius=-1.0)
-    with pytest.raises(ValueError, match="unknown geometry"):
-        tp.RiemannianAdam([{"params": [frames], "geometry": "grassmann"}])
-    with pytest.raises(ValueError, match="retraction"):
-        tp.RiemannianAdam([_group(frames, retraction="cayley")])
-    wide = torch.nn.Parameter(torch.zeros(2, 5, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"1 ≤ r ≤ d"):
-        tp.RiemannianAdam([_group(wide)])
-    with pytest.raises(ValueError, match="c must"):
-        tp.RiemannianMomentum([frames], lr=1.0, c=0.0)
-
-
 def test_frame_off_the_manifold_is_refused_before_any_change():
     frames, plain = _model()
     opt = tp.RiemannianAdam(_groups(frames, plain), lr=LR)  # on St when the group is added

@@ -57,6 +57,7 @@ from proofs_checks.audit.bounds import (
 )
 from proofs_checks.audit.elements import Elements, elements
 from proofs_checks.audit.errors import MissingState, TraceError
+from proofs_checks.audit.pooled import pooled_test
 from proofs_checks.audit.rules import FIELD_RULES, RECORDED_AS, Claim, reference_optimizer
 from proofs_checks.audit.states import in_matrix_form, reference_state, state_deviation
 from proofs_checks.audit.trace import Trace, load
@@ -140,6 +141,7 @@ def _replay_record(trace: Trace, k: int, where: str, claim: Claim | None) -> lis
             "geometry": spec["name"],
             "dtype": dtype,
             "skipped": y_parts is None,
+            "lr": h["lr"],
             "deviation": None,
             "bound": None,
             "state_deviation": None,
@@ -265,8 +267,10 @@ def replay(trace: Trace, *, progress: bool = False, claim: Claim | None = None) 
         for name, v in row.items():
             if isinstance(v, float) and not math.isfinite(v):
                 row[name] = None
+    pooled = pooled_test(rows)
     return {
-        **overall(rows),
+        **overall(rows, pooled),
+        "pooled": pooled,
         "optimizer": trace.meta["optimizer"],
         "rule": None if claim is None else {"name": claim.rule, "settings": claim.settings},
         "partial": bool(trace.meta.get("partial", False)),

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from proofs_checks.audit.errors import TraceError
+from proofs_checks.audit.pooled import pooled_line
 from proofs_checks.audit.verdicts import RESOLUTION, row_ratio
 
 
@@ -82,6 +83,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"rows: {counts['pass']} pass, {counts['fail']} fail, {counts['not auditable']} not "
         f"auditable, of {total} (a pass needs a bound ≤ {RESOLUTION:g} of its step's length)"
     )
+    lines.append(pooled_line(result["pooled"]))
     return "\n".join(lines)
 
 
@@ -97,6 +99,8 @@ def summary_line(result: dict[str, Any]) -> str:
     if result["verdict"] == "failed":
         n = result["counts"]["fail"]
         first = result["first_failure_step"]
+        if not n:
+            return f"FAILED: the pooled test flagged step {first}"
         return f"FAILED: {n} of {len(result['steps'])} elements, first at step {first}"
     step = result["first_unauditable_step"]
     if step is None:

@@ -76,11 +76,13 @@ def _skipped_verdict(trace: Trace, step: dict[str, Any], el: Elements, g: Any) -
     return _said("fail", "skipped, but every gradient of the step is finite")
 
 
-def overall(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The verdict of a run: "failed" when a row failed; else "not auditable" when a row is,
-    or when no step was replayed (only skipped steps, or none: nothing was shown); else
-    "passed". ``passed`` is true for "passed" only."""
-    failed = [r["step"] for r in rows if r["verdict"] == "fail"]
+def overall(rows: Sequence[dict[str, Any]], pooled: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict of a run: "failed" when a row failed or the pooled test
+    (``proofs_checks.audit.pooled``) flagged a step; else "not auditable" when a row is, or
+    when no step was replayed (only skipped steps, or none: nothing was shown); else "passed".
+    ``passed`` is true for "passed" only: the pooled test can fail a run, never pass one."""
+    flagged = [t["step"] for t in pooled["flagged"]] if pooled else []
+    failed = [r["step"] for r in rows if r["verdict"] == "fail"] + flagged
     unauditable = [r["step"] for r in rows if r["verdict"] == "not auditable"]
     replayed = [r for r in rows if not r["skipped"]]
     if failed:

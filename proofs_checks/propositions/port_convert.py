@@ -206,9 +206,16 @@ def _nearest_isometry(m: np.ndarray) -> tuple[np.ndarray, float]:
     return u[:, :k] @ vt[:k], float(s[0] / s[k - 1])
 
 
+#: (geometry, block) of ``nearest_points``: the block Stiefel variant stacks a group's query heads
+#: (``convert.points.product_point``'s reshape); P1 is its block variant under GQA by default.
+NEAREST_CASES = (("stiefel", False), ("stiefel", True), ("partial_isometry_embedded", None))
+
+
 def nearest_points(ctx: Context, wrong: bool) -> Outcome:
     """For each (heads, key/value heads) of ``HEADS``: with ``"stiefel"`` on QK, every query and
-    key head's frame the module reads equals U Vᵀ of NumPy's SVD of the head's weight; with
+    key head's frame the module reads equals U Vᵀ of NumPy's SVD of the head's weight (with
+    ``block=True``, each group's query heads stacked, (p·d)×k, against the SVD of the group's
+    stacked weights); with
     ``"partial_isometry_embedded"`` on QK (its block variant under GQA), every head's product
     W_Q^h W_K^gᵀ the module reads equals U_k V_kᵀ of NumPy's SVD of the product before (of each
     group's stacked products, for the block variant). Bound: 2κ·``frame_error``(m, k, κ), κ =
@@ -225,13 +232,21 @@ def nearest_points(ctx: Context, wrong: bool) -> Outcome:
     with patch if wrong else contextlib.nullcontext(), torch.no_grad():
         for heads, kv in HEADS:
             p = heads // kv
-            for geometry in ("stiefel", "partial_isometry_embedded"):
+            for geometry, block in NEAREST_CASES:
                 module = _module(ctx.seed, heads, kv)
                 before = _factors(module, heads, kv)
-                convert.riemannian_attention(module, geometry)
+                convert.riemannian_attention(module, geometry, block=block)
                 after = _factors(module, heads, kv)
                 if geometry == "stiefel":
-                    pairs = [(b, a) for r in "qk" for b, a in zip(before[r], after[r], strict=True)]
+                    groups = kv if block else heads
+                    size = heads // groups
+                    stacked = [
+                        (np.vstack(before["q"][j * size : (j + 1) * size]), got)
+                        for j, got in enumerate(
+                            np.split(np.vstack(after["q"]), groups)  # each group's rows
+                        )
+                    ]
+                    pairs = stacked + list(zip(before["k"], after["k"], strict=True))
                 else:
                     products = after["q"] @ np.repeat(after["k"], p, axis=0).transpose(0, 2, 1)
                     pairs = [
@@ -246,14 +261,15 @@ def nearest_points(ctx: Context, wrong: bool) -> Outcome:
                     bound = 2 * kappa * frame_error(old.shape[0], CONVERT_K, kappa=kappa)
                     ratio = float(np.linalg.norm(got - want)) / bound
                     if ratio > worst or math.isnan(ratio):
-                        worst, where = ratio, f"{geometry}, {heads} heads over {kv}"
+                        name = f"{geometry}{', block' if block else ''}"
+                        worst, where = ratio, f"{name}, {heads} heads over {kv}"
     return Outcome.bound(
         worst,
         1.0,
         f"max ‖X − U_k V_kᵀ‖_F/(2κ·frame_error) = {worst:.3g} ({where})",
         {
             "sizes": f"d = {CONVERT_D}, k = {CONVERT_K}",
-            "cases": "stiefel and partial_isometry_embedded on QK at "
+            "cases": "stiefel (plain and block) and partial_isometry_embedded on QK at "
             + ", ".join(f"{h}/{g} heads" for h, g in HEADS),
             "dtypes": "float64",
             "seeds": ctx.seed,
@@ -394,8 +410,10 @@ register(
             r"biases included, within $\rho M$ of the model's before ($\rho=8k\kappa u+"
             r"2\gamma_{d+1}+\gamma_{\text{inner}}$, $M$ the product of the two sides' "
             r"norms); with \texttt{stiefel} every head's frame is the polar factor of its "
-            r"weight, and with P1 every head's product is the nearest rank-$k$ partial "
-            r"isometry, each within $2\kappa\,\mathrm{frame\_error}$ of NumPy's SVD; and the "
+            r"weight (with \texttt{block=True}, each GQA group's stacked query frames the polar "
+            r"factor of the group's stacked weights), and with P1 every head's product is the "
+            r"nearest rank-$k$ partial isometry, each within $2\kappa\,\mathrm{frame\_error}$ "
+            r"of NumPy's SVD; and the "
             r"converted module's per-head products are R1's $U S V^\top$ of its stored factors. "
             r"A product whose $\sigma_{\min}/\sigma_{\max}\le k\varepsilon$ (float64) is "
             r"refused as of rank below $k$, and one above it is converted."

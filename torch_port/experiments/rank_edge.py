@@ -9,9 +9,9 @@ detection edge of the operator each estimator reads, κ = 1 at the edge
 coefficient's weakest planted singular value over the median of ‖Ĉ − E Ĉ‖₂ for attention).
 
 "default" is the generators' default noise σ = 0.01, where the finite-n tail of EB-7 is above
-the noise. Estimators: ``rattn`` (``proofs_checks.rank.estimate``, the command's own code),
-Gavish–Donoho's optimal hard threshold with the noise level known (static: σ; attention: the
-sandwich standard error per entry) and unknown (median singular value), Minka's MLE
+the noise. Estimators: ``rattn`` (``reference.capacity.recommend.estimate``, the command's
+own code), Gavish–Donoho's optimal hard threshold with the noise level known (static: σ;
+attention: the sandwich standard error per entry) and unknown (median singular value), Minka's MLE
 (``sklearn.decomposition.PCA(n_components="mle")``: static on the tokens × outputs matrix,
 attention on Ĉ's rows), a permutation null of the largest value (static: each token's outputs
 permuted; attention: Y permuted across sequences and refitted), parallel analysis (static only:
@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from proofs_checks import rank as rank_command
 from reference import capacity
-from reference.capacity import strength
+from reference.capacity import recommend, strength
 from torch_port.experiments import attention_students as st
 from torch_port.experiments.common import RunOptions, figure, markdown_table
 
@@ -217,7 +216,7 @@ def data_cell(config: Mapping[str, Any], cell: Mapping[str, Any]) -> dict[str, A
     noise = noise_for(kind, kappa, s, n, d, r)
     tag = KINDS.index(kind)
     t = strength.planted(kind, s, n, d, r, noise, np.random.default_rng([seed, tag, r, s]))
-    report = rank_command.estimate(t.x, t.y, ATTENTION[kind])
+    report = recommend.estimate(t.x, t.y, ATTENTION[kind])
     rng = np.random.default_rng([seed, tag, r, s, 1])
     if kind == "static":
         peers = _static_peers(t, config["permutations"], rng)

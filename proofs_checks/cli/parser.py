@@ -9,9 +9,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from proofs_checks.rank import add_rank_arguments
+from proofs_checks.cli.rank import add_rank_arguments
 
-BENCHMARKS = ("stiefel", "geometries", "port", "model", "audit")
+BENCHMARKS = ("stiefel", "geometries", "port", "model", "train", "audit")
 
 #: ``--seeds`` must lie in 0 ≤ s < SEED_LIMIT = 2**32, the seed range of NumPy's legacy
 #: ``np.random.seed`` / ``RandomState``; larger values overflow where a run uses them.
@@ -141,9 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--repeats",
         type=int,
         default=None,
-        help="timed rounds (default 30 for stiefel, 10 for geometries, 5 for port, model, audit)",
+        help=(
+            "timed rounds (default 30 for stiefel, 10 for geometries, 5 for port, model, "
+            "train, audit)"
+        ),
     )
-    bench.add_argument("--device", default="cpu", help="port: cpu (default) or cuda")
+    bench.add_argument("--device", default="cpu", help="port, train: cpu (default) or cuda")
+    bench.add_argument(
+        "--size", default="small", help="train: small (default) or gpt2-small (124 M)"
+    )
     bench.add_argument(
         "--dtype", default=None, help="port: float32,float64 (default), bfloat16 too"
     )

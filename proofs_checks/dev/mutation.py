@@ -1,7 +1,7 @@
 """Mutation testing of the code under test: small deliberate bugs, one at a time, judged first by
 ``rattn certify --quick`` and then, for the mutants it lets through, by the test suite.
 
-    python -m proofs_checks.mutation [--limit N] [--jobs J] [--out FILE.json] [FILE ...]
+    python -m proofs_checks.dev.mutation [--limit N] [--jobs J] [--out FILE.json] [FILE ...]
 
 A mutant changes one node of one function of a source file (``MUTATIONS``): an arithmetic
 operator swapped (+ ↔ −, * ↔ /), a comparison made strict or loose (< ↔ ≤, > ↔ ≥), a numeric
@@ -9,7 +9,7 @@ constant doubled (an integer incremented), a unary minus dropped. Each runs in a
 project (the packages, the tests, the docs they read and ``pyproject.toml``, first on
 ``PYTHONPATH``), so the working tree is never touched. A mutant is *killed by certify* when
 ``rattn certify --quick`` of the propositions that call its function exits non-zero (traced once
-on the unmutated copy, ``proofs_checks/call_trace.py``: no other proposition runs the mutated
+on the unmutated copy, ``proofs_checks/dev/call_trace.py``: no other proposition runs the mutated
 code), *killed by the tests* when the tests named for its file (``JUDGES``) fail, and
 *survives* otherwise (an equivalent mutant, or a gap in the checks). Both judges must pass on
 the unmutated copy first, else every mutant would look killed. ``--jobs`` judges that many
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 _GEOMETRY_TESTS = [
     "tests/test_geometries.py",
@@ -234,10 +234,10 @@ def _run(args: list[str], cwd: Path, timeout: float) -> int:
 
 def called_by(work: Path, files: list[str]) -> dict[str, dict[str, list[str]]]:
     """file -> function -> the ids of the propositions whose quick checks call it, traced in
-    the copy ``work`` by ``proofs_checks/call_trace.py`` (a fresh interpreter, so that imports
+    the copy ``work`` by ``proofs_checks/dev/call_trace.py`` (a fresh interpreter, so that imports
     are seen too)."""
     out = work.parent / "calls.json"
-    args = [sys.executable, str(work / "proofs_checks" / "call_trace.py"), str(out), *files]
+    args = [sys.executable, str(work / "proofs_checks" / "dev" / "call_trace.py"), str(out), *files]
     if _run(args, work, 1800) != 0:
         raise RuntimeError("tracing the propositions' calls failed on the unmutated copy")
     return json.loads(out.read_text(encoding="utf-8"))

@@ -2,14 +2,15 @@
 proposition in a fresh interpreter (so that a value one of them caches cannot hide a call from
 another, and the imports are seen):
 
-    python proofs_checks/call_trace.py OUT.json FILE [FILE ...] [--ids ID,ID] [--qualified] [--full]
-    python proofs_checks/call_trace.py --map [--jobs J]
+    python proofs_checks/dev/call_trace.py OUT.json FILE [FILE ...] [--ids ID,ID]
+        [--qualified] [--full]
+    python proofs_checks/dev/call_trace.py --map [--jobs J]
 
 The first writes ``{file: {function: [ids]}}``: the propositions whose quick checks and negative
 controls (with ``--full`` the full ones too), at seed 0, call a function of that name in that
 file. A function called while the certificate's modules are imported, before any check runs,
 is charged to every proposition, since module-level values built by it reach any of them.
-``proofs_checks.mutation`` runs it in its copy of the project: a mutant inside a function that a
+``proofs_checks.dev.mutation`` runs it in its copy of the project: a mutant inside a function that a
 proposition never calls cannot change what that proposition computes, so certify judges the
 mutant by the propositions listed for its function.
 
@@ -45,7 +46,7 @@ def trace_one(
     did not run would call is not known). Both are watched by ``cProfile`` (a C profiler: they
     run at about their own speed); threads the checks start, which ``cProfile`` does not see
     before Python 3.12, by a profile hook."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     targets = {str((root / f).resolve()): f for f in files}
     known: dict[str, str | None] = {}  # a code object's file name -> the target it is, if any
     calls: dict[str, dict[str, set[str]]] = {f: {} for f in files}
@@ -123,7 +124,7 @@ def call_map(jobs: int = 1) -> dict:
 
     if sys.version_info < (3, 11):
         raise RuntimeError("the call map needs Python 3.11 or later (qualified code names)")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     files = sorted(
         str(path.relative_to(root))
         for package in IMPLEMENTATION_PACKAGES
@@ -154,7 +155,7 @@ def _all_ids() -> list[str]:
 
 if __name__ == "__main__":
     # import this checkout's packages, whatever is installed: its root, not this script's folder
-    sys.path[0] = str(Path(__file__).resolve().parents[1])
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="the JSON to write (default with --map: the map)")
     parser.add_argument("files", nargs="*")

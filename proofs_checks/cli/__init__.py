@@ -12,9 +12,9 @@ from typing import Any
 
 from proofs_checks import early_interrupt
 from proofs_checks.certificate import certify, check_destination, resolve_ids, summary_table
-from proofs_checks.cli_parser import _UsageError, build_parser, parse_overrides, parse_seeds
+from proofs_checks.cli.parser import _UsageError, build_parser, parse_overrides, parse_seeds
+from proofs_checks.cli.rank import run_rank_command
 from proofs_checks.early_interrupt import INTERRUPTED
-from proofs_checks.rank import run_rank_command
 from proofs_checks.registry import REGISTRY
 
 
@@ -154,7 +154,7 @@ def run_audit(args: argparse.Namespace) -> int:
 
     plot = None
     if args.plot is not None:
-        from proofs_checks.rank import plot_destination, require_matplotlib
+        from proofs_checks.cli.rank import plot_destination, require_matplotlib
 
         require_matplotlib()
         plot = plot_destination(args.plot, "audit.png")
@@ -254,6 +254,20 @@ def run_bench(args: argparse.Namespace) -> int:
             device=args.device,
         )
         print(json.dumps(result, indent=2) if args.json else format_port(result))
+        return 0
+
+    if args.name == "train":
+        from proofs_checks.bench.train import bench_train, check_train_memory, format_train
+
+        check_train_memory(args.size)  # before torch is imported
+        _require_torch("rattn bench train")
+        result = bench_train(
+            5 if args.repeats is None else args.repeats,
+            size=args.size,
+            device=args.device,
+            progress=not args.json,
+        )
+        print(json.dumps(result, indent=2) if args.json else format_train(result))
         return 0
 
     if args.name == "model":
