@@ -6,6 +6,7 @@ half again the group's at one step is."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -76,7 +77,10 @@ def test_a_shared_lr_departure_is_flagged_at_its_step() -> None:
     result = pooled.pooled_test(_rows(along))
     assert [t["step"] for t in result["flagged"]] == [15]
     assert result["flagged"][0]["statistic"] > threshold
-    assert set(result["echoes"]) <= {14, 16}  # the neighbours move by half, the other way
+    assert {e["step"] for e in result["echoes"]} <= {
+        14,
+        16,
+    }  # the neighbours move by half, the other way
 
 
 def test_a_state_left_behind_is_flagged_by_the_state_statistic() -> None:
@@ -190,6 +194,27 @@ def test_a_recorded_bfloat16_run_is_judged_by_the_pooled_test(tmp_path) -> None:
     assert departed["verdict"] == "failed" and departed["first_failure_step"] == 6
 
 
+def test_a_step_recorded_twice_is_refused_by_name(tmp_path, capsys) -> None:
+    """Two records of one step of a parameter: which ran? A trace holding both is refused
+    (exit 2), not read as the last one (which could hide a departure)."""
+    from proofs_checks.cli import main
+
+    _bf16_run(tmp_path, 1.5)
+    path = tmp_path / "trace.npz"
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(bytes(arrays.pop("meta.json")).decode())
+    k, n = 5, len(meta["steps"])  # record 5 is step 6
+    meta["steps"].append(dict(meta["steps"][k], record=n))
+    for key in [key for key in arrays if key.startswith(f"r{k}/")]:
+        arrays[f"r{n}/" + key.split("/", 1)[1]] = arrays[key]
+    twice = tmp_path / "twice.npz"
+    np.savez(twice, **arrays, **{"meta.json": np.frombuffer(json.dumps(meta).encode(), np.uint8)})
+    assert main(["audit", str(twice)]) == 2
+    err = capsys.readouterr().err
+    assert "step 6 of group 0" in err and "was taken already (record 5)" in err
+
+
 def test_the_command_fails_a_flagged_run_and_says_where(tmp_path, capsys) -> None:
     from proofs_checks.cli import main
 
@@ -200,10 +225,52 @@ def test_the_command_fails_a_flagged_run_and_says_where(tmp_path, capsys) -> Non
     assert "FLAGGED at step 6 (" in out
 
 
-def test_a_shift_shared_exactly_by_every_frame_is_flagged() -> None:
-    """No spread at all (every frame moved by exactly the same amount) is the clearest
-    departure, not a statistic of 0."""
-    along = np.zeros((T, F))
-    along[14] = 0.5
+def test_identical_frames_are_not_tested() -> None:
+    """Frames that move exactly alike (copies of one frame given one gradient) are not the
+    model's independent frames: no spread, nothing to compare the mean with, so the step is not
+    tested (an honest run of copies is not failed), and the report says so."""
+    along = np.tile(np.linspace(0.0, -0.05, T)[:, None] ** 2, (1, F))
     result = pooled.pooled_test(_rows(along))
-    assert [t["step"] for t in result["flagged"]] == [15] and result["echoes"] == [14, 16]
+    assert result["tested"] == 0 and result["flagged"] == [] and result["untested"] == T
+
+
+def test_departures_in_two_groups_are_named_with_their_groups() -> None:
+    along = _honest(8)
+    threshold = pooled.pooled_test(_rows(along))["largest"]["threshold"]
+    moved = along.copy()
+    moved[9] += _shift_for(3 * threshold)  # step 10 of group 1
+    rows = _rows(along) + [dict(r, group=1) for r in _rows(moved)]
+    rows[14 * F]["along"] += 0.0  # group 0 honest
+    result = pooled.pooled_test(rows)
+    assert [(t["group"], t["step"]) for t in result["flagged"]] == [(1, 10)]
+    assert {e["group"] for e in result["echoes"]} <= {1}
+    line = pooled.pooled_line(result)
+    assert "FLAGGED at step 10" in line and result["tested"] == 2 * (T - 2)
+
+
+def test_a_frame_missing_at_one_step_is_counted_as_untested() -> None:
+    rows = [r for r in _rows(_honest(9)) if not (r["step"] == 15 and r["element"] == [3])]
+    result = pooled.pooled_test(rows)
+    assert result["tested"] == T - 2 - 3 and result["untested"] == 5  # 14, 15, 16 and the ends
+    assert "3 steps tested" not in pooled.pooled_line(result)
+    assert ", 5 not (" in pooled.pooled_line(result)
+
+
+def test_the_state_statistic_is_one_sided() -> None:
+    """A drop of the state's ratio (moments warming up) is not a departure; a rise is."""
+    rng = np.random.default_rng(10)
+    ratio = 1.8e-4 * np.exp(0.01 * rng.standard_normal((T, F)))
+    ratio[14] /= 1.5
+    down = pooled.pooled_test(_rows(_honest(10), ratio))
+    assert (
+        down["flagged"] == []
+        and min(t["state"] for t in down["tests"]) < -down["largest"]["threshold"]
+    )
+
+
+def test_the_result_is_valid_json_without_a_state() -> None:
+    """A rule whose state is not checked (None) or exact (ratio 0) leaves no NaN behind."""
+    ratio = np.zeros((T, F))
+    result = pooled.pooled_test(_rows(_honest(11), ratio))
+    json.dumps(result, allow_nan=False)
+    assert all(t["state"] is None and t["state_shift"] is None for t in result["tests"])

@@ -188,6 +188,28 @@ def test_the_training_benchmark_converts_and_times_both_models(
     assert all(row["median_s"] > 0 and row["peak_bytes"] is None for row in rows.values())
 
 
+def test_the_training_benchmark_starts_both_from_the_same_weights() -> None:
+    """Every weight the converter leaves as it is (all but W_Q and W_K) is the same in both
+    candidates, and the port's W_Q, W_K are frames: orthonormal columns per head."""
+    torch = pytest.importorskip("torch")
+    from proofs_checks.bench.train import ADAMW_ROW, PORT_ROW, _candidate
+
+    port, _ = _candidate(PORT_ROW, TINY, "cpu", 0)
+    plain, _ = _candidate(ADAMW_ROW, TINY, "cpu", 0)
+    kept = {k: v for k, v in plain.state_dict().items() if "c_attn.weight" not in k}
+    converted = port.state_dict()
+    assert all(torch.equal(v, converted[k]) for k, v in kept.items())
+    frames = [v for k, v in converted.items() if "original" in k and v.ndim == 3]
+    assert len(frames) == 2  # W_Q and W_K of the one block, (heads, d, d/heads) each
+    eye = torch.eye(TINY["d"] // TINY["heads"])
+    assert all(
+        torch.allclose(f.mT @ f, eye.expand(TINY["heads"], -1, -1), atol=1e-6) for f in frames
+    )
+    values = converted["transformer.h.0.attn.c_attn.parametrizations.weight.original2"]
+    # W_V as it was (stored (out, in), as nn.Linear does; GPT-2's Conv1D holds (in, out))
+    assert torch.equal(values, plain.state_dict()["transformer.h.0.attn.c_attn.weight"][:, 32:].T)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

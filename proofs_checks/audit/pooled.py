@@ -31,7 +31,9 @@ there and by −δ/2 at t ± 1; the larger is reported, the other two are its ec
 The state: the same T_t of log(state deviation / its bound) per frame (the row's
 ``state_ratio``), flagged upward only. A moment left where the step started (not transported)
 multiplies it by about 12 at that step in every frame; its honest second differences are
-negative where the moments warm up, which the one-sided test does not count.
+negative where the moments warm up, which the one-sided test does not count, nor the rises
+they cause at the neighbouring steps (``_after_a_drop``). Frames that move exactly alike (no
+spread) are not the model's and are not tested; the report counts the steps it could not test.
 
 docs/audit.md gives the model's check on honest runs (the measured correlation, the
 distribution of T) and the smallest departures it detects. A point moved off the rule's line at
@@ -52,7 +54,8 @@ from scipy import stats
 FALSE_ALARM = 1e-3
 #: The fewest frames a step needs to be tested (the t statistic's spread across frames).
 MIN_FRAMES = 8
-#: The largest relative change of the learning rate over three steps that are tested: the drift
+#: The largest relative change of the learning rate over three steps that are tested (the
+#: largest of the three at most 1 + LR_CHANGE times the smallest): the drift
 #: of a_t follows the lr (how many entries stagnate), so a warm-up or a jump of the schedule
 #: bends it; a step where the lr moves more is not tested.
 LR_CHANGE = 0.01
@@ -81,12 +84,16 @@ def _second_difference(values: np.ndarray) -> np.ndarray:
     return values[1] - 0.5 * (values[0] + values[2])
 
 
-def _statistic(values: np.ndarray) -> float:
-    """T_t of the second differences of three steps' values, divided by ``inflation``."""
+def _statistic(values: np.ndarray) -> float | None:
+    """T_t of the second differences of three steps' values, divided by ``inflation``; None
+    when a value is not finite or the frames do not spread (identical frames are not the
+    model's independent ones: nothing to compare the mean with)."""
     d = _second_difference(values)
+    if not np.isfinite(d).all():
+        return None
     spread, mean = float(np.std(d, ddof=1)), float(np.mean(d))
-    if spread == 0.0:  # every frame moved alike: no spread to compare with
-        return 0.0 if mean == 0.0 else math.copysign(1e300, mean)
+    if spread <= 16 * np.finfo(float).eps * float(np.max(np.abs(d))):  # alike but for rounding
+        return None
     return mean / (spread / math.sqrt(d.size)) / inflation(d.size)
 
 
@@ -107,7 +114,7 @@ def pooled_test(rows: Sequence[dict[str, Any]], false_alarm: float = FALSE_ALARM
             continue
         lrs[r["group"], r["step"]] = r["lr"]
         ratio = r.get("state_ratio")
-        state = math.log(ratio) if ratio else math.nan  # unchecked or exact: not tested
+        state = math.log(ratio) if ratio and ratio > 0 else math.nan  # unchecked or exact
         values.setdefault(r["group"], {}).setdefault(r["step"], {})[_frame(r)] = (
             r["along"],
             state,
@@ -128,20 +135,28 @@ def pooled_test(rows: Sequence[dict[str, Any]], false_alarm: float = FALSE_ALARM
             keys = sorted(frames)
             v = np.array([[by_step[s][k] for k in keys] for s in (t - 1, t, t + 1)])
             along, state = v[..., 0], v[..., 1]
+            statistic = _statistic(along)
+            if statistic is None:
+                continue
+            tested = _statistic(state)
             tests.append(
                 {
                     "group": group,
                     "step": t,
                     "frames": len(keys),
-                    "statistic": _statistic(along),
+                    "statistic": statistic,
                     "shift": float(np.mean(_second_difference(along))),
-                    "state": _statistic(state) if np.isfinite(state).all() else None,
-                    "state_shift": float(np.mean(_second_difference(state))),
+                    "state": tested,
+                    "state_shift": (
+                        None if tested is None else float(np.mean(_second_difference(state)))
+                    ),
                 }
             )
+    untested = len(unjudged) - len(tests)  # steps the rows could not judge, nor this test
     if not tests:
         return {
             "tested": 0,
+            "untested": untested,
             "false_alarm": false_alarm,
             "flagged": [],
             "reason": (
@@ -153,13 +168,18 @@ def pooled_test(rows: Sequence[dict[str, Any]], false_alarm: float = FALSE_ALARM
     m = len(tests)
     for test in tests:  # three tails a step (along: both; the state: up), α/(3m) each
         test["threshold"] = float(stats.t.isf(false_alarm / (3 * m), test["frames"] - 1))
+    by_step = {(t["group"], t["step"]): t for t in tests}
+    for test in tests:
         test["flagged"] = abs(test["statistic"]) > test["threshold"] or (
-            test["state"] is not None and test["state"] > test["threshold"]
+            test["state"] is not None
+            and test["state"] > test["threshold"]
+            and not _after_a_drop(test, by_step)
         )
     largest = max(tests, key=lambda t: abs(t["statistic"]))
     departed, echoes = _departures(tests)
     return {
         "tested": m,
+        "untested": untested,
         "false_alarm": false_alarm,
         "largest": largest,
         "flagged": departed,
@@ -169,13 +189,26 @@ def pooled_test(rows: Sequence[dict[str, Any]], false_alarm: float = FALSE_ALARM
     }
 
 
-def _departures(tests: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+def _after_a_drop(test: dict[str, Any], by_step: dict[tuple[int, int], dict]) -> bool:
+    """Whether the state's rise at this step is the echo of a larger drop at a neighbour (a drop
+    by L at t raises the second differences at t ± 1 by L/2: honest, as the moments settle)."""
+    rise = test["state_shift"]
+    for d in (-1, 1):
+        other = by_step.get((test["group"], test["step"] + d))
+        if other is not None and other["state_shift"] is not None and other["state_shift"] < -rise:
+            return True
+    return False
+
+
+def _departures(tests: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict]]:
     """(the flagged steps that departed, the flagged steps that are their echoes). A departure
     δ at t moves the mean second difference by δ at t and by −δ/2 at t ± 1 (a lasting change
     by ±δ/2 at t − 1 and t), so flags come in runs of consecutive steps: of each run, the step
     with the largest mean second difference (``shift`` when ``along`` flagged one of them, else
     the state's) departed. T itself does not tell: a departure also widens the spread at its
-    own step."""
+    own step. The step named can be one off where the departure's own step was not tested (the
+    first or last of a run, a moving lr) or two departures lie two steps apart: the run fails
+    either way."""
     flagged = [t for t in tests if t["flagged"]]
     runs: list[list[dict[str, Any]]] = []
     for t in flagged:  # ``tests`` is sorted by group, then step
@@ -190,7 +223,7 @@ def _departures(tests: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], 
         key = "shift" if along else "state_shift"
         top = max(run, key=lambda t: abs(t[key]))
         departed.append(top)
-        echoes += [t["step"] for t in run if t is not top]
+        echoes += [{"group": t["group"], "step": t["step"]} for t in run if t is not top]
     return departed, echoes
 
 
@@ -208,6 +241,12 @@ def pooled_line(pooled: dict[str, Any]) -> str:
     head = (
         f"pooled test (false alarm ≤ {pooled['false_alarm']:g} per run under its model): "
         f"{pooled['tested']} steps tested (threshold |T| > {big['threshold']:.2f})"
+        + (
+            f", {pooled['untested']} not (a frame missing or not finite at it or a neighbour, "
+            "no spread, an end of the run or a moving lr)"
+            if pooled["untested"]
+            else ""
+        )
     )
     if not pooled["flagged"]:
         return head + (
@@ -215,6 +254,11 @@ def pooled_line(pooled: dict[str, Any]) -> str:
             "no departure flagged"
         )
     flagged = ", ".join(_flag(t) for t in pooled["flagged"])
-    echoes = pooled["echoes"]
-    tail = f"; steps {', '.join(map(str, echoes))} are their echoes" if echoes else ""
+    groups = sorted({e["group"] for e in pooled["echoes"]})
+    echoes = "; ".join(
+        ", ".join(str(e["step"]) for e in pooled["echoes"] if e["group"] == g)
+        + (f" (group {g})" if len(groups) > 1 else "")
+        for g in groups
+    )
+    tail = f"; steps {echoes} are their echoes" if echoes else ""
     return head + f": FLAGGED at step {flagged}{tail}"

@@ -99,9 +99,11 @@ def summary_line(result: dict[str, Any]) -> str:
     if result["verdict"] == "failed":
         n = result["counts"]["fail"]
         first = result["first_failure_step"]
+        flagged = [t["step"] for t in result["pooled"]["flagged"]]
         if not n:
-            return f"FAILED: the pooled test flagged step {first}"
-        return f"FAILED: {n} of {len(result['steps'])} elements, first at step {first}"
+            return f"FAILED: the pooled test flagged step {', '.join(map(str, flagged))}"
+        pooled = f", the pooled test step {', '.join(map(str, flagged))}" if flagged else ""
+        return f"FAILED: {n} of {len(result['steps'])} elements{pooled}, first at step {first}"
     step = result["first_unauditable_step"]
     if step is None:
         return "NOT AUDITABLE: no step was replayed (every recorded step was skipped)"

@@ -247,6 +247,7 @@ def check_trace(trace: Trace) -> None:
         or not isinstance(meta.get("versions"), dict)
     ):
         raise ValueError("the metadata has no optimizer name, no list of steps or no versions")
+    seen: dict[tuple, int] = {}
     for k, step in enumerate(meta["steps"]):
         where = f"record {k}"
         if not isinstance(step, dict):
@@ -277,6 +278,16 @@ def check_trace(trace: Trace) -> None:
             raise ValueError(f"{where}: elements {elements!r} (distinct integers ≥ 0 expected)")
         if not step["params"] or not all(_is_int(i) and i >= 0 for i in step["params"]):
             raise ValueError(f"{where}: params {step['params']!r} (parameter indices expected)")
+        # one step of a parameter taken twice: which one ran? (a skipped step keeps its
+        # number, and the next one takes it)
+        key = (step["step"], step["group"], tuple(step["params"]))
+        if step.get("taken") and key in seen:
+            raise ValueError(
+                f"{where}: step {step['step']} of group {step['group']}, params "
+                f"{step['params']}, was taken already (record {seen[key]})"
+            )
+        if step.get("taken"):
+            seen[key] = k
         if step["names"] is not None and not all(isinstance(n, str) for n in step["names"]):
             raise ValueError(f"{where}: names {step['names']!r}")
         if not step["dtypes"] or not all(isinstance(d, str) for d in step["dtypes"]):

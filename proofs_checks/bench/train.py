@@ -14,7 +14,6 @@ mixes the candidates). torch and transformers are imported inside the functions.
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable
 from typing import Any
@@ -139,21 +138,20 @@ def _built_gpt(c: dict[str, int]) -> Any:
     return GPT()
 
 
-def _candidates(c: dict[str, int], device: str, seed: int) -> dict[str, tuple[Any, Any]]:
-    """name -> (model, optimizer): the port's (converted copy) and AdamW's (the original)."""
+def _candidate(name: str, c: dict[str, int], device: str, seed: int) -> tuple[Any, Any]:
+    """(model, optimizer) of ``name``: the model of ``seed`` converted (the port's) or as it
+    is (AdamW's), so both start from the same weights."""
     import torch
 
     from torch_port.convert import riemannian_attention
     from torch_port.optim.groups import build_optimizer
 
-    plain = _model(c, seed).to(device)
-    port = copy.deepcopy(plain)
-    riemannian_attention(port, "stiefel")
+    model = _model(c, seed).to(device)
+    if name == PORT_ROW:
+        riemannian_attention(model, "stiefel")
+        return model, build_optimizer(model, lr=LR)
     fused = {"fused": True} if device == "cuda" else {"foreach": True}
-    return {
-        PORT_ROW: (port, build_optimizer(port, lr=LR)),
-        ADAMW_ROW: (plain, torch.optim.AdamW(plain.parameters(), lr=LR, **fused)),
-    }
+    return model, torch.optim.AdamW(model.parameters(), lr=LR, **fused)
 
 
 def _step(model: Any, opt: Any, tokens: Any, device: str) -> Callable[[], None]:
@@ -174,17 +172,21 @@ def _step(model: Any, opt: Any, tokens: Any, device: str) -> Callable[[], None]:
     return step
 
 
-def _peak_bytes(step: Callable[[], None], device: str) -> int | None:
-    """CUDA's allocator peak over one ``step`` (None on the CPU)."""
-    if device != "cuda":
-        step()
-        return None
+def _peak_bytes(name: str, c: dict[str, int], device: str, seed: int, tokens: Any) -> int:
+    """CUDA's allocator peak over two steps of ``name`` built alone on the device (its model,
+    gradients, optimizer state and activations; nothing of the other candidate)."""
     import torch
 
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    model, opt = _candidate(name, c, device, seed)
+    step = _step(model, opt, tokens, device)
+    step()  # the first step makes the optimizer's state
     step()
-    return int(torch.cuda.max_memory_allocated())
+    peak = int(torch.cuda.max_memory_allocated())
+    del model, opt, step
+    return peak
 
 
 def bench_train(
@@ -197,7 +199,8 @@ def bench_train(
     config: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """Time the two candidates' training steps (``_step``), interleaved round by round, after
-    one step each that measures its peak memory, at the model size ``size`` (or ``config``,
+    (on CUDA) two steps of each alone on the device that measure its peak memory, at the
+    model size ``size`` (or ``config``,
     a dict of ``SIZES``' keys); returns ``{"size", "config", "device",
     "repeats", "parameters", "frame_parameters", "model", "rows": [{"name", "median_s", "iqr_s",
     "ratio_to_adamw", "peak_bytes"}], "target": {"train_over_adamw", "met"}, "notes",
@@ -211,11 +214,14 @@ def bench_train(
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("bench train --device cuda: torch sees no CUDA device")
     c = SIZES[size] if config is None else config
-    cands = _candidates(c, device, seed)
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(c["vocab"], (c["batch"], c["context"]), generator=gen).to(device)
+    names = (PORT_ROW, ADAMW_ROW)
+    peaks = {
+        n: _peak_bytes(n, c, device, seed, tokens) if device == "cuda" else None for n in names
+    }
+    cands = {name: _candidate(name, c, device, seed) for name in names}
     fns = {name: _step(model, opt, tokens, device) for name, (model, opt) in cands.items()}
-    peaks = {name: _peak_bytes(fn, device) for name, fn in fns.items()}
     _, samples = _interleaved_rounds(fns, repeats, desc=f"bench train {size}", progress=progress)
     adamw = float(np.median(samples[ADAMW_ROW]))
     rows = [
