@@ -9,6 +9,7 @@
 - ``port``: ``bench_port``, ``format_port`` (the port's optimizer step; torch imported lazily);
 - ``profile``: where one port step spends its time (``port_attribution``);
 - ``model``: ``bench_model``, ``format_model`` (a whole model's step against AdamW);
+- ``train``: ``bench_train``, ``format_train`` (a whole training step: forward, backward, step);
 - ``audit``: ``bench_audit`` (the recorder's overhead).
 
 Every name below stays importable from ``proofs_checks.bench``.
