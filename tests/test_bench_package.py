@@ -214,7 +214,7 @@ def test_the_training_benchmark_starts_both_from_the_same_weights() -> None:
     ("argv", "message"),
     [
         (["--size", "huge"], "--size must be one of small, gpt2-small, got 'huge'"),
-        (["--device", "tpu"], "--device must be cpu or cuda, got 'tpu'"),
+        (["--device", "tpu"], "unknown device 'tpu'; use cpu or cuda"),
     ],
 )
 def test_the_training_benchmark_refuses_bad_options(argv, message, capsys) -> None:

@@ -84,11 +84,10 @@ def _second_difference(values: np.ndarray) -> np.ndarray:
     return values[1] - 0.5 * (values[0] + values[2])
 
 
-def _statistic(values: np.ndarray) -> float | None:
-    """T_t of the second differences of three steps' values, divided by ``inflation``; None
-    when a value is not finite or the frames do not spread (identical frames are not the
-    model's independent ones: nothing to compare the mean with)."""
-    d = _second_difference(values)
+def _statistic(d: np.ndarray) -> float | None:
+    """T_t of the frames' second differences ``d``, divided by ``inflation``; None when a value
+    is not finite or the frames do not spread (identical frames are not the model's independent
+    ones: nothing to compare the mean with)."""
     if not np.isfinite(d).all():
         return None
     spread, mean = float(np.std(d, ddof=1)), float(np.mean(d))
@@ -134,22 +133,20 @@ def pooled_test(rows: Sequence[dict[str, Any]], false_alarm: float = FALSE_ALARM
                 continue
             keys = sorted(frames)
             v = np.array([[by_step[s][k] for k in keys] for s in (t - 1, t, t + 1)])
-            along, state = v[..., 0], v[..., 1]
+            along, state = _second_difference(v[..., 0]), _second_difference(v[..., 1])
             statistic = _statistic(along)
             if statistic is None:
                 continue
-            tested = _statistic(state)
+            state_t = _statistic(state)
             tests.append(
                 {
                     "group": group,
                     "step": t,
                     "frames": len(keys),
                     "statistic": statistic,
-                    "shift": float(np.mean(_second_difference(along))),
-                    "state": tested,
-                    "state_shift": (
-                        None if tested is None else float(np.mean(_second_difference(state)))
-                    ),
+                    "shift": float(np.mean(along)),
+                    "state": state_t,
+                    "state_shift": (None if state_t is None else float(np.mean(state))),
                 }
             )
     untested = len(unjudged) - len(tests)  # steps the rows could not judge, nor this test

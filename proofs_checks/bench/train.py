@@ -209,10 +209,9 @@ def bench_train(
     check_train_memory(size, config)
     import torch
 
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"bench train --device must be cpu or cuda, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("bench train --device cuda: torch sees no CUDA device")
+    from torch_port.experiments.common import resolve_device
+
+    device = resolve_device(device).type  # "cpu" or "cuda"; CUDA without a GPU refused
     c = SIZES[size] if config is None else config
     gen = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(c["vocab"], (c["batch"], c["context"]), generator=gen).to(device)

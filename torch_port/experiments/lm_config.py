@@ -159,8 +159,7 @@ def check_config(config: Mapping[str, Any]) -> None:
         if key == "adamw_lrs" and lrs is None:
             continue
         if (
-            isinstance(lrs, str)
-            or not isinstance(lrs, list)
+            not isinstance(lrs, list)
             or not lrs
             or any(not (isinstance(x, int | float) and math.isfinite(x) and x > 0) for x in lrs)
         ):
