@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from reference.capacity import pretraining, spectra, tasks, trainers
+from reference.capacity import largest_root, pretraining, spectra, tasks, trainers
 
 
 @dataclass(frozen=True)
@@ -267,6 +267,30 @@ EDGES = [
     Edge("MP edge at dof = 0", spectra, "mp_edge", lambda rng: (1.0, 1, 0), True),
     Edge("TW at p = dof = 1", spectra, "tracy_widom_threshold", lambda rng: (1.0, 1, 1), False),
     Edge("TW at dof = 0", spectra, "tracy_widom_threshold", lambda rng: (1.0, 1, 0), True),
+    Edge("null law at p = dof = 2", spectra, "largest_root_quantile", lambda rng: (2, 2), False),
+    Edge(
+        "null law at dof = p − 1",
+        spectra,
+        "largest_root_quantile",
+        lambda rng: (3, 2),
+        True,
+        "dof = 2",
+    ),
+    Edge(
+        "count at S·d_v = n",
+        spectra,
+        "token_gram_count",
+        lambda rng: (rng.standard_normal((4, 8, 2)),),
+        False,
+    ),
+    Edge(
+        "count at S·d_v = n − 1",
+        spectra,
+        "token_gram_count",
+        lambda rng: (rng.standard_normal((7, 8, 1)),),
+        True,
+        "S·d_v = 7, n = 8",
+    ),
     Edge("init of width 1, scale 0", trainers, "small_init", lambda rng: (1, 1, 0.0, rng), False),
     Edge("init of width 0", trainers, "small_init", lambda rng: (2, 0, 0.1, rng), True),
     Edge("GD of 0 steps", trainers, "factorised_gd", lambda rng: _descent(0), False),
@@ -370,6 +394,12 @@ DEFAULTS = [
     Default(spectra, "largest_gap_rank", lambda rng: (SENSITIVE,), {"floor": 0.0}),
     Default(spectra, "estimate_all", lambda rng: (SENSITIVE,), {"tau": 0.001, "floor": 0.0}),
     Default(spectra, "tracy_widom_threshold", lambda rng: (1.0, 16, 1600), {"quantile": 0.99}),
+    Default(
+        largest_root,
+        "largest_root_quantile",
+        lambda rng: (16, 1600),
+        {"quantile": 0.99, "draws": 10_000},
+    ),
     Default(
         spectra,
         "token_gram_count",

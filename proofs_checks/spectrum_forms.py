@@ -36,10 +36,11 @@ The token Gram and its count, on seeded static tasks (``GRAM_SIZES``): the Gram 
 against its exact rational value within γ_{S·d_v+3}·(Σ_s|Y_s||Y_s|ᵀ)/(S·d_v) (a sum of S·d_v
 products, a quotient, the symmetrisation); the count's eigenvalues decreasing and summing to
 tr G within that bound's trace plus n²·u·λ₁ (LAPACK's backward error ‖E‖₂ ≤ p(n)·u·‖G‖₂, p(n)
-taken as n, summed over n eigenvalues); and its fixed point, transcribed on those eigenvalues
+taken as n, summed over n eigenvalues); and its sequential rule, transcribed on those eigenvalues
 (so that the solver's rounding is not in the comparison): the count exactly, the noise mean
-within γ_n (a mean of at most n values) and the threshold within γ₁₃ + γ_n (linear in the
-noise). The risk each student trainer reports, against its definition from the sufficient
+within γ_n (a mean of at most n values) and the threshold within γ_{n+1} (a mean, then one
+product with the null quantile, which is read from the library and judged by EB-4's null-law
+check). The risk each student trainer reports, against its definition from the sufficient
 statistics in exact rationals (``student_comparisons``); the planted tasks' decay spectrum
 and attention maps against their definitions (``task_comparisons``). The estimators' defaults
 are EB-4's domain check (``capacity_domains.DEFAULTS``).
@@ -62,16 +63,16 @@ from reference import capacity
 TW1_QUANTILES = {0.90: 0.4501, 0.95: 0.9793, 0.99: 2.0234}
 TAUS, ETAS, QUANTILES = (0.0, 1e-3, 1e-2, 0.5), (0.5, 0.9, 0.99, 1.0), (0.90, 0.95, 0.99)
 #: Token Grams and counts at (S, n, d_v, r*, scale of Y): static tasks (noise 0.1, decaying
-#: σ(A*)) where the count moves from k = 0 to its fixed point, one at the scale 1e-100, r* = 0
-#: (noise only), n = 1, and S·d_v < n (a Gram of rank S·d_v, whose other eigenvalues are
-#: rounding, below the count's floor n·ε·λ₁).
+#: σ(A*)) where the count passes r* eigenvalues and stops, one at the scale 1e-100, r* = 0
+#: (noise only), n = 1, and S·d_v = n (the fewest outputs the count accepts: the last null
+#: law it reads is a Wishart_2(2)).
 GRAM_SIZES = (
     (40, 8, 4, 2, 1.0),
     (60, 12, 3, 4, 1.0),
     (40, 8, 4, 2, 1e-100),
     (30, 6, 2, 0, 1.0),
     (20, 1, 3, 0, 1.0),
-    (2, 8, 2, 0, 1.0),
+    (4, 8, 2, 0, 1.0),
 )
 #: Noise edges at (noise, p, N): the sizes of EB-4 (a) and (b), p = N, p = 1 and a large N.
 EDGE_SIZES = ((0.01, 16, 1600), (0.01, 16, 3600), (2.5, 7, 7), (1.0, 1, 1), (1e-3, 64, 10**6))
@@ -184,20 +185,23 @@ def gram_bound(y: np.ndarray) -> np.ndarray:
 
 
 def gram_count(lam: list[float], dof: int, quantile: float) -> tuple[int, float, float]:
-    """The fixed point of k ↦ min(#{λ_i > max(TW(mean(λ_{k+1…n}), n, N, q), n·ε·λ₁)}, n − 1)
-    from k = 0, stopping when k no longer grows, on eigenvalues λ₁ ≥ … ≥ λ_n (N = S·d_v):
-    (k, the noise mean, the threshold), the mean and the threshold in mpmath."""
+    """The sequential count on eigenvalues λ₁ ≥ … ≥ λ_n (N = S·d_v): from k = 0, λ_{k+1}
+    counts while λ_{k+1} > max(c_k·mean(λ_{k+2…n}), n·ε·λ₁) and k < n − 1, with c_k the null
+    quantile ``capacity.largest_root_quantile(n − k, N − k, q)`` (a Monte Carlo constant, read
+    from the library: this transcribes the rule, EB-4's null-law check judges the constant);
+    (k, the noise mean of λ_{k+1…n}, the last threshold), the means in mpmath."""
     n = len(lam)
     tiny = n * 2.0**-52 * max(lam[0], 0.0)
-    k = 0
+    k, threshold = 0, mpmath.mpf(tiny)
     with mpmath.workdps(50):
-        while True:
-            noise = mpmath.fsum(lam[k:]) / (n - k)
-            threshold = max(tracy_widom_threshold(max(noise, 0), n, dof, quantile), tiny)
-            k_new = min(sum(1 for v in lam if v > threshold), n - 1)
-            if k_new <= k:
-                return k, float(noise), float(threshold)
-            k = k_new
+        while k < n - 1:
+            root = capacity.largest_root_quantile(n - k, dof - k, quantile)
+            rest = mpmath.fsum(lam[k + 1 :]) / (n - k - 1)
+            threshold = max(mpmath.mpf(root) * rest, tiny)
+            if not lam[k] > threshold:
+                break
+            k += 1
+        return k, float(mpmath.fsum(lam[k:]) / (n - k)), float(threshold)
 
 
 def spectra(seed: int) -> list[tuple[str, np.ndarray, float]]:
@@ -315,7 +319,7 @@ def gram_comparisons(seed: int) -> Iterator[Comparison]:
     """The token Gram against its exact value, entrywise within ``gram_bound``; its count
     (at the quantiles 0.99 and 0.95) against ``gram_count`` on the library's eigenvalues,
     which must be decreasing and sum to the Gram's trace within the bound's trace: the rank
-    exactly, the noise mean within γ_n and the threshold within γ_13 + γ_n, relative."""
+    exactly, the noise mean within γ_n and the threshold within γ_{n+1}, relative."""
     for i, (s, n, dv, r, scale) in enumerate(GRAM_SIZES):
         rng = np.random.default_rng([seed, TAG, 1, i])
         if r:
@@ -345,8 +349,10 @@ def gram_comparisons(seed: int) -> Iterator[Comparison]:
             k, noise, threshold = gram_count(lam, s * dv, q)
             yield _integer(f"{label}, count at q = {q:g}", count.rank, k)
             yield _real(f"{label}, noise at q = {q:g}", count.noise, noise, gamma(n))
-            bound_t = gamma(13) + gamma(n)
-            yield _real(f"{label}, threshold at q = {q:g}", count.threshold, threshold, bound_t)
+            # the mean of at most n − 1 values, then one product
+            yield _real(
+                f"{label}, threshold at q = {q:g}", count.threshold, threshold, gamma(n + 1)
+            )
 
 
 #: Students at (S, n, d, d_v, r*): a static one of full width and a linear-QK one of rank r*,

@@ -164,6 +164,60 @@ def test_mp_edge_and_tracy_widom_threshold():
         cap.tracy_widom_threshold(1.0, 2, 3, quantile=0.5)
 
 
+@pytest.mark.parametrize(("p", "dof"), [(2, 2), (5, 7), (16, 1600), (40, 45)])
+def test_the_sturm_bisection_finds_the_largest_eigenvalue(p, dof):
+    """λ₁ of Laguerre tridiagonals by bisection against LAPACK on the dense matrix: both are
+    within a few ulps of λ₁ (bisection stops at 2^-40 of the Gershgorin bound ≤ 3·λ₁ here)."""
+    from reference.capacity import largest_root
+
+    diagonal, off2 = largest_root.laguerre_tridiagonal(p, dof, 50, np.random.default_rng(p))
+    got = largest_root.tridiagonal_largest(diagonal, off2)
+    off = np.sqrt(off2)
+    dense = [
+        np.linalg.eigvalsh(np.diag(d) + np.diag(e, 1) + np.diag(e, -1))[-1]
+        for d, e in zip(diagonal, off, strict=True)
+    ]
+    assert np.max(np.abs(got - dense) / dense) < 4 * 2.0**-40
+
+
+def test_the_laguerre_draws_have_the_wishart_law():
+    """The Laguerre matrix BBᵀ has the eigenvalues of Wishart_p(N, I): its trace is χ²_{pN}
+    (mean pN, variance 2pN) and E tr((BBᵀ)²) = pN(N + p + 1). Over m = 4,000 draws at p = 6,
+    N = 9 the sample means lie within 5 standard errors of those values."""
+    from reference.capacity import largest_root
+
+    p, dof, m = 6, 9, 4000
+    diagonal, off2 = largest_root.laguerre_tridiagonal(p, dof, m, np.random.default_rng(1))
+    trace = diagonal.sum(axis=1)
+    square = (diagonal**2).sum(axis=1) + 2 * off2.sum(axis=1)
+    assert abs(trace.mean() - p * dof) < 5 * math.sqrt(2 * p * dof / m)
+    assert abs(square.mean() - p * dof * (dof + p + 1)) < 5 * square.std() / math.sqrt(m)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [((1, 5), "p ≥ 2"), ((4, 3), "dof = 3"), ((4, 5, 1.0), "quantile"), ((4, 5, 0.9, 0), "draws")],
+)
+def test_the_null_law_refuses_what_it_cannot_draw(args, says):
+    with pytest.raises(ValueError, match=says):
+        cap.largest_root_quantile(*args)
+
+
+def test_the_token_gram_count_goes_past_a_true_rank_at_its_level():
+    """Noise only (r* = 0), n = 8, S·d_v = 40: the count answers ≥ 1 when λ₁/mean(λ₂…) exceeds
+    the 0.99 null quantile, so over 1,000 data sets the false counts are Binomial(1000, α),
+    α = 0.01 ± 0.001 (the quantile's Monte Carlo error): 10 ± 3.3, accepted within 5 standard
+    deviations (9 measured); the count at the 0.95 quantile (37 measured) falls outside. At the
+    0.9 quantile, 100 ± 9.9: a count that never detects fails there."""
+    for quantile in (0.99, 0.9):  # at 0.9: 100 ± 9.9, accepted within 50 … 150
+        rng = np.random.default_rng(7)
+        data = [rng.standard_normal((20, 8, 2)) for _ in range(1000)]
+        false = sum(cap.token_gram_count(y, quantile).rank > 0 for y in data)
+        alpha = 1 - quantile
+        sd = math.sqrt(1000 * alpha * quantile * (1 + 1000 / 10_000))
+        assert abs(false - 1000 * alpha) <= 5 * sd, (quantile, false)
+
+
 def test_token_gram_closed_form():
     """One sequence Y = [[1, 0], [0, 2], [1, 1]] (n = 3, d_v = 2): G = YYᵀ/2."""
     y = np.array([[[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]]])
@@ -656,12 +710,13 @@ def test_the_capacity_defaults_are_the_documented_ones() -> None:
     with explicit arguments sees); a default changed in the table is caught too."""
     import inspect
 
-    from reference.capacity import pretraining, spectra, tasks, trainers
+    from reference.capacity import largest_root, pretraining, spectra, tasks, trainers
 
     found = {}
-    for module in (tasks, spectra, trainers, pretraining):
+    for module in (tasks, spectra, trainers, pretraining, largest_root):
         short = module.__name__.rpartition(".")[2]
-        for name, fn in vars(module).items():
+        for name, wrapped in vars(module).items():
+            fn = inspect.unwrap(wrapped)  # a cached function's own signature
             if (
                 name.startswith("_")
                 or not inspect.isfunction(fn)

@@ -246,7 +246,8 @@ def test_a_control_that_leaves_the_library_untouched_is_caught(monkeypatch) -> N
 # -- tolerances ------------------------------------------------------------------------------------
 #: Tolerances that are not rounding bounds, by what they are: a normalised ratio, the Taylor
 #: slope's 0.1, a χ² criterion (5.48 = the 1 − 10⁻⁶ quantile scale used by EB-1, EB-5, EB-7),
-#: EB-6's ratio bound and the statistical checks' counts of misses or hits (``binomial``).
+#: EB-6's ratio bound, the statistical checks' counts of misses or hits (``binomial``) and EB-4's
+#: null-law count in standard deviations (5, ``eb_null``).
 NOT_ROUNDING = {
     ("GEO-", "Taylor slope"),
     ("EB-1", "χ²"),
@@ -256,6 +257,7 @@ NOT_ROUNDING = {
     ("EB-6", "EY/κ"),
     ("EB-", "P ≥ 0.9"),
     ("EB-4", "P ≤ 0.2"),
+    ("EB-4", "null law"),
 }
 FLOAT64_CEILING = math.sqrt(2.0**-52)
 MPMATH_CEILING = 1e-25

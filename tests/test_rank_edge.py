@@ -111,27 +111,64 @@ def test_smoke_run(tmp_path) -> None:
     config = doc["config"]
     assert (folder / "recovery.png").read_bytes()[:8] == PNG
     runs = doc["runs"]
-    assert len(runs) == len(rank_edge.cells_of(config)) == 12
+    assert len(runs) == len(rank_edge.cells_of(config)) == 18  # 6 of them noise only
     for run in runs:
         answers = run["answers"]
         assert set(answers) == set(rank_edge.ESTIMATORS)
         assert (answers["parallel_analysis"] is None) == (run["kind"] != "static")
     summary = doc["summary"]
-    assert summary["datasets"] == 12 and summary["cells_judged"] == 6
+    assert summary["datasets"] == 18 and summary["cells_judged"] == 9
+    assert {run["r"] for run in runs if run["kappa"] == "noise"} == {0}
     md = (folder / "results.md").read_text(encoding="utf-8")
     assert "Cells meeting it" in md and "| rattn |" in md
 
 
+def _run(kappa, r: int, answers: dict) -> dict:
+    return {
+        "kind": "static",
+        "r": r,
+        "S": 50,
+        "kappa": kappa,
+        "noise": 1.0,
+        "answers": {e: answers.get(e, 0) for e in rank_edge.ESTIMATORS},
+        "caveats": [],
+    }
+
+
+@pytest.mark.parametrize(
+    ("noise_answers", "signal_answers", "eligible", "meets"),
+    [
+        # a peer that answers 1 on noise alone is not a rival at r* = 1
+        ({"minka": 1}, {"rattn": 0, "minka": 1}, False, True),
+        # the same peer, answering 0 on noise, is one: rattn's miss fails the cell
+        ({}, {"rattn": 0, "minka": 1}, True, False),
+    ],
+)
+def test_a_peer_that_counts_noise_is_not_a_rival(noise_answers, signal_answers, eligible, meets):
+    runs = [_run("noise", 0, noise_answers) for _ in range(20)]
+    runs += [_run(2.0, 1, signal_answers) for _ in range(20)]
+    rows = {row["kappa"]: row for row in rank_edge.summarize({}, runs)["rows"]}
+    assert ("minka" in rows["2.0"]["eligible_peers"]) == eligible
+    assert rows["2.0"]["meets_rule"] == meets
+    assert rows["noise"]["meets_rule"]  # rattn answered 0 on every noise-only run
+
+
 @pytest.mark.slow
 def test_the_quick_grid(tmp_path) -> None:
-    """``rattn experiment rank-edge --preset quick`` (210 data sets, ≈ 4 minutes): every linear
-    and softmax (K = UVᵀ) cell meets the rule (exact recovery ≥ the best peer's, over-counting
-    ≤ 5%; 1.00 at the default noise), and at the default noise every kind recovers r* in every
-    run (docs/entropic_bound.md §4.2 lists the static and PSD cells that do not meet it)."""
+    """``rattn experiment rank-edge --preset quick`` (234 data sets, ≈ 5 minutes): every linear
+    and softmax (K = UVᵀ) cell with a signal meets the rule (exact recovery ≥ the best eligible
+    peer's, over-counting ≤ 5%; 1.00 at the default noise), and at the default noise every kind
+    recovers r* in every run (docs/entropic_bound.md §4.2 lists the static and PSD cells that
+    do not meet it). On noise alone each run counts a direction with probability ≤ 5% (the
+    attention floor's 95% noise edge; the static count's 1%), so over the 8 noise-only cells ×
+    3 seeds at most 4 false counts (P(X ≥ 5) = 0.006 for Binomial(24, 0.05))."""
     assert main(["experiment", "rank-edge", "--preset", "quick", "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "rank-edge" / "results.json").read_text(encoding="utf-8"))
     rows = doc["summary"]["rows"]
-    attention = [row for row in rows if row["kind"] in ("linear", "softmax")]
+    noise = [row for row in rows if row["kappa"] == "noise"]
+    false = sum(round(row["rates"]["rattn"]["over"] * row["runs"]) for row in noise)
+    assert len(noise) == 8 and false <= 4
+    attention = [r for r in rows if r["kind"] in ("linear", "softmax") and r["kappa"] != "noise"]
     assert len(attention) == 34 and all(row["meets_rule"] for row in attention)
     default = [row for row in rows if row["kappa"] == "default"]
     assert len(default) == 24 and all(row["rates"]["rattn"]["exact"] == 1.0 for row in default)

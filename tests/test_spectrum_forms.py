@@ -118,14 +118,14 @@ def test_a_softmax_that_overflows_is_caught() -> None:
         assert wrong[0].startswith("softmax mixing at (S, n, d, β) = (2, 4, 3, ")
 
 
-def test_the_count_is_transcribed_from_its_fixed_point() -> None:
-    """On eigenvalues (1, 0.5, 0.2, 0.1 × 13) a first round (noise = the mean of all, 0.1875)
-    counts 2, the fixed point 3 (noise 0.1): the transcription iterates, as the docstring
-    states."""
+def test_the_count_is_transcribed_as_a_sequential_test() -> None:
+    """On eigenvalues (1, 0.5, 0.2, 0.1 × 13) at N = 10,000 the count passes λ₁, λ₂ and λ₃
+    (each far above c_k·mean of the smaller ones, c_k ≈ 1.05) and stops at the first 0.1,
+    which equals the mean of the rest: k = 3, noise 0.1, and the threshold c_3·0.1 it failed."""
     lam = [1.0, 0.5, 0.2] + [0.1] * 13
-    assert sf.tracy_widom_threshold(sum(lam) / 16, 16, 10_000, 0.99) > 0.2  # one round: 2
     k, noise, threshold = sf.gram_count(lam, 10_000, 0.99)
-    assert k == 3 and noise == pytest.approx(0.1) and 0.1 < threshold < 0.2
+    c3 = spectra.largest_root_quantile(13, 10_000 - 3, 0.99)
+    assert k == 3 and noise == pytest.approx(0.1) and threshold == pytest.approx(0.1 * c3)
 
 
 def test_the_cases_cover_the_claimed_domain() -> None:

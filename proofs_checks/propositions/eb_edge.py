@@ -9,10 +9,11 @@ Checked, each over 100 replicates by the exact binomial test (``binomial``, P �
 - (a) the token-Gram count at κ = 4, at the sizes of EB-4 (a) with a flat spectrum (S = 200,
   n = 16, d = 16, d_v = 8, r* = 3).
 
-Not claimed: the token-Gram count at κ = 2, where it returns r* in 20 of 100 replicates (seed 0;
+Not claimed: the token-Gram count at κ = 2, where it returns r* in 10 of 100 replicates (seed 0;
 docs/entropic_bound.md §4.2: a spike at twice the BBP edge stands about one fluctuation from
-the count's threshold). Measured at seed 0: (b) 100 of 100 at κ = 2 and at κ = 4, (a) 99 of 100
-at κ = 4.
+the count's threshold, and two such spikes not yet counted raise the mean it is compared
+with; 88 of 100 at κ = 3). Measured at seed 0: (b) 100 of 100 at κ = 2 and at κ = 4, (a) 100
+of 100 at κ = 4.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from proofs_checks.propositions import binomial
 from proofs_checks.registry import Context, Outcome
 from reference import capacity
 from reference.capacity import spectra, strength
+from reference.capacity.largest_root import DRAWS
 
 #: The sizes of EB-4 (a) and (b) (``eb_data``), restated: that module registers these checks.
 ST_S, ST_N, ST_D, ST_DV = 200, 16, 16, 8
@@ -39,10 +41,10 @@ CONTROL_LINEAR_2 = (
     "the edge), substituted for capacity.noise_edge"
 )
 CONTROL_LINEAR_4 = "the largest-gap rank's + 1 dropped (the 0-based index of the largest gap)"
-CONTROL_STATIC_4 = "p and N swapped in the Tracy-Widom threshold of token_gram_count"
+CONTROL_STATIC_4 = "the count's null quantile read at 0.5 instead of 0.99 (its median)"
 
 _LARGEST_GAP = capacity.largest_gap_rank
-_TRACY_WIDOM = spectra.tracy_widom_threshold
+_LARGEST_ROOT = spectra.largest_root_quantile
 
 
 def _standard_error(reg: capacity.Regression, quantile: float = 0.95) -> float:
@@ -53,8 +55,10 @@ def _zero_based_gap(s: np.ndarray, floor: float = 0.0) -> int:
     return _LARGEST_GAP(s, floor) - 1
 
 
-def _swapped_threshold(noise: float, p: int, dof: int, quantile: float = 0.99) -> float:
-    return _TRACY_WIDOM(noise, dof, p, quantile)
+def median_root(p: int, dof: int, quantile: float = 0.99, draws: int = DRAWS) -> float:
+    """The control of the token-Gram count: the null law's median in place of its ``quantile``
+    (each noise eigenvalue after the signal then counts with probability about ½)."""
+    return _LARGEST_ROOT(p, dof, 0.5, draws)
 
 
 def _replicates(
@@ -114,7 +118,7 @@ def static_at(kappa: float):
     """The check of (a) at signal strength ``kappa``: ``static_task`` (flat spectrum) at the
     noise ``strength.static_noise(κ, 200, 16, 8)``, r̂ = ``token_gram_count``, over 100
     independent replicates; pass when P(r̂ = r*) ≥ 0.9 by the exact binomial test
-    (``binomial``). Control: p and N swapped in the Tracy–Widom threshold (r̂ = 0)."""
+    (``binomial``). Control: the null quantile read at its median (r̂ > r*)."""
 
     def check(ctx: Context, wrong: bool) -> Outcome:
         noise = strength.static_noise(kappa, ST_S, ST_N, ST_DV)
@@ -123,7 +127,7 @@ def static_at(kappa: float):
             task = capacity.static_task(ST_S, ST_N, ST_D, ST_DV, RSTAR, rng, noise=noise)
             return capacity.token_gram_count(task.y).rank
 
-        control = (spectra, "tracy_widom_threshold", _swapped_threshold)
+        control = (spectra, "largest_root_quantile", median_root)
         found = _replicates(ctx, wrong, control, TAG_STATIC, estimate)
         sizes = (
             f"S = {ST_S}, n = {ST_N}, d = {ST_D}, d_v = {ST_DV}, r* = {RSTAR}, flat σ(A*), "

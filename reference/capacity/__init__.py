@@ -21,8 +21,9 @@ Four groups of functions:
 1. **Estimators on a spectrum** σ₁ ≥ σ₂ ≥ … ≥ σ_m ≥ 0 (any order is accepted and sorted):
    ``numerical_rank``, ``energy_threshold_rank``, ``energy_effective_rank``, ``roy_vetterli_rank``,
    ``stable_rank``, ``largest_gap_rank`` and its floor for attention ``attention_gap_floor`` (the
-   rule of ``rattn rank``); ``estimate_all`` returns all of them. Plus the Marchenko–Pastur count
-   of token-Gram eigenvalues, ``token_gram_count``.
+   rule of ``rattn rank``); ``estimate_all`` returns all of them. Plus the sequential count of
+   token-Gram eigenvalues, ``token_gram_count``, calibrated by the exact null law of its
+   statistic, ``largest_root_quantile`` (module ``largest_root``).
 2. **Planted tasks** with a known rank r*: ``static_task``, ``linear_qk_task``, ``softmax_task``
    (seeded; flat or decaying spectra; a PSD option for the kernel) and the closed forms of the
    static surrogate (``static_excess_risk``, ``deficiency_bound``, ``truncated_mixer``), of its
@@ -39,7 +40,8 @@ Four groups of functions:
 
 The package holds one module per group, imported one way (``validation`` below the other four,
 which do not import each other): ``validation`` (input checks shared by all, ``spectrum`` and
-``singular_values``), ``spectra`` (group 1, with the token Gram and its count), ``tasks``
+``singular_values``), ``largest_root`` (the null law of the token-Gram count, imported by
+``spectra``), ``spectra`` (group 1, with the token Gram and its count), ``tasks``
 (group 2), ``pretraining`` (group 3) and ``trainers`` (group 4). Above them, ``strength``
 (tasks and pretraining) states a planted task's signal strength κ in units of the detection
 edge of the operator an estimator reads (``from reference.capacity import strength``). Every
@@ -48,6 +50,7 @@ capacity.X`` and ``from reference.capacity import X`` name the same object as
 ``reference.capacity.<module>.X``.
 """
 
+from reference.capacity.largest_root import largest_root_quantile
 from reference.capacity.pretraining import (
     Regression,
     first_order_softmax,
@@ -129,6 +132,7 @@ __all__ = [
     "gram_population",
     "inversion_estimator",
     "largest_gap_rank",
+    "largest_root_quantile",
     "linear_attention_mixing",
     "linear_qk_gradient",
     "linear_qk_statistics",

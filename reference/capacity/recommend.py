@@ -3,8 +3,8 @@
 X (S, n, d) are S sequences of n tokens and Y (S, n, d_v) the outputs of the token-mixing layer
 to be sized. Each attention kind has its own pre-training estimator (docs/entropic_bound.md):
 
-- ``static``: the token Gram Σ_s Y_sY_sᵀ/(S·d_v); recommended rank = the count of its eigenvalues
-  above the noise's Tracy–Widom edge (``token_gram_count``);
+- ``static``: the token Gram Σ_s Y_sY_sᵀ/(S·d_v); recommended rank = the sequential count of its
+  eigenvalues above the noise's largest root, 1% false detection (``token_gram_count``);
 - ``linear``: the pooled token regression ŷ = C x (value map unknown; EB-7);
 - ``softmax``: the first-order estimator, y_i regressed on [x_i, x̄] (its x_i block).
 
@@ -51,8 +51,9 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         "assumes a static (input-independent) mixer Y = A*XW* + noise, with noise iid across "
         "tokens; with input-conditioned attention use --attention linear or softmax (a static "
         "summary of attention is aI + b11ᵀ, EB-5)",
-        f"the noise level is estimated from the trailing eigenvalues (σ̂² = {gc.noise:.3g}); "
-        "directions weaker than about σ̂²·2√(n/(S·d_v)) are not detected",
+        "the count compares each eigenvalue with the mean of the smaller ones (no noise level "
+        f"needed); the eigenvalues not counted have mean σ̂² = {gc.noise:.3g}, and directions "
+        "weaker than about σ̂²·2√(n/(S·d_v)) are not detected",
         "the spectrum estimators act on sqrt(max(λ − σ̂², 0)), the token Gram's signal part",
     ]
     caveats = _near_threshold(
@@ -80,7 +81,10 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
         "noise_floor": float(gc.noise),
         "estimators": estimators,
         "recommended_rank": int(gc.rank),
-        "recommended_by": "token-Gram eigenvalues above the noise's Tracy–Widom 99% edge",
+        "recommended_by": (
+            "token-Gram eigenvalues counted in turn while each exceeds the 99% quantile of the "
+            "noise's largest root over the mean of the rest (1% false detection)"
+        ),
         "zero_means": (
             f"no token-Gram eigenvalue above the threshold {gc.threshold:.3g} (λ₁ = "
             f"{gc.eigenvalues[0]:.3g}, noise σ̂² = {gc.noise:.3g}): no direction is "
