@@ -15,19 +15,28 @@ import numpy as np
 import pytest
 
 from proofs_checks import REGISTRY
-from proofs_checks.propositions import binomial, eb_data, eb_native, eb_recovery, eb_softmax
+from proofs_checks.propositions import (
+    binomial,
+    eb_data,
+    eb_native,
+    eb_null,
+    eb_recovery,
+    eb_softmax,
+)
 from proofs_checks.registry import Context, run_check
 from reference import capacity
 
 STATISTICAL = ("EB-3", "EB-4", "EB-6", "EB-8")
 MODULES = {"EB-3": eb_recovery, "EB-4": eb_data, "EB-6": eb_native, "EB-8": eb_softmax}
-#: Checks that are not binomial tests: EB-4's exact decisions and values on fixed inputs and its
-#: Monte Carlo of the Gram's mean (a χ² criterion), and EB-6's deficiency (a theorem, checked on
-#: every replicate).
+#: Checks that are not binomial tests of 100 replicates: EB-4's exact decisions and values on fixed
+#: inputs, its Monte Carlo of the Gram's mean (a χ² criterion) and of the count's null law (an
+#: exceedance count in standard deviations), and EB-6's deficiency (a theorem, checked on every
+#: replicate).
 DETERMINISTIC = (
     eb_data.domains,
     eb_data.estimator_forms,
     eb_data.gram_limit,
+    eb_null.null_law,
     eb_native.deficiency,
 )
 
