@@ -75,6 +75,10 @@ def test_caveats_fire_only_on_their_measured_condition() -> None:
     near = recommend._near_threshold(np.array([1.1, 0.5]), 1.0, "singular value(s)")
     assert len(near) == 1 and "1.1" in near[0]
     assert recommend._near_threshold(np.array([1.3, 0.5]), 1.0, "x") == []
+    # the static count tests each eigenvalue against its own threshold: 2.0 passed 1.9 narrowly,
+    # though it stands 2× above the last one (1.0)
+    each = recommend._near_threshold(np.array([1.1, 2.0]), np.array([1.0, 1.9]), "x")
+    assert len(each) == 1 and each[0].startswith("2 counted") and "2 against 1.9" in each[0]
 
 
 def test_gavish_donoho_constants() -> None:

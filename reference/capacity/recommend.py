@@ -58,7 +58,7 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     ]
     caveats = _near_threshold(
         gc.eigenvalues[: gc.rank] - gc.noise,
-        gc.threshold - gc.noise,
+        np.asarray(gc.thresholds[: gc.rank]) - gc.noise,
         "eigenvalue excess(es) λ − σ̂²",
     )
     extra: dict[str, Any] = {}
@@ -102,14 +102,16 @@ def _static(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
 NEAR = 1.25
 
 
-def _near_threshold(values: np.ndarray, threshold: float, what: str) -> list[str]:
-    """The caveat that fires when a counted value lies in (threshold, NEAR·threshold]."""
-    near = [float(v) for v in values if threshold < v <= NEAR * threshold]
+def _near_threshold(values: np.ndarray, thresholds: float | np.ndarray, what: str) -> list[str]:
+    """The caveat that fires when a counted value lies in (t, NEAR·t], t the threshold it
+    passed (one for all values, or one each: the static count tests each against its own)."""
+    pairs = zip(values, np.broadcast_to(thresholds, np.shape(values)), strict=True)
+    near = [(float(v), float(t)) for v, t in pairs if t < v <= NEAR * t]
     if not near:
         return []
-    listed = ", ".join(f"{v:.3g}" for v in near)
+    listed = ", ".join(f"{v:.3g} against {t:.3g}" for v, t in near)
     return [
-        f"{len(near)} counted {what} less than {NEAR}× the threshold {threshold:.3g} ({listed}): "
+        f"{len(near)} counted {what} less than {NEAR}× the threshold each passed ({listed}): "
         "another sample of this size may not count them"
     ]
 
