@@ -184,24 +184,28 @@ def gram_bound(y: np.ndarray) -> np.ndarray:
     return gamma(s * dv + 3) * np.einsum("sic,sjc->ij", a, a) / (s * dv)
 
 
-def gram_count(lam: list[float], dof: int, quantile: float) -> tuple[int, float, list[float]]:
+def gram_count(
+    lam: list[float], dof: int, quantile: float
+) -> tuple[int, float, float, list[float]]:
     """The sequential count on eigenvalues λ₁ ≥ … ≥ λ_n (N = S·d_v): from k = 0, λ_{k+1}
     counts while λ_{k+1} > max(c_k·mean(λ_{k+2…n}), n·ε·λ₁) and k < n − 1, with c_k the null
     quantile ``capacity.largest_root_quantile(n − k, N − k, q)`` (a Monte Carlo constant, read
     from the library: this transcribes the rule, EB-4's null-law check judges the constant);
-    (k, the noise mean of λ_{k+1…n}, each tested eigenvalue's threshold), the means in mpmath."""
+    (k, the noise mean of λ_{k+1…n}, the last threshold (n·ε·λ₁ when n = 1: no test), each
+    tested eigenvalue's threshold), the means in mpmath."""
     n = len(lam)
     tiny = n * 2.0**-52 * max(lam[0], 0.0)
-    k, thresholds = 0, [mpmath.mpf(tiny)]
+    k, thresholds = 0, []
     with mpmath.workdps(50):
         while k < n - 1:
             root = capacity.largest_root_quantile(n - k, dof - k, quantile)
             rest = mpmath.fsum(lam[k + 1 :]) / (n - k - 1)
-            thresholds[k:] = [max(mpmath.mpf(root) * rest, tiny)]
-            if not lam[k] > thresholds[k]:
+            thresholds.append(max(mpmath.mpf(root) * rest, tiny))
+            if not lam[k] > thresholds[-1]:
                 break
             k += 1
-        return k, float(mpmath.fsum(lam[k:]) / (n - k)), [float(t) for t in thresholds]
+        last = float(thresholds[-1]) if thresholds else tiny
+        return k, float(mpmath.fsum(lam[k:]) / (n - k)), last, [float(t) for t in thresholds]
 
 
 def spectra(seed: int) -> list[tuple[str, np.ndarray, float]]:
@@ -346,15 +350,15 @@ def gram_comparisons(seed: int) -> Iterator[Comparison]:
                 all(a >= b for a, b in itertools.pairwise(lam)) and abs(sum(lam) - trace) <= slack
             )
             yield Comparison(f"{label}: eigenvalues decreasing, summing to tr G", not ordered, 0.0)
-            k, noise, thresholds = gram_count(lam, s * dv, q)
+            k, noise, last, thresholds = gram_count(lam, s * dv, q)
             yield _integer(f"{label}, count at q = {q:g}", count.rank, k)
             yield _integer(f"{label}, tests at q = {q:g}", len(count.thresholds), len(thresholds))
             yield _real(f"{label}, noise at q = {q:g}", count.noise, noise, gamma(n))
             # each: the mean of at most n − 1 values, then one product
             for i, (got, want) in enumerate(zip(count.thresholds, thresholds, strict=False)):
                 yield _real(f"{label}, threshold {i + 1} at q = {q:g}", got, want, gamma(n + 1))
-            last = f"{label}, last threshold at q = {q:g}"
-            yield _real(last, count.threshold, thresholds[-1], gamma(n + 1))
+            what = f"{label}, last threshold at q = {q:g}"
+            yield _real(what, count.threshold, last, gamma(n + 1))
 
 
 #: Students at (S, n, d, d_v, r*): a static one of full width and a linear-QK one of rank r*,

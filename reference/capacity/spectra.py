@@ -241,7 +241,7 @@ class GramCount(NamedTuple):
     #: the one λ_{n−1} passed
     threshold: float
     #: the value each tested eigenvalue had to exceed, λ₁'s first (the counted ones passed theirs)
-    thresholds: tuple[float, ...] = ()
+    thresholds: tuple[float, ...]
 
 
 def token_gram_count(y: Array, quantile: float = 0.99) -> GramCount:
@@ -278,11 +278,12 @@ def token_gram_count(y: Array, quantile: float = 0.99) -> GramCount:
         raise ValueError(f"the token-Gram count needs S·d_v ≥ n, got S·d_v = {s * dv}, n = {n}")
     lam = np.linalg.eigvalsh(token_gram(y))[::-1]
     tiny = n * EPS * max(lam[0], 0.0)
-    k, thresholds = 0, [tiny]
+    k, thresholds = 0, []
     while k < n - 1:
         root = largest_root_quantile(n - k, s * dv - k, quantile)
-        thresholds[k:] = [max(root * float(np.mean(lam[k + 1 :])), tiny)]
-        if not lam[k] > thresholds[k]:
+        thresholds.append(max(root * float(np.mean(lam[k + 1 :])), tiny))
+        if not lam[k] > thresholds[-1]:
             break
         k += 1
-    return GramCount(k, lam, float(np.mean(lam[k:])), thresholds[-1], tuple(thresholds))
+    last = thresholds[-1] if thresholds else tiny  # n = 1: nothing to test
+    return GramCount(k, lam, float(np.mean(lam[k:])), last, tuple(thresholds))
