@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 import reference as ref  # noqa: E402
 import torch_port as tp  # noqa: E402
 from proofs_checks.bounds import step_error  # noqa: E402
+from torch_port import deferred  # noqa: E402
 from torch_port.optim import capturable  # noqa: E402
 
 D, R, RADIUS, LR = 16, 4, 0.5, 1e-2
@@ -158,12 +159,13 @@ def test_the_state_moves_between_the_capturable_and_the_eager_step():
         assert (a - b).abs().max().item() <= 10 * step_error(D, R)
 
 
-def test_the_series_degree_truncates_below_float64_rounding():
+def test_the_series_degree_truncates_below_float64_rounding(monkeypatch):
     """At ‖E‖₂ = δ = Δ² + η for Δ = 0.7 (the largest radius taken): A = W Q diag(√μ) Qᵀ with
     the eigenvalues μ of AᵀA spread over [1 − δ, 1 + δ] (so α = 1 and E's eigenvalues reach
-    ±δ). The degree k of ``taylor_degree`` gives polar(A) within 1e-14 of the
-    eigendecomposition's (truncation ≤ 1e-17, the rest float64 rounding at κ = 1.7); half
-    that degree leaves a truncation |c_{k/2+1}|·δ^{k/2+1} ≈ 1e-10 (the control)."""
+    ±δ). The series the step takes for Δ (``polar_series``: the degree for ``series_bound``)
+    gives polar(A) within 1e-14 of the eigendecomposition's (truncation ≤ 1e-17, the rest
+    float64 rounding at κ = 1.7); the degree for Δ²/2 + η leaves a truncation of about 1e-10
+    (the control)."""
     g = torch.Generator().manual_seed(5)
     w = tp.Stiefel(D, R).random_point(g, (4,), dtype=torch.float64)
     delta = 0.7**2 + capturable.DRIFT_SLACK
@@ -171,9 +173,9 @@ def test_the_series_degree_truncates_below_float64_rounding():
     mu = torch.linspace(1.0 - delta, 1.0 + delta, R, dtype=torch.float64)
     a = w @ (q * torch.sqrt(mu)) @ q.transpose(-1, -2)
     exact = tp.linalg.polar(a)
-    k = capturable.taylor_degree(0.7)
-    assert (capturable.polar_fixed(a, k) - exact).abs().max().item() <= 1e-14
-    assert (capturable.polar_fixed(a, k // 2) - exact).abs().max().item() > 1e-12
+    assert (capturable.polar_series(a, 0.7) - exact).abs().max().item() <= 1e-14
+    monkeypatch.setattr(capturable, "series_bound", lambda r: r**2 / 2 + capturable.DRIFT_SLACK)
+    assert (capturable.polar_series(a, 0.7) - exact).abs().max().item() > 1e-12
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -245,12 +247,13 @@ def test_the_step_never_reads_a_tensor_on_the_host(monkeypatch):
         _grads(params, k)
         assert not _step_reads_the_host(opt)
     assert ".tolist(" not in Path(capturable.__file__).read_text(encoding="utf-8")
-    real = capturable.adam_frames
+    real = capturable.step_numbers
 
-    def reads_the_count(w, grad, exp_avg, sqrt_v, t, **kw):
-        return real(w, grad, exp_avg, sqrt_v, t + 0 * t.reshape(-1)[0].item(), **kw)
+    def reads_the_count(states, frames):
+        t = real(states, frames)
+        return t + 0 * t.reshape(-1)[0].item()
 
-    monkeypatch.setattr(capturable, "adam_frames", reads_the_count)
+    monkeypatch.setattr(capturable, "step_numbers", reads_the_count)
     assert _step_reads_the_host(opt)
 
 
@@ -329,12 +332,14 @@ def _graphs_of_a_scheduled_run(lr, gamma: float) -> tuple[int, list]:
 def test_a_tensor_lr_changes_under_a_scheduler_without_recompiling():
     """With lr a 0-d tensor the scheduler's in-place fill_ reaches the compiled step: four
     learning rates cost no more graphs than one (the first step, which creates the state, and
-    the later ones), while a float lr compiles again for each new value (the negative control:
-    the count sees recompilations). The scheduled steps equal eager steps with the same float
-    learning rates within 4·step_error."""
+    the later ones), while a float lr that Dynamo specialises on (``specialize_float=True``)
+    compiles again for each new value (the negative control: the count sees recompilations).
+    The scheduled steps equal eager steps with the same float learning rates within
+    4·step_error."""
     constant, _ = _graphs_of_a_scheduled_run(torch.tensor(LR, dtype=torch.float64), 1.0)
     scheduled, params = _graphs_of_a_scheduled_run(torch.tensor(LR, dtype=torch.float64), 0.5)
-    floats, _ = _graphs_of_a_scheduled_run(LR, 0.5)
+    with torch._dynamo.config.patch(specialize_float=True):
+        floats, _ = _graphs_of_a_scheduled_run(LR, 0.5)
     assert scheduled == constant and floats > constant, (constant, scheduled, floats)
     eager = _model()
     opt = _optimizer(eager, True)
@@ -359,3 +364,54 @@ def test_a_tensor_lr_changes_under_a_scheduler_without_recompiling():
 def test_a_tensor_lr_is_checked(lr, cap, message):
     with pytest.raises(ValueError, match=message):
         _optimizer(_model(), cap, lr=lr)
+
+
+def _half_frames(grads: list[float]) -> tuple:
+    """A float16 St(16, 4) parameter of len(grads) frames, frame i with gradient grads[i]·Z
+    (capturable optimizer, lr 1e-2: its step factor lr/((1 − β1)ε) = 1e7 exceeds float16's
+    largest value 65504 wherever √v = 0)."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.nn.Parameter(tp.Stiefel(D, R).random_point(g, (len(grads),), dtype=torch.float16))
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}], lr=1e-2, trust_radius=RADIUS, capturable=True
+    )
+    scale = torch.tensor(grads, dtype=torch.float32)[:, None, None]
+    w.grad = (torch.randn(w.shape, generator=g) * scale).to(torch.float16)
+    return w, opt
+
+
+def test_a_half_precision_frame_with_a_zero_gradient_steps(monkeypatch):
+    """A frame whose gradient is zero (√v = 0, so the step factor overflows float16) beside one
+    that moves: the step is taken (the branch-free ratio route rescales u by powers of two, as
+    the eager step does where it must), the zero-gradient frame stays within one float16 ulp in
+    [½, 1) (2⁻¹¹) of where it was, the other moves, both on St(16, 4). Control: the fast route
+    taken on the device with its failure skipping the step skips this one."""
+    w, opt = _half_frames([0.0, 1.0])
+    before = w.detach().clone()
+    opt.step()
+    assert int(opt.skipped_on_device) == 0 and int(opt.state[w]["step"]) == 1
+    assert (w.detach()[0] - before[0]).abs().max().item() <= 2.0**-11
+    assert (w.detach()[1] - before[1]).abs().max().item() > 1e-3
+    assert tp.linalg.orthonormality_residual(w.detach()).max().item() <= 1e-2
+    monkeypatch.setattr(deferred, "fast", deferred.holds)
+    w, opt = _half_frames([0.0, 1.0])
+    opt.step()
+    assert int(opt.skipped_on_device) == 1
+
+
+def test_a_gradient_whose_projection_overflows_skips_the_step():
+    """A float16 gradient 4e4·sign(W) (finite) makes the diagonal of WᵀG, 4e4·Σ|W_ij|, overflow
+    float16: the eager step rescales it, the capturable step skips (documented), changing
+    nothing and counting the skip."""
+    w, opt = _half_frames([1.0, 1.0])
+    w.grad = 4e4 * torch.sign(w.detach())
+    assert bool(torch.isfinite(w.grad).all())
+    assert not bool(torch.isfinite(w.detach().transpose(-1, -2) @ w.grad).all())
+    before = w.detach().clone()
+    opt.step()
+    assert int(opt.skipped_on_device) == 1 and torch.equal(w.detach(), before)
+    eager = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"}], lr=1e-2, trust_radius=RADIUS
+    )
+    eager.step()
+    assert not torch.equal(w.detach(), before)

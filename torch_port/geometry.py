@@ -199,7 +199,7 @@ class FactoredGeometry:
         while a step speculates, ``torch_port.deferred``)."""
         n = fn(u)
         bad = linalg._needs_scaling(linalg._norm_dtype(n))
-        if deferred.holds(~bad.any()):
+        if deferred.fast(~bad.any()):
             return n
         s = torch.stack([linalg.max_abs(p) for p in u]).amax(dim=0)
         odd = (s == 0) | ~torch.isfinite(s)

@@ -92,6 +92,20 @@ def _needs_scaling(n: Tensor) -> Tensor:
     return ~((n >= _TINY_NORM[n.dtype]) & (n < math.inf))
 
 
+def binary_exponent(a: Tensor) -> Tensor:
+    """The exponent e of a = f·2^e with f ∈ [½, 1) (``torch.frexp``'s) for positive finite
+    entries, 0 elsewhere, as a tensor of a's dtype: ⌊log2 a⌋ + 1, corrected by one where log2
+    rounded across a power of two (so exact for every float, subnormals included).
+    ``torch.frexp`` itself is not compiled by ``torch.compile`` for float64 on the CPU."""
+    usable = (a > 0) & torch.isfinite(a)
+    d = torch.where(usable, a, torch.ones_like(a))
+    one = torch.ones_like(d)
+    e = torch.floor(torch.log2(d)) + 1
+    e = e - (torch.ldexp(one, e - 1) > d).to(d.dtype)
+    e = e + (torch.ldexp(one, e) <= d).to(d.dtype)
+    return torch.where(usable, e, torch.zeros_like(e))
+
+
 def norm_of_parts(parts: Sequence[Tensor]) -> Tensor:
     """‖(P_1, …, P_k)‖ = sqrt(Σ_i ‖P_i‖²) per batch element, for tensors (..., a_i, b_i) with a
     common batch shape: the Frobenius norm of all parts together, free of overflow and
@@ -100,9 +114,17 @@ def norm_of_parts(parts: Sequence[Tensor]) -> Tensor:
     Fast path: one fused reduction per part (``torch.linalg.vector_norm``, no temporary).
     Where the result is zero, below the underflow threshold, inf or NaN, it is recomputed as
     s·‖P/s‖ with s the largest entry over the parts (reference ``linalg.frobenius``); deciding
-    that costs one host synchronisation, deferred while a step speculates (``deferred``).
+    that costs one host synchronisation, deferred while a step speculates (``deferred``). In
+    the capturable step the norms of float32 and half-precision parts are accumulated in
+    float64, whose range holds their squares, so no route is chosen.
     Returns float64 for float64 parts, float32 otherwise.
     """
+    if deferred.on_device() and all(p.dtype != torch.float64 for p in parts):
+        # accumulated in float64, whose range holds every square of a float32 entry: no
+        # route to choose (the capturable step)
+        each = [torch.linalg.vector_norm(p, dim=(-2, -1), dtype=torch.float64) for p in parts]
+        n64 = each[0] if len(each) == 1 else torch.linalg.vector_norm(torch.stack(each), dim=0)
+        return n64.to(torch.float32)
     parts = [_norm_dtype(p) for p in parts]
     if len(parts) == 1:
         n = torch.linalg.vector_norm(parts[0], dim=(-2, -1))
@@ -110,7 +132,7 @@ def norm_of_parts(parts: Sequence[Tensor]) -> Tensor:
         each = torch.stack([torch.linalg.vector_norm(p, dim=(-2, -1)) for p in parts])
         n = torch.linalg.vector_norm(each, dim=0)
     bad = _needs_scaling(n)
-    if deferred.holds(~bad.any()):
+    if deferred.fast(~bad.any()):
         return n
     s = torch.stack([max_abs(p) for p in parts]).amax(dim=0)
     safe = torch.where((s == 0) | ~torch.isfinite(s), torch.ones_like(s), s)[..., None, None]
@@ -323,7 +345,13 @@ def polar_plan(
     tol = series_tolerance(a.dtype)
     site = deferred.site("polar_degree")
     degree = deferred.hint(site)
-    if degree is not None:  # the degree of the last step, if the careful code would take it
+    bound = deferred.series_bound()
+    if bound is not None:
+        # the capturable step: ‖E‖₂ ≤ bound by its trust radius, so this degree truncates
+        # below tol; a frame off the scale or not finite (δ = inf or NaN) skips the step
+        degree = _taylor_degree(bound, tol)
+        deferred.holds(torch.isfinite(delta).all())
+    elif degree is not None:  # the degree of the last step, if the careful code would take it
         # δ is inf where off the scale; NaN fails both tests; compared in float64, exactly
         lo, hi = taylor_degree_interval(degree, tol)
         worst = delta.max()

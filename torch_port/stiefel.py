@@ -281,8 +281,9 @@ class StiefelFrames:
 
     @staticmethod
     def _keeps(w: Tensor) -> bool:
-        """Buffers are kept for points on the CPU (class docstring)."""
-        return w.device.type == "cpu"
+        """Buffers are kept for points on the CPU (class docstring), not by the capturable
+        step (whose graph holds its own)."""
+        return w.device.type == "cpu" and not deferred.on_device()
 
     def _fits(self, t: Tensor | None, w: Tensor) -> bool:
         return (
@@ -293,7 +294,7 @@ class StiefelFrames:
 
     def _rgrad_buffer(self, w: Tensor, grad: Tensor) -> Tensor:
         """The recycled tangent vector of the point w (``recycle``), or a new one."""
-        out = self._spare.pop(self._slot(w), None)
+        out = self._spare.pop(self._slot(w), None) if self._keeps(w) else None
         if self._fits(out, grad):
             return out
         return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
@@ -378,15 +379,19 @@ class StiefelFrames:
         into the point's work buffer, and H comes from ``retraction_gram``."""
         if self.st.retraction != "polar":
             return self.retract(x, self.scale_frames(u, c))
-        w, slot = x[0], self._slot(x[0])
-        held = self._work.pop(slot, None)
+        w = x[0]
+        keeps = self._keeps(w)
+        slot = self._slot(w) if keeps else None
+        held = self._work.pop(slot, None) if keeps else None
         free = held is not None and held[1]() is None and self._fits(held[0], w)
         work = held[0] if free else torch.empty(w.shape, dtype=w.dtype, device=w.device)
         a = torch.addcmul(w, u[0], c[..., None, None].to(u[0].dtype), out=work)
         gram = self.retraction_gram(x, u, c, a)
         inv_sqrt, full = linalg.polar_plan(a, reduce=self.reduce, gram=gram)
+        if deferred.on_device():  # formed now, to be selected against W on the device
+            return (a @ inv_sqrt,)
         y = full if inv_sqrt is None else LazyProduct(a, inv_sqrt)
-        if self._keeps(w):
+        if keeps:
             self._work[slot] = (a, _nobody if inv_sqrt is None else weakref.ref(y))
         return (y,)
 
@@ -437,7 +442,10 @@ class StiefelFrames:
 def _all_finite(a: Tensor) -> bool:
     """Every entry finite, decided by the sum (one reduction; an overflowing sum of finite
     entries answers False, which only sends the caller to its rescaled route); the read is
-    deferred while a step speculates (``torch_port.deferred``)."""
+    deferred while a step speculates, and in the capturable step the condition is one of the
+    step's (``torch_port.deferred.holds``): a product that overflows the dtype, which only
+    entries near its largest value make (float16 gradients near 6e4), skips the step there
+    rather than costing every step the rescaled route's passes."""
     return deferred.holds(torch.isfinite(a.sum()))
 
 
@@ -446,12 +454,12 @@ def _power_of_two_scale(a: Tensor) -> Tensor:
     matrix): representable in A's dtype, and dividing by it is exact and brings the entries
     into [−2, 2]."""
     top = linalg.max_abs(a)[:, None, None]
-    e = torch.frexp(torch.where(top > 0, top, torch.ones_like(top))).exponent
+    e = linalg.binary_exponent(torch.where(top > 0, top, torch.ones_like(top)))
     return torch.ldexp(torch.ones_like(top), e - 1)
 
 
 def _check_representable(what: str, out: Tensor, source: Tensor) -> None:
-    if not bool(torch.isfinite(out).all()):
+    if not deferred.holds(torch.isfinite(out).all()):
         raise ValueError(
             f"{what} of this frame is not representable in {out.dtype} (largest |entry| of its "
             f"input {float(linalg.max_abs(source).max()):.3e})"

@@ -115,7 +115,15 @@ JUDGES: dict[str, list[str]] = {
         f"torch_port/optim/{name}.py": _STEP_TESTS
         # the guard's other modules and loading.py compare layouts and types (==, in, is),
         # which no mutation operator here changes: 0 to 7 mutants each
-        for name in ("optimizer", "guard/values", "capturable", "sharding", "points", "presets")
+        for name in (
+            "optimizer",
+            "update",
+            "guard/values",
+            "capturable",
+            "sharding",
+            "points",
+            "presets",
+        )
     },
     "torch_port/audit.py": _AUDIT_TESTS,
     **{

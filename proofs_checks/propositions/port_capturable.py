@@ -22,16 +22,15 @@ SERIES_D, SERIES_R = 16, 4
 CAPTURABLE_STEPS, CAPTURABLE_RADIUS, CAPTURABLE_LR = 20, 0.05, 1e-2
 
 
-def _degree_for_half_delta(original):
-    """``capturable.taylor_degree`` for δ = Δ²/2 + η (a near miss: the spread of E's
+def _bound_for_half_delta(original):
+    """``capturable.series_bound`` at δ = Δ²/2 + η (a near miss: the spread of E's
     eigenvalues after the normalisation by α when they are balanced, not their bound)."""
 
     def variant(radius):
-        from torch_port import linalg
         from torch_port.optim import capturable
 
         original(radius)  # its checks
-        return linalg._taylor_degree(radius**2 / 2 + capturable.DRIFT_SLACK)
+        return radius**2 / 2 + capturable.DRIFT_SLACK
 
     return variant
 
@@ -39,11 +38,12 @@ def _degree_for_half_delta(original):
 def series(ctx: Context, wrong: bool) -> Outcome:
     """For each Δ of ``SERIES_RADII``: a stack of four (16, 4) matrices A = W Q diag(√μ) Qᵀ
     (seed ``ctx.seed``) whose Gram eigenvalues μ spread over [1 − δ, 1 + δ], δ = Δ² + η, so
-    that ‖E‖₂ = δ, the bound the degree is chosen for; ``capturable.polar_fixed(A,
-    taylor_degree(Δ))`` against the eigendecomposition route ``torch_port.linalg.polar``.
+    that ‖E‖₂ = δ, the bound the degree is chosen for; ``capturable.polar_series(A, Δ)`` (the
+    series the capturable step takes) against the eigendecomposition route
+    ``torch_port.linalg.polar``.
     Bound: 2κ·``frame_error``(16, 4, κ) (each route's forward error at condition κ, as in
     GEO-stiefel's nearest point) + √r·1e-17 (the truncation the degree allows). Residual: the
-    worst ratio to the bound. Control: the degree for δ = Δ²/2 + η, substituted into
+    worst ratio to the bound. Control: the series sized for δ = Δ²/2 + η, substituted into
     ``torch_port.optim.capturable``."""
     import torch
 
@@ -55,9 +55,7 @@ def series(ctx: Context, wrong: bool) -> Outcome:
     w = Stiefel(SERIES_D, SERIES_R).random_point(g, (4,), dtype=torch.float64)
     q = torch.linalg.qr(torch.randn(4, SERIES_R, SERIES_R, generator=g, dtype=torch.float64))[0]
     worst, where = 0.0, ""
-    short = substituted(
-        capturable, "taylor_degree", _degree_for_half_delta(capturable.taylor_degree)
-    )
+    short = substituted(capturable, "series_bound", _bound_for_half_delta(capturable.series_bound))
     with short if wrong else contextlib.nullcontext():
         for radius in SERIES_RADII:
             delta = radius**2 + capturable.DRIFT_SLACK
@@ -65,7 +63,7 @@ def series(ctx: Context, wrong: bool) -> Outcome:
             a = w @ (q * torch.sqrt(mu)) @ q.transpose(-1, -2)
             kappa = math.sqrt((1 + delta) / (1 - delta))
             bound = 2 * kappa * frame_error(SERIES_D, SERIES_R, kappa=kappa) + 2e-17
-            fixed = capturable.polar_fixed(a, capturable.taylor_degree(radius))
+            fixed = capturable.polar_series(a, radius)
             dev = float(linalg.frobenius(fixed - linalg.polar(a)).max())
             if dev / bound > worst:
                 worst, where = dev / bound, f"Δ = {radius}: {dev:.2e} against {bound:.2e}"
@@ -78,30 +76,27 @@ def series(ctx: Context, wrong: bool) -> Outcome:
     return Outcome.bound(worst, 1.0, f"worst at {where}", exercised)
 
 
-def _count_one_ahead(original):
-    """``capturable.adam_frames`` at step number t + 1 (its bias corrections one step ahead)."""
+def _count_one_ahead():
+    """``capturable.step_numbers`` one ahead (the bias corrections of the next step),
+    substituted."""
+    from torch_port.optim import capturable
 
-    def variant(w, grad, exp_avg, sqrt_v, t, **kw):
-        return original(w, grad, exp_avg, sqrt_v, t + 1, **kw)
-
-    return variant
+    original = capturable.step_numbers
+    return substituted(capturable, "step_numbers", lambda *args: original(*args) + 1)
 
 
-def _radius_stretched(k: float):
-    """``capturable.adam_frames`` with the trust radius times k (a near miss for k = 1 + 1e-9:
-    the binding cap lets each step be 1e-9 relative longer)."""
+def _radius_stretched():
+    """``transforms.trust_region`` with the trust radius times 1 + ``NEAR_MISS``, as the
+    capturable step builds its chain, substituted (a near miss: the binding cap lets each step
+    be 1e-9 relative longer)."""
+    from torch_port.optim import transforms
 
-    def make(original):
-        def variant(*args, radius, **kw):
-            return original(*args, radius=k * radius, **kw)
-
-        return variant
-
-    return make
+    original = transforms.trust_region
+    return substituted(transforms, "trust_region", lambda r: original((1 + NEAR_MISS) * r))
 
 
 def capturable_trajectory(
-    ctx: Context, wrong: bool, variant: Callable = _count_one_ahead
+    ctx: Context, wrong: bool, control: Callable = _count_one_ahead
 ) -> Outcome:
     """``CAPTURABLE_STEPS`` float64 steps of ``RiemannianAdam(capturable=True)`` (lr 1e-2,
     Δ = 0.05, binding) on one (16, 4) frame against ``reference.optim.riemannian_adam`` with
@@ -115,7 +110,6 @@ def capturable_trajectory(
     import reference as ref
     from proofs_checks.bounds import step_error
     from torch_port import RiemannianAdam, Stiefel
-    from torch_port.optim import capturable
 
     g = torch.Generator().manual_seed(ctx.seed)
     w = torch.nn.Parameter(Stiefel(SERIES_D, SERIES_R).random_point(g, dtype=torch.float64))
@@ -125,8 +119,7 @@ def capturable_trajectory(
     rule = ref.optim.riemannian_adam(CAPTURABLE_LR, trust_radius=CAPTURABLE_RADIUS)
     geo = ref.Stiefel(SERIES_D, SERIES_R)
     state, worst = rule.init(geo, x), 0.0
-    ahead = substituted(capturable, "adam_frames", variant(capturable.adam_frames))
-    with ahead if wrong else contextlib.nullcontext():
+    with control() if wrong else contextlib.nullcontext():
         for _ in range(CAPTURABLE_STEPS):
             grad = torch.randn(SERIES_D, SERIES_R, generator=g, dtype=torch.float64)
             w.grad = grad
@@ -149,8 +142,9 @@ def capturable_trajectory(
 
 def capturable_resolution(ctx: Context, wrong: bool) -> Outcome:
     """``capturable_trajectory``; control, a near miss: the binding trust radius ``NEAR_MISS``
-    relative larger (substituted into ``torch_port.optim.capturable``)."""
-    return capturable_trajectory(ctx, wrong, variant=_radius_stretched(1 + NEAR_MISS))
+    relative larger (substituted into ``torch_port.optim.transforms``, whose chain the
+    capturable step runs)."""
+    return capturable_trajectory(ctx, wrong, control=_radius_stretched)
 
 
 register(
@@ -167,7 +161,7 @@ register(
             r"reference's to float64 rounding."
         ),
         hypotheses=(
-            "the Gram and the series in float64 (torch_port.optim.capturable.polar_fixed)",
+            "the Gram and the series in float64 (torch_port.optim.capturable.polar_series)",
             "(16, 4) frames; the trajectory with Δ = 0.05 binding, 20 steps",
         ),
         remarks=(
@@ -181,7 +175,7 @@ register(
                 "float64",
                 "the series at ‖E‖₂ = δ for Δ = 0.1 … 0.7",
                 series,
-                "the degree for δ = Δ²/2 + η, substituted into the port",
+                "the series sized for δ = Δ²/2 + η, substituted into the port",
             ),
             Check(
                 "float64",

@@ -1,24 +1,29 @@
-"""The Stiefel frame step of ``RiemannianAdam(capturable=True)``: no host synchronisation.
+"""``RiemannianAdam(capturable=True)``: the same step as the eager one, with no host read.
 
-The eager step checks its input on the host (a non-finite gradient raises, the polar factor
-picks its route from the measured Gram) and so cannot be traced by ``torch.compile`` as one
-graph nor captured in a CUDA graph. This step takes every decision on the device:
+The frames move by the eager step's own arithmetic (``torch_port.optim.update.move``: the
+chain of ``rule(group)``, P_W(G), the retraction and the transport), run in the device mode of
+``torch_port.deferred``, which reads nothing:
 
+- a fast route of the eager step that common inputs leave (an unscaled norm at a zero
+  gradient, an unscaled step factor where √v = 0) gives way to its branch-free route, right in
+  every case; one that only values near the dtype's largest leave (an overflowing RMS, WᵀG or
+  Yᵀm) is taken, and its failure skips the step; norms of float32 and half-precision frames
+  are accumulated in float64, whose range holds their squares (``linalg.norm_of_parts``);
 - the polar factor polar(A) = A (AᵀA)^{-1/2} is a Taylor polynomial of (I + E)^{-1/2} of a
   degree fixed in advance, E = AᵀA/α − I with α = tr(AᵀA)/r: for A = W + ξ, ξ tangent with
   ‖ξ‖ ≤ Δ (the trust radius, which this step requires), the eigenvalues of AᵀA lie in
-  [1, 1 + Δ²] up to the frame's drift, so ‖E‖₂ ≤ Δ² + η and the degree k with
-  (Δ² + η)^{k+1}/(1 − Δ² − η) ≤ 1e-17 truncates below float64 rounding (``taylor_degree``;
-  η = 1e-3 covers ‖WᵀW − I‖ and the tangency of ξ, both rounding-sized);
-- RMS(g) is taken from a float64-accumulated norm (no overflow for float32/bfloat16/float16
-  frames; float64 frames are divided by their largest entry first, as the reference does);
-- a step with a non-finite gradient, or one that would make a non-finite frame, changes
-  nothing: every new value is selected against the old one on the device (``torch.where``),
-  and the optimizer counts the skipped steps in a device tensor.
+  [1, 1 + Δ²] up to the frame's drift, so ‖E‖₂ ≤ Δ² + η (``series_bound``; η = 1e-3 covers
+  ‖WᵀW − I‖ and the tangency of ξ, both rounding-sized) and ``linalg.polar_plan`` takes the
+  degree whose tail bound at that δ is below its tolerance;
+- what the eager step would refuse (a non-finite gradient, tensor lr, Gram or new frame, an
+  unrepresentable moment) becomes a condition of the step, decided on the device: a step
+  whose conditions fail changes nothing (every new value is selected against the old one by
+  ``torch.where``), and the optimizer counts it in ``skipped_on_device``.
 
-Per frame, as the eager ``RiemannianAdam``: g = P_W(G); m ← β1·m + (1 − β1)g;
-√v ← hypot(√β2·√v, √(1 − β2)·RMS(g)); ξ = −lr·(m/(1 − β1^t))/(√v/sqrt(1 − β2^t) + ε), capped at
-‖ξ‖ ≤ Δ; W ← polar(W + ξ); m ← P_W(m). The state is the eager step's ("step", "exp_avg",
+Frames of one group and one (d, r, dtype) step as one batch, each with its own step count.
+Plain parameters take AdamW with its new values selected in the same way (``adamw``; torch's
+fused AdamW, whose ``found_inf`` does the same, is not traced by ``torch.compile``, and its
+capturable path refuses CPU tensors). The state is the eager step's ("step", "exp_avg",
 "sqrt_v"), "step" a device tensor, so state dicts move between the two.
 """
 
@@ -30,108 +35,37 @@ from typing import Any
 
 import torch
 
-from torch_port import linalg
-from torch_port.linalg import Tensor, sym, transpose
-from torch_port.optim import transforms
+from torch_port import deferred
+from torch_port.linalg import Tensor
+from torch_port.optim import update
 from torch_port.optim.guard.values import capturable_radius
 from torch_port.optim.points import stepping
+from torch_port.stiefel import Stiefel, StiefelFrames
 
 #: The slack η added to Δ² in the bound on ‖E‖₂: ‖WᵀW − I‖ and the tangency error of ξ.
 DRIFT_SLACK = 1e-3
 
 
-def taylor_degree(radius: float) -> int:
-    """The degree k of the Taylor polynomial of (1 + e)^{-1/2} whose tail over |e| ≤ δ,
-    Σ_{j>k} |c_j| δ^j ≤ δ^{k+1}/(1 − δ) (|c_j| ≤ 1), is at most 1e-17, for δ = Δ² + η."""
-    return linalg._taylor_degree(capturable_radius(radius) ** 2 + DRIFT_SLACK)
+def series_bound(radius: float) -> float:
+    """δ = Δ² + η, the bound on ‖E‖₂ = ‖AᵀA/α − I‖₂ for A = W + ξ, ‖ξ‖ ≤ Δ (module
+    docstring), for which the polar series' degree is chosen."""
+    return capturable_radius(radius) ** 2 + DRIFT_SLACK
 
 
-def polar_fixed(a: Tensor, degree: int) -> Tensor:
-    """A (AᵀA)^{-1/2} by the degree-``degree`` Taylor polynomial of (I + E)^{-1/2},
-    E = AᵀA/α − I, α = tr(AᵀA)/r, the Gram and the polynomial in float64; a branch-free
-    ``linalg.polar`` for matrices with ‖E‖₂ small (no check: the caller bounds it)."""
-    gram = linalg.gram64(a)
-    alpha = torch.diagonal(gram, dim1=-2, dim2=-1).sum(-1) / a.shape[-1]
-    e = linalg._plus_identity(gram / alpha[..., None, None], -1.0)
-    h = linalg._inv_sqrt_taylor(e, degree) / torch.sqrt(alpha)[..., None, None]
-    return a @ h.to(a.dtype)
+def polar_series(a: Tensor, radius: float) -> Tensor:
+    """polar(A) as the capturable step forms it for a trust radius Δ: the series of the
+    degree whose tail at ‖E‖₂ ≤ ``series_bound(Δ)`` is below ``linalg.series_tolerance``."""
+    from torch_port import linalg
+
+    with deferred.speculate({}, "device", series_bound(radius)):
+        inv_sqrt, _ = linalg.polar_plan(a)
+    return a @ inv_sqrt
 
 
-def frame_rms(g: Tensor) -> Tensor:
-    """RMS(g) = ‖g‖/sqrt(d·r) per frame, in float64: accumulated in float64 for a
-    low-precision g, and as s·‖g/s‖, s = max|g|, for a float64 g (whose squares may overflow)."""
-    n = g.shape[-2] * g.shape[-1]
-    if g.dtype != torch.float64:
-        return torch.linalg.vector_norm(g, dim=(-2, -1), dtype=torch.float64) / math.sqrt(n)
-    s = linalg.max_abs(g)
-    safe = torch.where(s > 0, s, torch.ones_like(s))
-    return s * (torch.linalg.vector_norm(g / safe[..., None, None], dim=(-2, -1)) / math.sqrt(n))
-
-
-def adam_frames(
-    w: Tensor,
-    grad: Tensor,
-    exp_avg: Tensor,
-    sqrt_v: Tensor,
-    t: Tensor,
-    *,
-    lr: float | Tensor,
-    betas: tuple[float, float],
-    eps: float,
-    radius: float,
-    degree: int,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One step of frames w (..., d, r) at step numbers t (the new counts, one per frame, of
-    the shape of ``sqrt_v``: parameters batched together may have taken different numbers of
-    steps):
-    (new frames, new exp_avg, new sqrt_v, finite) with ``finite`` a 0-d bool tensor, false
-    when the new frames have a non-finite entry (as they do for a non-finite gradient, or one
-    whose WᵀG overflows the dtype); the caller then keeps the old values. Nothing is written."""
-    b1, b2 = betas
-    x = w.detach()
-    rgrad = torch.baddbmm(
-        grad.reshape(-1, *w.shape[-2:]),
-        x.reshape(-1, *w.shape[-2:]),
-        sym(transpose(x) @ grad).reshape(-1, w.shape[-1], w.shape[-1]),
-        alpha=-1.0,
-    ).reshape(w.shape)
-    m = torch.lerp(exp_avg, rgrad.to(exp_avg.dtype), 1.0 - b1)
-    root = frame_rms(rgrad).to(sqrt_v.dtype)
-    sv = torch.hypot(math.sqrt(b2) * sqrt_v, math.sqrt(1.0 - b2) * root)
-    t64 = t.to(torch.float64)
-    c1 = 1.0 - torch.pow(b1, t64)
-    c2 = torch.sqrt(1.0 - torch.pow(b2, t64))
-    den = (sv / c2 + eps).to(torch.float64)
-    coef = (-lr / c1) / den  # ξ = coef·m per frame (den ≥ ε > 0)
-    norm = torch.linalg.vector_norm(m, dim=(-2, -1), dtype=torch.float64) * coef.abs()
-    coef = coef * torch.where(norm > radius, radius / norm, torch.ones_like(norm))
-    if x.dtype.itemsize < 4:  # the factor may exceed a half-precision range where m ≈ 0
-        a = torch.addcmul(x.float(), m.float(), coef[..., None, None].float()).to(x.dtype)
-    else:
-        a = torch.addcmul(x, m.to(x.dtype), coef[..., None, None].to(x.dtype))
-    # lr = 0 (torch.distributed.checkpoint's state-making step, a schedule's end) does not
-    # move: R_W(0) = W exactly, where the polar factor of W would re-form it by rounding
-    if isinstance(lr, Tensor):  # decided on the device
-        y = torch.where(lr == 0, x, polar_fixed(a, degree))
-    else:
-        y = x.clone() if lr == 0 else polar_fixed(a, degree)
-    moved = m - (y @ sym(transpose(y) @ m.to(y.dtype))).to(m.dtype)
-    return y, moved, sv, torch.isfinite(linalg.max_abs(y).amax())
-
-
-def _state(opt: Any, p: Tensor, frame: bool) -> dict:
-    """The parameter's state, created on its device when it has none (a frame's: "step",
-    "exp_avg", "sqrt_v"; a plain parameter's: torch AdamW's); an existing one the guard has
-    checked (``check_step``)."""
-    state = opt.state[p]
-    if not state:
-        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-        if frame:
-            state["sqrt_v"] = p.new_zeros(p.shape[:-2], dtype=transforms.sqrt_v_dtype(p.dtype))
-        else:
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-    return state
+def step_numbers(states: list[dict[str, Any]], frames: list[tuple[int, ...]]) -> Tensor:
+    """The new step count of every frame of a batch (its parameter's "step" + 1, one per
+    frame: parameters batched together may have taken different numbers of steps)."""
+    return _batched([(s["step"] + 1).expand(f) for s, f in zip(states, frames, strict=True)], 0)
 
 
 def _batched(ts: list[Tensor], tail: int) -> Tensor:
@@ -141,17 +75,68 @@ def _batched(ts: list[Tensor], tail: int) -> Tensor:
     return flat[0] if len(flat) == 1 else torch.cat(flat)
 
 
-def _bucket_key(group: dict, p: Tensor) -> tuple:
-    b1, b2 = group["betas"]
-    return (tuple(p.shape[-2:]), p.dtype, group["lr"], b1, b2, group["eps"], group["trust_radius"])
+def _frame_state(opt: Any, p: Tensor, rule: Any, geometry: StiefelFrames) -> dict:
+    """A frame's state, made by the rule's ``init`` on p's device when it has none (an
+    existing one the guard has checked, ``check_step``)."""
+    state = opt.state[p]
+    if not state:
+        fresh = rule.init(geometry, (p.detach(),))
+        state.update({k: v[0] if k in rule.parts else v for k, v in fresh.items()})
+        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+    return state
+
+
+def _plain_state(opt: Any, p: Tensor) -> dict:
+    """A plain parameter's state (torch AdamW's), made on p's device when it has none."""
+    state = opt.state[p]
+    if not state:
+        state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+    return state
+
+
+def _frames(opt: Any, gi: int, ps: list[Tensor]) -> tuple[Callable[[Tensor], None], list]:
+    """The move of a batch of frames of group ``gi`` (``update.move`` in the device mode),
+    and the conditions it recorded; the move is returned as its commit, which writes each
+    new value where a 0-d ``ok`` holds."""
+    group = opt.param_groups[gi]
+    rule = opt.rule(group)
+    d, r = ps[0].shape[-2:]
+    geometry = StiefelFrames(Stiefel(d, r))  # polar, embedded: the guard's capturable_group
+    states = [_frame_state(opt, p, rule, geometry) for p in ps]
+    lead = [p.ndim - 2 for p in ps]
+    stored = {
+        k: _batched([s[k] for s in states], states[0][k].ndim - lead[0])
+        for k in states[0]
+        if k != "step"
+    }
+    state = {k: (v,) if k in rule.parts else v for k, v in stored.items()}
+    x = (_batched([p.detach() for p in ps], 2),)
+    egrad = (_batched([p.grad for p in ps], 2),)
+    t = step_numbers(states, [tuple(p.shape[:-2]) for p in ps])
+    with deferred.speculate({}, "device", series_bound(group["trust_radius"])) as spec:
+        y, new = update.move(geometry, rule, group, x, egrad, state, t)
+    new = {k: v[0] if k in rule.parts else v for k, v in new.items()}
+    sizes = [math.prod(p.shape[:-2]) for p in ps]
+
+    def commit(ok: Tensor) -> None:
+        for p, yi in zip(ps, y[0].split(sizes), strict=True):
+            p.copy_(torch.where(ok, yi.reshape(p.shape), p))
+        for k, v in new.items():
+            for st, vi in zip(states, v.split(sizes), strict=True):
+                st[k].copy_(torch.where(ok, vi.reshape(st[k].shape), st[k]))
+        for st in states:
+            st["step"].add_(ok.to(st["step"].dtype))
+
+    return commit, spec.conditions
 
 
 @torch.no_grad()
 def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
-    """The capturable step of ``RiemannianAdam``: every frame of one (d, r, dtype) and one set
-    of hyperparameters in one batch (``adam_frames``), the plain parameters by AdamW
-    (``_adamw``); every new value selected against the old one by the step's finiteness, so a
-    non-finite gradient or frame changes nothing."""
+    """The capturable step of ``RiemannianAdam`` (module docstring): every frame of one group
+    and one (d, r, dtype) in one batch, the plain parameters by ``adamw``, every new value
+    selected against the old one by the step's conditions."""
     loss = None
     if closure is not None:
         with torch.enable_grad():
@@ -163,74 +148,47 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     frames: dict[tuple, list[Tensor]] = {}
     plain: dict[int, list[Tensor]] = {}
     for gi, _, p in items:
-        group = opt.param_groups[gi]
-        if group.get("geometry") is None:
+        if opt.param_groups[gi].get("geometry") is None:
             plain.setdefault(gi, []).append(p)
         else:
-            frames.setdefault(_bucket_key(group, p), []).append(p)
-    frame_states = {key: [_state(opt, p, frame=True) for p in ps] for key, ps in frames.items()}
-    for ps in plain.values():
-        for p in ps:
-            _state(opt, p, frame=False)
-    updates, frames_finite = [], []
-    for key, ps in frames.items():
-        _, _, lr, b1, b2, eps, radius = key
-        states = frame_states[key]
-        y, m, sv, ok = adam_frames(
-            _batched(ps, 2),
-            _batched([p.grad for p in ps], 2),
-            _batched([s["exp_avg"] for s in states], 2),
-            _batched([s["sqrt_v"] for s in states], 0),
-            _batched([(s["step"] + 1).expand(s["sqrt_v"].shape) for s in states], 0),
-            lr=lr,
-            betas=(b1, b2),
-            eps=eps,
-            radius=radius,
-            degree=taylor_degree(radius),
-        )
-        frames_finite.append(ok)
-        updates.append((ps, states, y, m, sv))
+            frames.setdefault((gi, tuple(p.shape[-2:]), p.dtype), []).append(p)
+    commits, conditions = [], []
+    for (gi, _, _), ps in frames.items():
+        commit, recorded = _frames(opt, gi, ps)
+        commits.append(commit)
+        conditions += recorded
     lrs = [g["lr"] for g in opt.param_groups if isinstance(g["lr"], Tensor)]
-    ok = proceeds([p.grad for _, _, p in items], lrs, frames_finite)
-    skip = (~ok).to(torch.float32)
+    ok = proceeds([p.grad for _, _, p in items], lrs, conditions)
     for gi, ps in plain.items():
-        _adamw(opt, opt.param_groups[gi], ps, ok)
-    for ps, states, y, m, sv in updates:
-        sizes = [s["sqrt_v"].numel() for s in states]  # frames per parameter
-        for p, st, yi, mi, svi in zip(
-            ps, states, y.split(sizes), m.split(sizes), sv.split(sizes), strict=True
-        ):
-            p.copy_(torch.where(ok, yi.reshape(p.shape), p))
-            st["exp_avg"].copy_(torch.where(ok, mi.reshape(p.shape), st["exp_avg"]))
-            st["sqrt_v"].copy_(torch.where(ok, svi.reshape(st["sqrt_v"].shape), st["sqrt_v"]))
-            st["step"].add_(ok.to(st["step"].dtype))
+        adamw(opt.param_groups[gi], ps, [_plain_state(opt, p) for p in ps], ok)
+    for commit in commits:
+        commit(ok)
     if opt.skipped_on_device is None:
-        opt.skipped_on_device = torch.zeros((), dtype=torch.float32, device=skip.device)
-    opt.skipped_on_device.add_(skip)  # in place: a captured step counts at every replay
+        opt.skipped_on_device = torch.zeros((), dtype=torch.float32, device=ok.device)
+    opt.skipped_on_device.add_((~ok).to(torch.float32))  # in place: counted at every replay
     return loss
 
 
-def proceeds(grads: list[Tensor], lrs: list[Tensor], frames_finite: list[Tensor]) -> Tensor:
-    """Whether the step is taken, a 0-d bool decided on the device: every gradient finite,
-    every tensor lr finite and ≥ 0 (a negative or NaN lr skips the step; lr = 0 takes it
-    without moving), every new frame finite."""
+def proceeds(grads: list[Tensor], lrs: list[Tensor], conditions: list[Tensor]) -> Tensor:
+    """Whether the step is taken, a 0-d bool decided on the device: every gradient finite (its
+    sum finite: a sum that overflows, which only entries near the dtype's largest value make,
+    skips the step too), every tensor lr finite and ≥ 0 (a negative or NaN lr skips the step;
+    lr = 0 takes it without moving), every condition the frames' moves recorded."""
     verdicts = [
-        torch.isfinite(torch.stack(torch._foreach_norm(grads, math.inf))),
-        *((torch.isfinite(lr) & (lr >= 0)).reshape(1) for lr in lrs),
-        *(f.reshape(1) for f in frames_finite),
+        torch.isfinite(torch.stack([g.sum() for g in grads])).all(),  # fused with its readers
+        *(torch.isfinite(lr) & (lr >= 0) for lr in lrs),
+        *conditions,
     ]
-    return torch.cat(verdicts).all()
+    return deferred.all_hold(verdicts)
 
 
-def _adamw(opt: Any, group: dict, params: list[Tensor], ok: Tensor) -> None:
+def adamw(group: dict, params: list[Tensor], states: list[dict], ok: Tensor) -> None:
     """torch's AdamW (decoupled decay) on plain parameters, each new value selected against
     the old one by ``ok``: p ← p(1 − lr·λ) − (lr/(1 − β1^t))·m/(√v/sqrt(1 − β2^t) + ε), with
-    m ← β1·m + (1 − β1)g, v ← β2·v + (1 − β2)g² (torch's fused AdamW, whose ``found_inf`` does
-    the same, is not traced by ``torch.compile``)."""
+    m ← β1·m + (1 − β1)g, v ← β2·v + (1 − β2)g²."""
     b1, b2 = group["betas"]
     lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-    for p in params:
-        st = _state(opt, p, frame=False)
+    for p, st in zip(params, states, strict=True):
         t = (st["step"] + 1).to(torch.float64)
         c1, c2 = 1.0 - torch.pow(b1, t), torch.sqrt(1.0 - torch.pow(b2, t))
         g = p.grad

@@ -25,11 +25,11 @@ from torch.optim.adamw import adamw as torch_adamw
 
 from torch_port import deferred
 from torch_port.linalg import Tensor
-from torch_port.optim import sharding
-from torch_port.optim.guard import CheckedStep, GroupSpec, Guard, values
+from torch_port.optim import sharding, update
+from torch_port.optim.guard import CheckedStep, GroupSpec, Guard
 from torch_port.optim.loading import Loading
 from torch_port.optim.points import Geometries, Point, stepping
-from torch_port.optim.transforms import Step, Transform
+from torch_port.optim.transforms import Transform
 
 
 class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
@@ -166,8 +166,8 @@ class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
                 self._careful_update(point, t, checked.specs[point.gi])
                 for point, t in zip(checked.points, counts, strict=True)
             ]
-        for update in pending:
-            self._commit(*update)
+        for pending_update in pending:
+            self._commit(*pending_update)
         # Plain parameters: AdamW, in place, with torch's arithmetic, one group at a time.
         for gi in sorted({g for g, _, _ in items}):
             group = self._specs[gi].values  # as the guard has just checked it
@@ -230,7 +230,7 @@ class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
         for the next step's speculation), as ``_commit``'s arguments; its errors named
         (``_point_error``)."""
         try:
-            with deferred.speculate(self._hints.setdefault(point.key, {}), defer=False):
+            with deferred.speculate(self._hints.setdefault(point.key, {}), "read"):
                 return (point, *self._point_update(point, t, spec), t)
         except (ValueError, torch.linalg.LinAlgError) as err:
             raise self._point_error(point, err) from err
@@ -308,40 +308,14 @@ class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
             group, point
         )
         state = {k: ((v,) if point.single and k in rule.parts else v) for k, v in stored.items()}
-        x, egrad = point.value(), point.grad()
-        if group.get("maximize", False):
-            egrad = tuple(-g for g in egrad)
-        wd = group["weight_decay"]
-        if wd > 0.0 and group["geometry"] not in values.FRAME_GEOMETRIES:  # decay="coupled"
-            egrad = tuple(gi + wd * xi for gi, xi in zip(egrad, x, strict=True))
+        x = point.value()
         if t is None:
             t = int(stored["step"].item()) + 1
         if any(part.numel() == 0 for part in x):
             # an FSDP2 shard that holds no element of the point (a tensor of fewer heads than
             # ranks): nothing moves, and the step count advances with the other ranks'
             return point.unpack(x), {**stored, "step": torch.full_like(stored["step"], t)}
-        g = Step(tuple(geometry.egrad_to_rgrad(x, egrad)), fresh=geometry.rgrad_is_fresh)
-        step, new = rule.update(geometry, x, g, state, t)
-        u, c = step.resolve(geometry, x)
-        try:
-            if values.is_real(group["lr"]) and group["lr"] == 0:
-                # R_x(0) = x exactly (torch.distributed.checkpoint's state-making step, a
-                # schedule at 0), where a retraction would re-form x by its rounding
-                y = tuple(t.clone() for t in x)
-            else:
-                y = geometry.retract(x, u) if c is None else geometry.retract_scaled(x, u, c)
-        except (ValueError, torch.linalg.LinAlgError):
-            values.step_size(geometry, x, u, c)  # names a step too large for the dtype
-            raise
-        if not geometry.retraction_checks_finite:
-            sums = torch.stack([t.sum().to(torch.float64) for t in y])
-            if not deferred.holds(torch.isfinite(sums).all()):
-                bad = int(sum((~torch.isfinite(t)).sum() for t in y))
-                if bad:
-                    values.step_size(geometry, x, u, c)
-                    raise ValueError(f"the point after this step has {bad} non-finite entries")
-        for key in rule.transported:
-            new[key] = geometry.transport_owned(x, y, new[key])
+        y, new = update.move(geometry, rule, group, x, point.grad(), state, t)
         new = {k: (v[0] if point.single and k in rule.parts else v) for k, v in new.items()}
         new["step"] = torch.full_like(stored["step"], t)
         return point.unpack(y), new

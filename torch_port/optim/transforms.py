@@ -53,7 +53,7 @@ class Step:
 
     u: tuple[Tensor, ...]
     c: float | Tensor = 1.0
-    ratio: tuple[float, Tensor] | None = None
+    ratio: tuple[float | Tensor, Tensor] | None = None
     fresh: bool = False
     eager: bool = False
 
@@ -115,13 +115,22 @@ def _col(s: Tensor) -> Tensor:
     return s[..., None, None]
 
 
-def _rdiv(num: float, den: Tensor) -> Tensor:
-    """num/den for a Python number over a tensor, as one IEEE division (``num / tensor`` in torch
-    is reciprocal-then-multiply: two roundings)."""
-    return torch.full_like(den, num) / den
+def _rdiv(num: float | Tensor, den: Tensor) -> Tensor:
+    """num/den for a Python number (or a tensor) over a tensor, as one IEEE division
+    (``number / tensor`` in torch is reciprocal-then-multiply: two roundings)."""
+    return (num if isinstance(num, Tensor) else torch.full_like(den, num)) / den
 
 
-def _safe_ratio(num: float, den: Tensor) -> Tensor:
+def bias_corrections(b1: float, b2: float, t: int | Tensor) -> tuple[Any, Any]:
+    """Adam's 1 − β1^t and sqrt(1 − β2^t): Python numbers for a step count t, float64 tensors
+    for a tensor of counts (the capturable step's, one per frame)."""
+    if isinstance(t, Tensor):
+        t64 = t.to(torch.float64)
+        return 1.0 - torch.pow(b1, t64), torch.sqrt(1.0 - torch.pow(b2, t64))
+    return 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+
+
+def _safe_ratio(num: float | Tensor, den: Tensor) -> Tensor:
     """num/den with 0/0 := 0 (a zero gradient gives a zero step)."""
     return torch.where(den == 0, torch.zeros_like(den), _rdiv(num, den))
 
@@ -131,13 +140,15 @@ def frame_rms(geometry: PointGeometry, x: Sequence[Tensor], g: Sequence[Tensor])
     ``optim_transforms._frame_rms``). The norm comes from ``geometry.frame_norms`` (unscaled
     where that is safe); only where it overflows is it recomputed as s·(‖g/s‖/sqrt(entries)),
     s = max|g| over the point, dividing before multiplying so that entries near the largest
-    float do not overflow (the reference multiplies first and overflows there)."""
+    float do not overflow (the reference multiplies first and overflows there). The
+    capturable step skips the step where the norm overflows (``deferred.holds``), which only
+    gradients near the dtype's largest value make."""
     n = geometry.frame_norms(x, g)
-    root = torch.tensor(
-        [math.sqrt(k) for k in geometry.frame_sizes()], dtype=n.dtype, device=n.device
-    )
-    if len(geometry.frame_sizes()) == 1:
-        root = root[0]
+    sizes = geometry.frame_sizes()
+    if len(sizes) == 1:  # made on the device (a CUDA graph captures no host-to-device copy)
+        root = torch.full((), math.sqrt(sizes[0]), dtype=n.dtype, device=n.device)
+    else:
+        root = torch.tensor([math.sqrt(k) for k in sizes], dtype=n.dtype, device=n.device)
     if deferred.holds(~torch.isinf(n).any()):
         return n / root
     s = torch.stack([linalg.max_abs(p) for p in g]).amax(dim=0)
@@ -158,7 +169,11 @@ def _lerp(step: Step, m: Sequence[Tensor], weight: float) -> tuple:
 
 
 def _ratio_step(
-    geometry: PointGeometry, u: Sequence[Tensor], num: float, den: Tensor, c: float | Tensor
+    geometry: PointGeometry,
+    u: Sequence[Tensor],
+    num: float | Tensor,
+    den: Tensor,
+    c: float | Tensor,
 ) -> tuple[tuple, Tensor]:
     """(u', k) with k·u' = (num/den)·u frame by frame (0/0 := 0) and c·k finite in u's dtype,
     so that a gradient of any representable scale gives a finite step ξ = c·k·u' (DESIGN §5).
@@ -169,9 +184,9 @@ def _ratio_step(
     rounding, so the step is the one the formula gives."""
     k = _safe_ratio(num, den)
     ok = torch.isfinite((c * k).to(u[0].dtype))
-    if deferred.holds(ok.all()):
+    if deferred.fast(ok.all()):
         return tuple(u), k
-    e = torch.where(ok, 0, -torch.frexp(den).exponent)
+    e = torch.where(ok, 0.0, -linalg.binary_exponent(den))
     one = torch.ones_like(den)
     h1, h2 = torch.ldexp(one, e // 2), torch.ldexp(one, e - e // 2)
     u = geometry.scale_frames(geometry.scale_frames(u, h1), h2)
@@ -232,7 +247,7 @@ def scale_by_adam(
     def update(geometry, x, step: Step, state: dict[str, Any], t: int):
         step = step.tangent(geometry, x)
         g = step.u
-        c1, c2 = 1.0 - b1**t, math.sqrt(1.0 - b2**t)
+        c1, c2 = bias_corrections(b1, b2, t)
         sv = state["sqrt_v"]
         if moment == "frame":
             if reduction == "mean":
@@ -247,7 +262,8 @@ def scale_by_adam(
                     "the step is undefined; use eps > 0 or float64 parameters"
                 )
             m = _lerp(step, state["exp_avg"], 1.0 - b1)  # may overwrite g
-            out = Step(m, 1.0, (1.0 / c1, sqrt_v / c2 + eps))
+            num = _rdiv(1.0, c1) if isinstance(c1, Tensor) else 1.0 / c1
+            out = Step(m, 1.0, (num, sqrt_v / c2 + eps))
         else:
             sqrt_v = tuple(
                 torch.hypot(rb2 * s, r1mb2 * torch.abs(gi)) for s, gi in zip(sv, g, strict=True)
