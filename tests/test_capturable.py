@@ -415,3 +415,73 @@ def test_a_gradient_whose_projection_overflows_skips_the_step():
     )
     eager.step()
     assert not torch.equal(w.detach(), before)
+
+
+def test_half_precision_tensors_whose_entries_sum_beyond_65504_step():
+    """A float16 plain parameter of 70,000 entries and a float16 frame batch of 2048 St(16, 4)
+    frames, every gradient entry about 1: their sums (and the batch's WᵀG summed) exceed
+    float16's largest value 65504 although every entry is far below it. The finiteness sums
+    are accumulated in float64, so the step is taken, as the eager step takes it. Control: the
+    sums taken in float16 (as ``Tensor.sum`` does by default) skip it."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.nn.Parameter(tp.Stiefel(D, R).random_point(g, (2048,), dtype=torch.float16))
+    b = torch.nn.Parameter(torch.zeros(70_000, dtype=torch.float16))
+
+    def step() -> tuple:
+        opt = tp.RiemannianAdam(
+            [{"params": [w], "geometry": "stiefel"}, {"params": [b], "eps": 1e-4}],
+            lr=1e-3,
+            trust_radius=RADIUS,
+            capturable=True,
+        )
+        w.grad = (0.6 + 0.1 * torch.randn(w.shape, generator=g)).to(torch.float16)
+        b.grad = torch.ones_like(b)
+        before = (w.detach().clone(), b.detach().clone())
+        opt.step()
+        return opt, before
+
+    opt, (w0, b0) = step()
+    assert int(opt.skipped_on_device) == 0
+    assert not torch.equal(w.detach(), w0) and not torch.equal(b.detach(), b0)
+    real_sum = torch.Tensor.sum
+
+    def half_sums(t, *args, dtype=None, **kw):
+        return real_sum(t, *args, **kw)  # the dtype argument dropped: summed in float16
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.Tensor, "sum", half_sums)
+        opt, _ = step()
+    assert int(opt.skipped_on_device) == 1
+
+
+def test_a_plain_group_with_maximize_ascends_as_the_eager_step():
+    """maximize=True on a plain group: the capturable AdamW ascends, equal to the eager step's
+    (``torch.optim.adamw``) within a few ulps over 5 steps."""
+    runs = []
+    for cap in (False, True):
+        b = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+        opt = tp.RiemannianAdam([{"params": [b]}], lr=0.1, maximize=True, capturable=cap)
+        for _ in range(5):
+            b.grad = torch.ones_like(b)
+            opt.step()
+        runs.append(b.detach().clone())
+    assert bool((runs[1] > 0.4).all())  # five ascending steps of about lr each
+    assert (runs[0] - runs[1]).abs().max().item() <= 1e-15
+
+
+def test_a_float32_tensor_lr_steps_float64_plain_parameters_as_its_value():
+    """A float32 0-d tensor lr (torch's default dtype) with float64 plain parameters and weight
+    decay: the capturable AdamW takes the lr in float64, as the eager step takes its value, so
+    the two agree within a few float64 ulps (a decay factor 1 − lr·λ formed in float32 would
+    leave them 1e-7 apart)."""
+    runs = []
+    for cap in (False, True):
+        b = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
+        opt = tp.RiemannianAdam(
+            [{"params": [b]}], lr=torch.tensor(1e-2), weight_decay=0.01, capturable=cap
+        )
+        for k in range(4):
+            b.grad = torch.full_like(b, 0.1 * (k + 1))
+            opt.step()
+        runs.append(b.detach().clone())
+    assert (runs[0] - runs[1]).abs().max().item() <= 1e-15

@@ -173,12 +173,6 @@ REFUSALS = [
         "reduction='mean'",
     ),
     Refusal(
-        "capturable maximize",
-        lambda _: _capturable(maximize=True),
-        ValueError,
-        "capturable=True supports maximize=False",
-    ),
-    Refusal(
         "capturable fixed-rank factors",
         lambda _: tp.RiemannianAdam(
             [{"params": _factors(), "geometry": "fixed_rank_embedded"}],

@@ -440,13 +440,13 @@ class StiefelFrames:
 
 
 def _all_finite(a: Tensor) -> bool:
-    """Every entry finite, decided by the sum (one reduction; an overflowing sum of finite
-    entries answers False, which only sends the caller to its rescaled route); the read is
+    """Every entry finite, decided by the sum accumulated in float64 (one reduction, which
+    holds the sum of any count of finite float32 or half-precision entries); the read is
     deferred while a step speculates, and in the capturable step the condition is one of the
     step's (``torch_port.deferred.holds``): a product that overflows the dtype, which only
     entries near its largest value make (float16 gradients near 6e4), skips the step there
     rather than costing every step the rescaled route's passes."""
-    return deferred.holds(torch.isfinite(a.sum()))
+    return deferred.holds(torch.isfinite(a.sum(dtype=torch.float64)))
 
 
 def _power_of_two_scale(a: Tensor) -> Tensor:

@@ -147,6 +147,71 @@ def capturable_resolution(ctx: Context, wrong: bool) -> Outcome:
     return capturable_trajectory(ctx, wrong, control=_radius_stretched)
 
 
+#: PORT-3: the plain parameter of the AdamW check, its hyperparameters and steps.
+PLAIN_SHAPE, PLAIN_DECAY = (5, 3), 1e-2
+
+
+def _decay_dropped():
+    """``capturable.adamw`` with the group's weight decay taken as 0 (a near miss of
+    lr·λ = 1e-4 relative per step), substituted."""
+    from torch_port.optim import capturable
+
+    original = capturable.adamw
+    return substituted(
+        capturable, "adamw", lambda group, *a: original({**group, "weight_decay": 0.0}, *a)
+    )
+
+
+def capturable_adamw(ctx: Context, wrong: bool) -> Outcome:
+    """``CAPTURABLE_STEPS`` float64 steps of a plain (5, 3) parameter in
+    ``RiemannianAdam(capturable=True)`` (lr 1e-2, weight decay 1e-2) against
+    ``torch.optim.AdamW`` with the same hyperparameters along the same gradients (seed
+    ``ctx.seed``, drawn independently of the parameters): max_t ‖p_t − p_t^torch‖ over
+    2·``adamw_tolerance`` (each run within that bound of the exact AdamW trajectory, the
+    bound growing with t). Control: the weight decay dropped, substituted into
+    ``torch_port.optim.capturable``."""
+    import torch
+
+    from proofs_checks.bounds import adamw_tolerance
+    from torch_port import RiemannianAdam
+
+    g = torch.Generator().manual_seed(ctx.seed)
+    start = torch.randn(PLAIN_SHAPE, generator=g, dtype=torch.float64)
+    p, q = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    port = RiemannianAdam(
+        [{"params": [p]}], lr=CAPTURABLE_LR, weight_decay=PLAIN_DECAY, capturable=True
+    )
+    torch_adamw = torch.optim.AdamW([q], lr=CAPTURABLE_LR, weight_decay=PLAIN_DECAY)
+    worst = 0.0
+    with _decay_dropped() if wrong else contextlib.nullcontext():
+        for _ in range(CAPTURABLE_STEPS):
+            grad = torch.randn(PLAIN_SHAPE, generator=g, dtype=torch.float64)
+            p.grad, q.grad = grad.clone(), grad.clone()
+            port.step()
+            torch_adamw.step()
+            worst = max(worst, float(torch.linalg.vector_norm(p.detach() - q.detach())))
+    bound = 2 * adamw_tolerance(
+        start.numel(),
+        CAPTURABLE_STEPS,
+        float(torch.linalg.vector_norm(start)),
+        CAPTURABLE_LR,
+        (0.9, 0.999),
+        PLAIN_DECAY,
+    )
+    return Outcome.bound(
+        worst / bound,
+        1.0,
+        f"max_t ‖p_t − p_t^torch‖ = {worst:.2e} over {CAPTURABLE_STEPS} steps against {bound:.2e}",
+        {
+            "sizes": f"one plain {PLAIN_SHAPE} parameter",
+            "options": f"lr {CAPTURABLE_LR}, weight decay {PLAIN_DECAY}",
+            "steps": CAPTURABLE_STEPS,
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
 register(
     Proposition(
         id="PORT-3",
@@ -158,11 +223,13 @@ register(
             r"$k$ with "
             r"$\delta^{k+1}/(1-\delta)\le10^{-17}$ gives the polar factor to float64 rounding; "
             r"with it, the steps of \texttt{RiemannianAdam(capturable=True)} are the "
-            r"reference's to float64 rounding."
+            r"reference's to float64 rounding, and its steps of plain parameters are "
+            r"\texttt{torch.optim.AdamW}'s."
         ),
         hypotheses=(
             "the Gram and the series in float64 (torch_port.optim.capturable.polar_series)",
             "(16, 4) frames; the trajectory with Δ = 0.05 binding, 20 steps",
+            "a plain (5, 3) parameter with weight decay 1e-2, 20 steps",
         ),
         remarks=(
             r"For $A=W+\xi$ with $W$ a frame and $\|\xi\|\le\Delta\le0.7$ the eigenvalues of "
@@ -188,6 +255,12 @@ register(
                 "resolution: capturable steps 1e-9 relative too long are caught",
                 capturable_resolution,
                 f"near miss: the trust radius times 1 + {NEAR_MISS:g}, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "20 capturable AdamW steps of a plain parameter against torch's AdamW",
+                capturable_adamw,
+                "the weight decay dropped, substituted into the port",
             ),
         ),
         requires=("torch",),

@@ -39,7 +39,7 @@ from torch_port import deferred
 from torch_port.linalg import Tensor
 from torch_port.optim import update
 from torch_port.optim.guard.values import capturable_radius
-from torch_port.optim.points import stepping
+from torch_port.optim.points import closure_loss, stepping
 from torch_port.stiefel import Stiefel, StiefelFrames
 
 #: The slack η added to Δ² in the bound on ‖E‖₂: ‖WᵀW − I‖ and the tangency error of ξ.
@@ -137,10 +137,7 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
     """The capturable step of ``RiemannianAdam`` (module docstring): every frame of one group
     and one (d, r, dtype) in one batch, the plain parameters by ``adamw``, every new value
     selected against the old one by the step's conditions."""
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
+    loss = closure_loss(closure)
     items = stepping(opt.param_groups)
     if not items:
         return loss
@@ -171,11 +168,13 @@ def step(opt: Any, closure: Callable[[], Any] | None = None) -> Any:
 
 def proceeds(grads: list[Tensor], lrs: list[Tensor], conditions: list[Tensor]) -> Tensor:
     """Whether the step is taken, a 0-d bool decided on the device: every gradient finite (its
-    sum finite: a sum that overflows, which only entries near the dtype's largest value make,
-    skips the step too), every tensor lr finite and ≥ 0 (a negative or NaN lr skips the step;
-    lr = 0 takes it without moving), every condition the frames' moves recorded."""
+    float64 sum finite), the tensor lr of every group finite and ≥ 0 (a negative or NaN lr,
+    of a group that steps or not, skips the step; lr = 0 takes it without moving), every
+    condition the frames' moves recorded."""
     verdicts = [
-        torch.isfinite(torch.stack([g.sum() for g in grads])).all(),  # fused with its readers
+        # float64 sums (fused with the gradients' other readers) hold any count of finite
+        # float32 or half-precision entries
+        torch.isfinite(torch.stack([g.sum(dtype=torch.float64) for g in grads])).all(),
         *(torch.isfinite(lr) & (lr >= 0) for lr in lrs),
         *conditions,
     ]
@@ -185,13 +184,16 @@ def proceeds(grads: list[Tensor], lrs: list[Tensor], conditions: list[Tensor]) -
 def adamw(group: dict, params: list[Tensor], states: list[dict], ok: Tensor) -> None:
     """torch's AdamW (decoupled decay) on plain parameters, each new value selected against
     the old one by ``ok``: p ← p(1 − lr·λ) − (lr/(1 − β1^t))·m/(√v/sqrt(1 − β2^t) + ε), with
-    m ← β1·m + (1 − β1)g, v ← β2·v + (1 − β2)g²."""
+    m ← β1·m + (1 − β1)g, v ← β2·v + (1 − β2)g², g the gradient (−gradient with
+    ``maximize``). A tensor lr is taken in float64, as the eager step takes its value."""
     b1, b2 = group["betas"]
     lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+    if isinstance(lr, Tensor):
+        lr = lr.to(torch.float64)
     for p, st in zip(params, states, strict=True):
         t = (st["step"] + 1).to(torch.float64)
         c1, c2 = 1.0 - torch.pow(b1, t), torch.sqrt(1.0 - torch.pow(b2, t))
-        g = p.grad
+        g = -p.grad if group.get("maximize", False) else p.grad
         m = torch.lerp(st["exp_avg"], g, 1.0 - b1)
         v = st["exp_avg_sq"] * b2 + (1.0 - b2) * g * g
         new = p * (1.0 - lr * wd) - (lr / c1) * m / (torch.sqrt(v) / c2 + eps)

@@ -28,7 +28,7 @@ from torch_port.linalg import Tensor
 from torch_port.optim import sharding, update
 from torch_port.optim.guard import CheckedStep, GroupSpec, Guard
 from torch_port.optim.loading import Loading
-from torch_port.optim.points import Geometries, Point, stepping
+from torch_port.optim.points import Geometries, Point, closure_loss, stepping
 from torch_port.optim.transforms import Transform
 
 
@@ -147,10 +147,7 @@ class ChainOptimizer(Loading, Guard, torch.optim.Optimizer):
     @torch.compiler.disable
     @torch.no_grad()
     def _chain_step(self, closure: Callable[[], Any] | None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         items = stepping(self.param_groups)
         if not items:
             return loss

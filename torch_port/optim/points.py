@@ -205,6 +205,15 @@ class Geometries:
         return [Point(view(self.factored(group)), params, gi, range(len(params)))]
 
 
+def closure_loss(closure: Any) -> Any:
+    """The loss a step's closure returns, evaluated with gradients enabled (None without one),
+    as torch's optimizers evaluate it."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def stepping(param_groups: list[dict[str, Any]]) -> list[tuple[int, int, Tensor]]:
     """What a step updates: (group index, index in the group, parameter) of every parameter
     that has a gradient, in the groups' order."""

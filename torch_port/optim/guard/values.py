@@ -305,7 +305,6 @@ def capturable_group(group: dict[str, Any]) -> None:
         "gradient": (group.get("gradient", "riemannian"), "riemannian"),
         "moment": (group["moment"], "frame"),
         "reduction": (group["reduction"], "mean"),
-        "maximize": (bool(group.get("maximize", False)), False),
     }
     for key, (value, supported) in unsupported.items():
         if value != supported:
