@@ -20,6 +20,7 @@ from proofs_checks.registry import Check, Context, Outcome, Proposition, registe
 SERIES_RADII = (0.1, 0.3, 0.5, 0.7)
 SERIES_D, SERIES_R = 16, 4
 CAPTURABLE_STEPS, CAPTURABLE_RADIUS, CAPTURABLE_LR = 20, 0.05, 1e-2
+TRAJECTORY_SHAPES = ((16, 4), (2, 16, 4), (3, 8, 4))
 
 
 def _bound_for_half_delta(original):
@@ -99,11 +100,13 @@ def capturable_trajectory(
     ctx: Context, wrong: bool, control: Callable = _count_one_ahead
 ) -> Outcome:
     """``CAPTURABLE_STEPS`` float64 steps of ``RiemannianAdam(capturable=True)`` (lr 1e-2,
-    Δ = 0.05, binding) on one (16, 4) frame against ``reference.optim.riemannian_adam`` with
-    the same hyperparameters along the same gradients (seed ``ctx.seed``): the largest
-    max|W_t − W_t^ref| against 20·``step_error``(16, 4), the per-step rounding bound of the
-    two runs accumulated without amplification. Control: the bias corrections one step ahead,
-    substituted into ``torch_port.optim.capturable``."""
+    Δ = 0.05, binding) on the frame parameters of ``TRAJECTORY_SHAPES`` in one group (a
+    (16, 4) frame and two batches of frames, of two d and one r, so that the step batches and
+    splits them) against ``reference.optim.riemannian_adam`` with the same hyperparameters on
+    each frame along the same gradients (seed ``ctx.seed``): the largest max|W_t − W_t^ref|
+    against 20·``step_error``(16, 4), the per-step rounding bound of the two runs accumulated
+    without amplification. Control: the bias corrections one step ahead, substituted into
+    ``torch_port.optim.capturable``."""
     import numpy as np
     import torch
 
@@ -112,26 +115,37 @@ def capturable_trajectory(
     from torch_port import RiemannianAdam, Stiefel
 
     g = torch.Generator().manual_seed(ctx.seed)
-    w = torch.nn.Parameter(Stiefel(SERIES_D, SERIES_R).random_point(g, dtype=torch.float64))
-    x = w.detach().numpy().copy()
-    group = [{"params": [w], "geometry": "stiefel"}]
+    ws = [
+        torch.nn.Parameter(Stiefel(*shape[-2:]).random_point(g, shape[:-2], dtype=torch.float64))
+        for shape in TRAJECTORY_SHAPES
+    ]
+    group = [{"params": ws, "geometry": "stiefel"}]
     opt = RiemannianAdam(group, lr=CAPTURABLE_LR, trust_radius=CAPTURABLE_RADIUS, capturable=True)
     rule = ref.optim.riemannian_adam(CAPTURABLE_LR, trust_radius=CAPTURABLE_RADIUS)
-    geo = ref.Stiefel(SERIES_D, SERIES_R)
-    state, worst = rule.init(geo, x), 0.0
+    frames = [  # per frame of every parameter: (geometry, point, state)
+        [ref.Stiefel(*w.shape[-2:]), x, None]
+        for w in ws
+        for x in w.detach().numpy().reshape(-1, *w.shape[-2:]).copy()
+    ]
+    for frame in frames:
+        frame[2] = rule.init(frame[0], frame[1])
+    worst = 0.0
     with control() if wrong else contextlib.nullcontext():
         for _ in range(CAPTURABLE_STEPS):
-            grad = torch.randn(SERIES_D, SERIES_R, generator=g, dtype=torch.float64)
-            w.grad = grad
+            for w in ws:
+                w.grad = torch.randn(w.shape, generator=g, dtype=torch.float64)
             opt.step()
-            x, state = rule.step(geo, x, grad.numpy(), state)
-            worst = max(worst, float(np.abs(w.detach().numpy() - x).max()))
+            grads = [gk for w in ws for gk in w.grad.numpy().reshape(-1, *w.shape[-2:])]
+            points = [xk for w in ws for xk in w.detach().numpy().reshape(-1, *w.shape[-2:])]
+            for frame, grad, point in zip(frames, grads, points, strict=True):
+                frame[1], frame[2] = rule.step(frame[0], frame[1], grad, frame[2])
+                worst = max(worst, float(np.abs(point - frame[1]).max()))
     return Outcome.bound(
         worst,
         CAPTURABLE_STEPS * step_error(SERIES_D, SERIES_R),
         f"max_t max|W_t − W_t^ref| over {CAPTURABLE_STEPS} steps",
         {
-            "sizes": f"one ({SERIES_D}, {SERIES_R}) frame",
+            "sizes": f"frame parameters {', '.join(map(str, TRAJECTORY_SHAPES))}",
             "options": f"lr {CAPTURABLE_LR}, Δ = {CAPTURABLE_RADIUS}",
             "steps": CAPTURABLE_STEPS,
             "dtypes": "float64",
@@ -228,7 +242,8 @@ register(
         ),
         hypotheses=(
             "the Gram and the series in float64 (torch_port.optim.capturable.polar_series)",
-            "(16, 4) frames; the trajectory with Δ = 0.05 binding, 20 steps",
+            "(16, 4) frames; the trajectory with Δ = 0.05 binding, 20 steps, on frame "
+            "parameters of shapes (16, 4), (2, 16, 4) and (3, 8, 4) in one group",
             "a plain (5, 3) parameter with weight decay 1e-2, 20 steps",
         ),
         remarks=(
