@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from torch_port import deferred
+from torch_port import deferred, linalg
 from torch_port.linalg import Tensor
 from torch_port.optim import update
 from torch_port.optim.guard.values import capturable_radius
@@ -54,9 +54,8 @@ def series_bound(radius: float) -> float:
 
 def polar_series(a: Tensor, radius: float) -> Tensor:
     """polar(A) as the capturable step forms it for a trust radius Δ: the series of the
-    degree whose tail at ‖E‖₂ ≤ ``series_bound(Δ)`` is below ``linalg.series_tolerance``."""
-    from torch_port import linalg
-
+    degree whose tail at ‖E‖₂ ≤ ``series_bound(Δ)`` is below ``linalg.series_tolerance``
+    (from the float64 Gram of A: the step's own Gram for float64 frames)."""
     with deferred.speculate({}, "device", series_bound(radius)):
         inv_sqrt, _ = linalg.polar_plan(a)
     return a @ inv_sqrt
@@ -105,9 +104,9 @@ def _frames(opt: Any, gi: int, ps: list[Tensor]) -> tuple[Callable[[Tensor], Non
     d, r = ps[0].shape[-2:]
     geometry = StiefelFrames(Stiefel(d, r))  # polar, embedded: the guard's capturable_group
     states = [_frame_state(opt, p, rule, geometry) for p in ps]
-    lead = [p.ndim - 2 for p in ps]
+    lead = ps[0].ndim - 2  # an entry keeps its dimensions after the frames' batch ones
     stored = {
-        k: _batched([s[k] for s in states], states[0][k].ndim - lead[0])
+        k: _batched([s[k] for s in states], states[0][k].ndim - lead)
         for k in states[0]
         if k != "step"
     }
