@@ -3,7 +3,8 @@ half a minute), every configuration below records every step and the audit says 
 row passing (no false alarm, and nothing left not auditable). A
 configuration is a rule (the four presets, geoopt's two) and a loop: float64 or float32
 parameters, bfloat16 autocast, gradient clipping, accumulation over micro-batches, a linear
-warm-up from lr 0, a closure, sampling every third step."""
+warm-up from lr 0, a closure, sampling every third step, ascent of the negated loss
+(``maximize``)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _frames(gen, dtype, rule: str):
     return geoopt.ManifoldParameter(w, manifold=geoopt.Stiefel(canonical="canonical" in rule))
 
 
-def _optimizer(rule: str, frames: list, plain: list):
+def _optimizer(rule: str, frames: list, plain: list, **flags):
     if rule.startswith("geoopt"):
         geoopt = pytest.importorskip("geoopt")
         cls = geoopt.optim.RiemannianAdam if "adam" in rule else geoopt.optim.RiemannianSGD
@@ -44,7 +45,7 @@ def _optimizer(rule: str, frames: list, plain: list):
     }[rule]
     options = {"trust_radius": 0.05} if rule in ("adam", "rsgd") else {}
     groups = [{"params": frames, "geometry": "stiefel"}, {"params": plain}]
-    return cls(groups, lr=1e-2, **options)
+    return cls(groups, lr=1e-2, **options, **flags)
 
 
 LOOPS = {
@@ -56,6 +57,7 @@ LOOPS = {
     "warmup": {"dtype": torch.float64, "warmup": 3},
     "closure": {"dtype": torch.float32, "closure": True},
     "every3": {"dtype": torch.float64, "every": 3},
+    "maximize": {"dtype": torch.float64, "maximize": True},
 }
 CASES = [(rule, "float32") for rule in ("momentum", "rsgd", "normalized")]
 CASES += [("adam", loop) for loop in LOOPS]
@@ -72,7 +74,9 @@ def test_an_honest_loop_passes(tmp_path, rule, loop, seed) -> None:
     inp = torch.nn.Linear(4, 8, dtype=o["dtype"])
     x = torch.randn(12, 4, generator=gen, dtype=o["dtype"])
     y = torch.randn(12, generator=gen, dtype=o["dtype"])
-    opt = _optimizer(rule, [q, k], list(inp.parameters()))
+    ascent = o.get("maximize", False)
+    flags = {"maximize": True} if ascent else {}
+    opt = _optimizer(rule, [q, k], list(inp.parameters()), **flags)
     warmup = o.get("warmup")
     schedule = (
         torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(t / warmup, 1.0)) if warmup else None
@@ -82,7 +86,8 @@ def test_an_honest_loop_passes(tmp_path, rule, loop, seed) -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=o.get("autocast", False)):
             h = inp(x[rows])
             s = torch.einsum("bi,hir,hjr,bj->b", h, q, k, h)
-        return ((s.to(o["dtype"]) - y[rows]) ** 2).mean()
+        loss = ((s.to(o["dtype"]) - y[rows]) ** 2).mean()
+        return -loss if ascent else loss
 
     def closure():
         opt.zero_grad()

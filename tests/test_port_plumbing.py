@@ -83,3 +83,49 @@ def test_substituted_refuses_a_name_that_does_not_exist() -> None:
     with pytest.raises(AttributeError), harness.substituted(_Holder, "mkae", None):
         pass
     assert not hasattr(_Holder, "mkae")
+
+
+def test_the_ascent_run_decays_every_factored_geometry_and_no_frame() -> None:
+    from torch_port.optim.guard import values
+
+    exercised = dict(plumbing.ascent(CTX, False).exercised)
+    geometries = exercised["geometries"].split(", ")
+    factored = [g for g in geometries if g not in values.FRAME_GEOMETRIES]
+    assert "stiefel" in geometries and len(factored) == 4
+    assert exercised["hyperparameters"].endswith("(coupled) on " + ", ".join(factored))
+
+
+def _default_moved(cls, name: str, value: float):
+    def wrapped(self, params, *args, **kwargs):
+        kwargs.setdefault(name, value)
+        return init(self, params, *args, **kwargs)
+
+    init = cls.__init__
+    return wrapped
+
+
+@pytest.mark.parametrize(
+    ("cls_name", "name", "value"),
+    [
+        ("ChainOptimizer", "lr", 2e-3),
+        ("ChainOptimizer", "eps", 2e-8),
+        ("RiemannianAdam", "eps", 2e-8),
+    ],
+)
+def test_each_default_is_caught_by_the_row_that_builds_with_it(
+    monkeypatch, cls_name: str, name: str, value: float
+) -> None:
+    """A default doubled in one class's signature (torch's lr 1e-3, ε 1e-8) fails the row
+    built with that class's defaults, and only it (RiemannianAdam passes its own to
+    ChainOptimizer)."""
+    import torch_port as tp
+    from torch_port.optim import ChainOptimizer
+
+    cls = ChainOptimizer if cls_name == "ChainOptimizer" else getattr(tp, cls_name)
+    monkeypatch.setattr(cls, "__init__", _default_moved(cls, name, value))
+    outcome = plumbing.defaults(CTX, False)
+    rows = dict(part.split(": ", 1) for part in outcome.detail.split(": ", 1)[1].split("; "))
+    failing = {
+        row for row, text in rows.items() if max(float(v.split()[1]) for v in text.split(", ")) > 1
+    }
+    assert failing == {cls_name}

@@ -18,7 +18,8 @@ replay
    factors are defined up to a group action: ``Elements``);
 3. converts the port's state to the reference's (``reference_state``: the count t − 1, the
    moments' arrays and √v filled into the layout the reference's ``init`` makes at x̄);
-4. takes the reference step ȳ = step(x̄, g, state) and measures e = ‖C(y) − C(ȳ)‖.
+4. takes the reference step ȳ = step(x̄, g, state) (g the recorded gradient, negated for an
+   optimizer with torch's ``maximize``) and measures e = ‖C(y) − C(ȳ)‖.
 
 The bound e ≤ B of a step in the dtype it ran in, and of the state after it, with their
 derivations: ``proofs_checks.audit.bounds``.
@@ -100,12 +101,17 @@ def replay_record(trace: Trace, k: int, claim: Claim | None = None) -> list[dict
 def _replay_record(trace: Trace, k: int, where: str, claim: Claim | None) -> list[dict[str, Any]]:
     meta = trace.meta
     optimizer, step = meta["optimizer"], meta["steps"][k]
+    # torch's ``maximize`` (the optimizer's own flag, whatever rule is claimed): it follows
+    # −grad, negated before any decay is added
+    ascent = step["hyperparameters"].get("maximize") is True
     if claim is not None:
         optimizer, step = claim.applied(step)
     spec = step["geometry"]
     try:
         el = elements(spec)
         x_parts, g_parts = _float64(trace.parts(k, "x")), _float64(trace.parts(k, "g"))
+        if ascent:
+            g_parts = [-g for g in g_parts]
         y_parts = _float64(trace.parts(k, "y")) if step["taken"] else None
         state = {key: _float64(trace.parts(k, f"state/{key}")) for key in step["state_keys"]}
         after = {key: _float64(trace.parts(k, f"after/{key}")) for key in step["after_keys"]}

@@ -186,11 +186,19 @@ def binding_trust_cap(ctx: Context, wrong: bool) -> Outcome:
 #: the reference preset of the same name, and the steps of the comparison.
 DEFAULT_PRESETS = {
     "RiemannianAdam": ("riemannian_adam", None),
+    "ChainOptimizer": ("riemannian_adam", None),  # of ``group_adam``, reading its group
     "RiemannianMomentum": ("riemannian_momentum", 0.05),
     "RSGD": ("rsgd", 0.05),
     "NormalizedRSGD": ("normalized_rsgd", 0.05),
 }
 DEFAULT_STEPS = 3
+
+
+def group_adam(group: dict[str, Any]) -> Any:
+    """A rule of one's own that reads its group: chain(scale_by_adam(β1, β2, ε), scale(−lr))."""
+    from torch_port.optim import transforms as T
+
+    return T.chain(T.scale_by_adam(*group["betas"], group["eps"]), T.scale(-group["lr"]))
 
 
 def _default_lr(init: Callable, lr: float) -> Callable:
@@ -204,39 +212,46 @@ def _default_lr(init: Callable, lr: float) -> Callable:
 
 def defaults(ctx: Context, wrong: bool) -> Outcome:
     """Each preset built as a user builds it, with no hyperparameter but the lr it requires
-    (``DEFAULT_PRESETS``), on an St(8, 3) float64 frame and a plain 4×3 parameter,
+    (``DEFAULT_PRESETS``; ``ChainOptimizer`` of ``group_adam``, with no hyperparameter at
+    all), on an St(8, 3) float64 frame and a plain 4×3 parameter,
     ``DEFAULT_STEPS`` steps: the frame against the reference preset of the same name with its
     own defaults and the same lr (RiemannianAdam's: ``torch.optim.Adam``'s default lr), within
     ``trajectory_tolerance(8, 3, steps)``; the plain parameter against ``torch.optim.Adam`` with
     its defaults and the same lr, within 4·u·max|p| per step (one AdamW update rounded in
-    another order). Residual: the largest ratio, tolerance 1. Control: RiemannianAdam's default
-    lr moved from torch's 1e-3 to 2e-3 (its ``__init__`` substituted)."""
+    another order). Residual: the largest ratio, tolerance 1. Control: RiemannianAdam's and
+    ChainOptimizer's default lr moved from torch's 1e-3 to 2e-3 (their ``__init__``
+    substituted)."""
     import numpy as np
     import torch
 
     import reference as ref
     import torch_port as tp
     from proofs_checks.bounds import FLOAT64_U, trajectory_tolerance
+    from torch_port.optim import ChainOptimizer
 
     torch_lr = torch.optim.Adam([torch.zeros(1)]).defaults["lr"]
     frame_tol = trajectory_tolerance(8, 3, DEFAULT_STEPS)
     worst, details = 0.0, []
-    wrong_init = _default_lr(tp.RiemannianAdam.__init__, 2e-3)
-    patch = substituted(tp.RiemannianAdam, "__init__", wrong_init) if wrong else None
-    with patch or contextlib.nullcontext():
+    patches = [
+        substituted(cls, "__init__", _default_lr(cls.__init__, 2e-3))
+        for cls in (tp.RiemannianAdam, ChainOptimizer)
+    ]
+    with contextlib.ExitStack() as stack:
+        for patch in patches if wrong else ():
+            stack.enter_context(patch)
         for name, (reference_name, lr) in DEFAULT_PRESETS.items():
             gen = torch.Generator().manual_seed(ctx.seed)
             w = torch.nn.Parameter(tp.Stiefel(8, 3).random_point(gen, dtype=torch.float64))
             p = torch.nn.Parameter(torch.randn(4, 3, generator=gen, dtype=torch.float64))
             q = torch.nn.Parameter(p.detach().clone())
             given = {} if lr is None else {"lr": lr}
-            opt = getattr(tp, name)(
-                [{"params": [w], "geometry": "stiefel"}, {"params": [p]}], **given
-            )
+            groups = [{"params": [w], "geometry": "stiefel"}, {"params": [p]}]
+            rule = (group_adam,) if name == "ChainOptimizer" else ()
+            opt = (ChainOptimizer if rule else getattr(tp, name))(groups, *rule, **given)
             adam = torch.optim.Adam([q], **given)
-            rule = getattr(ref.optim, reference_name)(lr=torch_lr if lr is None else lr)
+            reference = getattr(ref.optim, reference_name)(lr=torch_lr if lr is None else lr)
             geo, x = ref.Stiefel(8, 3), w.detach().numpy().copy()
-            state = rule.init(geo, x)
+            state = reference.init(geo, x)
             for _ in range(DEFAULT_STEPS):
                 g, h = (
                     torch.randn(s, generator=gen, dtype=torch.float64) for s in ((8, 3), (4, 3))
@@ -244,7 +259,7 @@ def defaults(ctx: Context, wrong: bool) -> Outcome:
                 w.grad, p.grad, q.grad = g, h, h.clone()
                 opt.step()
                 adam.step()
-                x, state = rule.step(geo, x, g.numpy(), state)
+                x, state = reference.step(geo, x, g.numpy(), state)
             frame = float(np.abs(w.detach().numpy() - x).max()) / frame_tol
             plain_tol = 4 * FLOAT64_U * DEFAULT_STEPS * float(q.detach().abs().max())
             plain = float((p - q).detach().abs().max()) / plain_tol
@@ -264,10 +279,100 @@ def defaults(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+#: PORT-6's ascent run: RiemannianAdam's lr, the coupled decay λ of the factored geometries'
+#: groups (frames take none: RA-5), and the steps of each geometry's base problem.
+ASCENT_LR, ASCENT_DECAY, ASCENT_STEPS = 1e-2, 0.1, 3
+
+
+def _with(**changed: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
+    """``update.move`` reading each named group entry through its function (a wrong variant:
+    e.g. ``maximize`` read as False, the decay doubled)."""
+
+    def make(original: Callable) -> Callable:
+        def move(geometry, rule, group, *rest):
+            seen = {**group, **{k: f(group[k]) for k, f in changed.items()}}
+            return original(geometry, rule, seen, *rest)
+
+        return move
+
+    return make
+
+
+def ascent_and_decay(ctx: Context, wrong: bool, variant: Callable) -> Outcome:
+    """The base problem of every geometry of ``rattn compare`` (PORT-1's float64 Adam cases),
+    RiemannianAdam (lr ``ASCENT_LR``) with torch's ``maximize`` and, on the factored geometries'
+    groups, coupled decay λ = ``ASCENT_DECAY`` (added to the Euclidean gradient after its
+    negation), ``ASCENT_STEPS`` steps ascending the loss, recorded and replayed by ``rattn audit``
+    (the reference's step for the gradient −G + λ·x): residual the largest deviation/bound,
+    tolerance 1. ``variant`` (the control) is substituted for ``torch_port.optim.update.move``."""
+    import warnings
+
+    import torch
+
+    import torch_port as tp
+    from proofs_checks.port_compare.problems import PROBLEMS
+    from proofs_checks.propositions.port import _float64_adam_cases
+    from torch_port import audit
+    from torch_port.optim import update
+    from torch_port.optim.guard import values
+
+    cases = _float64_adam_cases(ctx.quick)
+    worst, where, decayed = 0.0, "", []
+    patch = substituted(update, "move", variant(update.move)) if wrong else None
+    with patch or contextlib.nullcontext(), tempfile.TemporaryDirectory() as tmp:
+        for geometry, problem, _, _ in cases:
+            prob = PROBLEMS[geometry][problem]
+            inst = prob.build(ctx.seed)
+            params = [torch.nn.Parameter(torch.tensor(p)) for p in inst.points]
+            data = {k: torch.tensor(v) for k, v in inst.data.items()}
+            group = prob.adapter.group(params)
+            if group["geometry"] not in values.FRAME_GEOMETRIES:
+                group["weight_decay"] = ASCENT_DECAY
+                decayed.append(geometry)
+            opt = tp.RiemannianAdam([group], lr=ASCENT_LR, maximize=True)
+            path = Path(tmp) / "trace.npz"
+            with audit.record(opt, path), warnings.catch_warnings():
+                warnings.simplefilter("error")  # no decay on frames: no warning to hide
+                for _ in range(ASCENT_STEPS):
+                    opt.zero_grad()
+                    inst.loss(params, data).backward()
+                    opt.step()
+            ratio, step = replayed_ratio(path)
+            if ratio > worst:
+                worst, where = ratio, f"{geometry}/{problem} step {step}"
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"max deviation/bound over {len(cases)} geometries; worst at {where}; coupled decay "
+        f"on {len(decayed)} of them",
+        {
+            "geometries": ", ".join(c[0] for c in cases),
+            "hyperparameters": f"lr {ASCENT_LR}, maximize, weight_decay {ASCENT_DECAY} "
+            f"(coupled) on {', '.join(decayed)}",
+            "steps": f"{ASCENT_STEPS} per geometry",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
+def ascent(ctx: Context, wrong: bool) -> Outcome:
+    """``ascent_and_decay``; control: ``maximize`` read as False by the move."""
+    return ascent_and_decay(ctx, wrong, _with(maximize=lambda _: False))
+
+
+def coupled_decay(ctx: Context, wrong: bool) -> Outcome:
+    """``ascent_and_decay``; control: the coupled decay λ doubled in the move."""
+    return ascent_and_decay(ctx, wrong, _with(weight_decay=lambda wd: 2 * wd))
+
+
 register(
     Proposition(
         id="PORT-6",
-        title="Per-group learning rates, schedules and trust caps that bind are the reference's",
+        title=(
+            "Per-group learning rates, schedules, trust caps that bind, maximize and coupled "
+            "decay are the reference's"
+        ),
         statement=(
             r"In a run of \texttt{RiemannianAdam} on parameter groups with their own learning "
             r"rates under a \texttt{torch.optim.lr\_scheduler}, every step of every group lands "
@@ -275,7 +380,11 @@ register(
             r"scheduled learning rate (a step at lr $=0$ not moving), and the learning rate the "
             r"recorder reads is the group's rate times the schedule's factor, exactly. Where the "
             r"trust cap $\|\xi\|\le\Delta$ binds, the step is the reference's capped step within "
-            r"the same bound. Each preset built with no hyperparameter but the lr it requires "
+            r"the same bound. With torch's \texttt{maximize} every step is, within the same "
+            r"bound, the reference's step for the gradient $-G$ ($-G+\lambda x$ with coupled "
+            r"decay $\lambda$ on the factored geometries). Each preset, and a "
+            r"\texttt{ChainOptimizer} of a rule that reads its group, built with no "
+            r"hyperparameter but the lr it requires "
             r"(\texttt{RiemannianAdam}: none) steps frames as the reference preset with its "
             r"defaults (and \texttt{torch.optim.Adam}'s default lr), and plain parameters as "
             r"\texttt{torch.optim.Adam} with its defaults."
@@ -284,6 +393,8 @@ register(
             f"float64 frames; {SCHEDULE_STEPS} steps of LambdaLR (a linear warm-up from lr = 0 "
             f"over {WARMUP} steps, then a cosine); two groups",
             f"the trust run binds on a fraction of its frame-steps in {BINDING_RANGE}",
+            f"the ascent run: each geometry's base problem, {ASCENT_STEPS} steps, λ = "
+            f"{ASCENT_DECAY} on the factored geometries",
         ),
         checks=(
             Check(
@@ -302,10 +413,22 @@ register(
             ),
             Check(
                 "float64",
+                "maximize on every geometry, replayed by rattn audit",
+                ascent,
+                "the move reading maximize as False, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "coupled decay on the factored geometries under maximize, replayed",
+                coupled_decay,
+                "the move's coupled decay λ doubled, substituted into the port",
+            ),
+            Check(
+                "float64",
                 "each preset with its defaults: the reference's and torch's Adam's",
                 defaults,
-                "RiemannianAdam's default lr moved from torch's 1e-3 to 2e-3, substituted into "
-                "the port",
+                "RiemannianAdam's and ChainOptimizer's default lr moved from torch's 1e-3 to "
+                "2e-3, substituted into the port",
             ),
         ),
         requires=("torch",),
