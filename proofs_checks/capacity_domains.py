@@ -64,6 +64,12 @@ def _diagonal_tokens(*values: float) -> np.ndarray:
     return np.diag(values)[None]
 
 
+def _twice(tokens: np.ndarray) -> np.ndarray:
+    """Two copies of the sequences: the same Gram's eigenvalues doubled, each copy's leverage
+    halved (one sequence alone has leverage 1: its leave-one-out error is undefined)."""
+    return np.concatenate([tokens, tokens])
+
+
 def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
     """A static student on 6 sequences of n = 3 tokens (d = d_v = 2): ranks 1 … n."""
 
@@ -110,20 +116,29 @@ EDGES = [
         True,
         r"= 0\.00e\+00 for 1 features",
     ),
-    Edge(  # λ_min/λ_max = 1e-14, above 3ε
-        "pooled OLS of Gram eigenvalues 1e-8, 1e-4, 1e6",
+    Edge(  # λ_min/λ_max = 1e-14, above 3ε; each sequence's leverage 1/2
+        "pooled OLS of Gram eigenvalues 2e-8, 2e-4, 2e6",
         pretraining,
         "pooled_regression",
-        lambda rng: (_diagonal_tokens(1e-4, 1e-2, 1e3), rng.standard_normal((1, 3, 2))),
+        lambda rng: (_twice(_diagonal_tokens(1e-4, 1e-2, 1e3)), rng.standard_normal((2, 3, 2))),
         False,
     ),
     Edge(  # λ_min/λ_max = 1e-20, below 3ε
-        "pooled OLS of Gram eigenvalues 1e-14, 1e-4, 1e6",
+        "pooled OLS of Gram eigenvalues 2e-14, 2e-4, 2e6",
         pretraining,
         "pooled_regression",
-        lambda rng: (_diagonal_tokens(1e-7, 1e-2, 1e3), rng.standard_normal((1, 3, 2))),
+        lambda rng: (_twice(_diagonal_tokens(1e-7, 1e-2, 1e3)), rng.standard_normal((2, 3, 2))),
         True,
         r"λ_min/λ_max of Σ z zᵀ = 1\.00e-20 for 3 features",
+    ),
+    Edge("pooled OLS at (S − 1)·n = d", pretraining, "pooled_regression", _xy(3, 1, 2, 2), False),
+    Edge(
+        "pooled OLS at (S − 1)·n = d − 1",
+        pretraining,
+        "pooled_regression",
+        _xy(2, 1, 2, 2),
+        True,
+        r"sequence \d has leverage 1 .* 1 tokens do not identify the 2 coefficients",
     ),
     Edge("first order at S = d + 1", pretraining, "first_order_softmax", _xy(3, 4, 2, 2), False),
     Edge("first order at S = d", pretraining, "first_order_softmax", _xy(2, 4, 2, 2), True),

@@ -38,11 +38,13 @@ def replicates(
     tag: int,
     estimate: Callable[[np.random.Generator], T],
     under: AbstractContextManager | None = None,
+    k: int = REPLICATES,
 ) -> list[T]:
-    """``estimate(rng)`` on the ``REPLICATES`` independent replicates, rng = default_rng([seed,
-    tag, i]) for i = 0…k − 1, inside ``under`` (a control's substitution) when given."""
+    """``estimate(rng)`` on k independent replicates (``REPLICATES`` by default), rng =
+    default_rng([seed, tag, i]) for i = 0…k − 1, inside ``under`` (a control's substitution)
+    when given."""
     with under or contextlib.nullcontext():
-        return [estimate(np.random.default_rng([seed, tag, i])) for i in range(REPLICATES)]
+        return [estimate(np.random.default_rng([seed, tag, i])) for i in range(k)]
 
 
 def min_hits(k: int = REPLICATES, p0: float = P_SUCCESS, alpha: float = ALPHA) -> int:
@@ -70,13 +72,13 @@ def at_least(hits: int, what: str, k: int = REPLICATES) -> Outcome:
     )
 
 
-def at_most(hits: int, what: str, k: int = REPLICATES) -> Outcome:
+def at_most(hits: int, what: str, k: int = REPLICATES, p1: float = P_FAILURE) -> Outcome:
     """ "P(hit) ≤ p₁" by the exact test: pass when hits ≤ h_max (residual: the hits)."""
-    most = max_hits(k)
+    most = max_hits(k, p1)
     return Outcome.bound(
         float(hits),
         float(most),
-        f"{what}: {hits} of {k} replicates (P ≤ {P_FAILURE:g} at level {ALPHA:g} needs ≤ {most})",
+        f"{what}: {hits} of {k} replicates (P ≤ {p1:g} at level {ALPHA:g} needs ≤ {most})",
     )
 
 

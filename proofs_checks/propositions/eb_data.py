@@ -341,7 +341,7 @@ register(
             r"the largest-gap rank of the singular values of the pooled regression coefficient "
             r"$\hat C=(\sum yx^\top)(\sum xx^\top)^{-1}$, with denominators floored at "
             r"$\max(e_{95},\sigma_1/n)$ ($e_{95}$ the 95\% quantile of $\|\hat C-E\hat C\|_2$ by a "
-            r"sign-flip bootstrap over sequences; "
+            r"sign-flip bootstrap of the sequences' leave-one-out changes of $\hat C$; "
             r"$\sigma_1/n$ covers the $O(1/n)$ tail of EB-7), equals $r^*=\operatorname{rank}K$. "
             r"Statistical claim (checked): (a) at $S=200$, $n=16$, $d=16$, $d_v=8$, "
             r"$\sigma(A^*)=(1,0.75,0.5)$, $\sigma=0.1$ and (b) at $S=300$, $n=16$, $d=d_v=12$, "
@@ -353,7 +353,10 @@ register(
             r"$\|\hat C-E\hat C\|_2$ for (b)), (b) at its sizes returns $r^*$ at $\kappa=2$ and "
             r"at $\kappa=4$, and (a) at its sizes with a flat spectrum at $\kappa=4$, each "
             + binomial.CLAIM
-            + r"; (a) at $\kappa=2$ is not claimed (measured: 10 of 100). The naive transfer "
+            + r"; (a) at $\kappa=2$ is not claimed (measured: 10 of 100). (d) On noise alone "
+            r"(outputs independent of iid $\mathcal{N}(0,I)$ tokens, $r^*=0$) at $S=50$, "
+            r"$n=d=d_v=16$, the rule of (b) and its first-order softmax form return "
+            r"$\hat r>0$ " + eb_edge.NOISE_CLAIM + r". The naive transfer "
             r"fails: the token-Gram count of (a) "
             r"applied to linear-QK data with the sizes of (a) returns $r^*$ "
             + binomial.FAILURE_CLAIM
@@ -413,6 +416,15 @@ register(
                 "detection above the edge: floored gap at κ = 4, P ≥ 0.9",
                 eb_edge.linear_at(4.0),
                 eb_edge.CONTROL_LINEAR_4,
+            ),
+            *(
+                Check(
+                    "float64",
+                    f"false detection on noise alone at S = 50: {attention}, P ≤ 0.1",
+                    eb_edge.noise_alone(attention),
+                    eb_edge.CONTROL_NOISE,
+                )
+                for attention in ("linear", "softmax")
             ),
             Check(
                 "float64",

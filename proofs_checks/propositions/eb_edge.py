@@ -9,6 +9,12 @@ Checked, each over 100 replicates by the exact binomial test (``binomial``, P �
 - (a) the token-Gram count at κ = 4, at the sizes of EB-4 (a) with a flat spectrum (S = 200,
   n = 16, d = 16, d_v = 8, r* = 3).
 
+- (b) on noise alone (outputs independent of the tokens, r* = 0) at S = 50, n = d = d_v = 16
+  (the small-S cells of ``rattn experiment rank-edge``), ``rattn rank``'s answer (linear and
+  softmax) is 0 but with probability ≤ 0.1, over 300 replicates by the same test
+  (``noise_alone``; measured over 1000: 3.5% linear, 2.7% softmax, the 95% edge's nominal 5%
+  or below).
+
 Not claimed: the token-Gram count at κ = 2, where it returns r* in 10 of 100 replicates (seed 0;
 docs/entropic_bound.md §4.2: a spike at twice the BBP edge stands about one fluctuation from
 the count's threshold, and two such spikes not yet counted raise the mean it is compared
@@ -27,7 +33,7 @@ from proofs_checks.harness import substituted
 from proofs_checks.propositions import binomial
 from proofs_checks.registry import Context, Outcome
 from reference import capacity
-from reference.capacity import spectra, strength
+from reference.capacity import recommend, spectra, strength
 from reference.capacity.largest_root import DRAWS
 
 #: The sizes of EB-4 (a) and (b) (``eb_data``), restated: that module registers these checks.
@@ -43,6 +49,20 @@ CONTROL_LINEAR_2 = (
 CONTROL_LINEAR_4 = "the largest-gap rank's + 1 dropped (the 0-based index of the largest gap)"
 CONTROL_STATIC_4 = "the count's null quantile read at 0.5 instead of 0.99 (its median)"
 
+#: (b) on noise alone: the sizes, the replicates, the claimed bound on P(r̂ > 0), the tags.
+NOISE_S, NOISE_N, NOISE_D, NOISE_REPLICATES, NOISE_P = 50, 16, 16, 300, 0.1
+TAG_NOISE = {"linear": 406, "softmax": 407}
+CONTROL_NOISE = (
+    "the noise edge read at its 80% quantile instead of 95%, substituted for capacity.noise_edge"
+)
+
+NOISE_CLAIM = (
+    rf"with probability at most ${NOISE_P:g}$ (the test of the other claims over "
+    rf"${NOISE_REPLICATES}$ replicates: at most "
+    rf"${binomial.max_hits(NOISE_REPLICATES, NOISE_P)}$ hits)"
+)
+
+_NOISE_EDGE = capacity.noise_edge
 _LARGEST_GAP = capacity.largest_gap_rank
 _LARGEST_ROOT = spectra.largest_root_quantile
 
@@ -136,4 +156,41 @@ def static_at(kappa: float):
         return _outcome(found, f"token-Gram count at κ = {kappa:g}", ctx, TAG_STATIC, sizes)
 
     check.__doc__ = static_at.__doc__
+    return check
+
+
+def _edge_at_80(reg: capacity.Regression, quantile: float = 0.95, terms: str = "left_out") -> float:
+    return _NOISE_EDGE(reg, 0.8, terms)
+
+
+def noise_alone(attention: str):
+    """The check of (b) on noise alone under ``attention`` ("linear" or "softmax"): tokens iid
+    N(0, I_16) and outputs iid N(0, 1) independent of them, S = 50 sequences of n = 16, r̂ =
+    ``rattn rank``'s answer (``recommend.estimate``) over ``NOISE_REPLICATES`` replicates;
+    pass when P(r̂ > 0) ≤ ``NOISE_P`` by the exact binomial test (at most
+    ``binomial.max_hits(300, 0.1)`` = 21 answers > 0). Control: the noise edge at its 80%
+    quantile (a false detection of about 20%)."""
+
+    def check(ctx: Context, wrong: bool) -> Outcome:
+        shape = (NOISE_S, NOISE_N, NOISE_D)
+
+        def estimate(rng: np.random.Generator) -> int:
+            x, y = rng.standard_normal(shape), rng.standard_normal(shape)
+            return recommend.estimate(x, y, attention)["recommended_rank"]
+
+        tag = TAG_NOISE[attention]
+        under = substituted(capacity, "noise_edge", _edge_at_80) if wrong else None
+        found = binomial.replicates(ctx.seed, tag, estimate, under, NOISE_REPLICATES)
+        hits = sum(1 for k in found if k > 0)
+        what = f"{attention}, noise alone: r̂ > 0 (found {binomial.tally(found)})"
+        outcome = binomial.at_most(hits, what, NOISE_REPLICATES, NOISE_P)
+        exercised = {
+            "sizes": f"S = {NOISE_S}, n = {NOISE_N}, d = d_v = {NOISE_D}, r* = 0",
+            "replicates": NOISE_REPLICATES,
+            "dtypes": "float64",
+            "seeds": f"default_rng([{ctx.seed}, {tag}, i]) for i = 0…{NOISE_REPLICATES - 1}",
+        }
+        return dataclasses.replace(outcome, exercised=exercised)
+
+    check.__doc__ = noise_alone.__doc__
     return check

@@ -29,6 +29,8 @@ from reference.capacity.validation import Array
 DRAWS = 10_000
 #: Bisection halvings of λ₁'s Gershgorin interval: relative error 2^-40 of the interval.
 HALVINGS = 40
+#: Entries of the draws × p arrays made at once (32 MB each; the peak is about six of them).
+BLOCK = 2**22
 
 
 def laguerre_tridiagonal(p: int, dof: int, draws: int, rng: np.random.Generator) -> tuple:
@@ -72,15 +74,21 @@ def _away_from_zero(pivot: Array, pivmin: Array) -> Array:
 @functools.lru_cache(maxsize=1024)
 def largest_root_quantile(p: int, dof: int, quantile: float = 0.99, draws: int = DRAWS) -> float:
     """The ``quantile`` of T = λ₁/mean(λ₂, …, λ_p) for W ~ Wishart_p(``dof``, I) (module
-    docstring), from ``draws`` Laguerre draws of default_rng([p, dof, draws]). Needs p ≥ 2 and
-    dof ≥ p (a Wishart of full rank)."""
+    docstring), from ``draws`` Laguerre draws made in blocks of at most ``BLOCK`` entries
+    (memory O(BLOCK), not O(draws·p)): block 0 from default_rng([p, dof, draws]), block c > 0
+    from default_rng([p, dof, draws, c]), so that up to BLOCK/p draws are one block. Needs
+    p ≥ 2 and dof ≥ p (a Wishart of full rank)."""
     if p < 2 or dof < p:
         raise ValueError(f"needs p ≥ 2 and dof ≥ p, got p = {p}, dof = {dof}")
     if not 0.0 < quantile < 1.0:
         raise ValueError(f"quantile must lie in (0, 1), got {quantile}")
     if draws < 1:
         raise ValueError(f"draws must be ≥ 1, got {draws}")
-    diagonal, off2 = laguerre_tridiagonal(p, dof, draws, np.random.default_rng([p, dof, draws]))
-    top = tridiagonal_largest(diagonal, off2)
-    rest = (diagonal.sum(axis=1) - top) / (p - 1)
-    return float(np.quantile(top / rest, quantile))
+    per = max(1, BLOCK // p)
+    ratios = []
+    for c, start in enumerate(range(0, draws, per)):
+        rng = np.random.default_rng([p, dof, draws, c][: 4 if c else 3])
+        diagonal, off2 = laguerre_tridiagonal(p, dof, min(per, draws - start), rng)
+        top = tridiagonal_largest(diagonal, off2)
+        ratios.append(top / ((diagonal.sum(axis=1) - top) / (p - 1)))
+    return float(np.quantile(np.concatenate(ratios), quantile))

@@ -31,7 +31,9 @@ def minimum_sequences(attention: str, n: int, d: int, dv: int) -> tuple[int, str
     if attention == "static":
         return max(2, math.ceil(n / dv)), "the token Gram needs S·d_v ≥ n"
     if attention == "linear":
-        return max(2, math.ceil((d + 1) / n)), "the pooled regression needs S·n > d"
+        return math.ceil(d / n) + 1, (
+            "the pooled regression's leave-one-sequence-out error needs (S − 1)·n ≥ d"
+        )
     return d + 1, "the first-order estimator regresses on the sequence means: S > d"
 
 
@@ -133,8 +135,9 @@ def _attention(x: np.ndarray, y: np.ndarray, attention: str) -> dict[str, Any]:
     rank = capacity.largest_gap_rank(sv, floor)
     assumptions = [
         "the floor is the larger of the noise edge (the 95% quantile of ‖Ĉ − E Ĉ‖₂ by a "
-        "sign-flip bootstrap over sequences) and σ₁/n, the finite-n tail of EB-7: the pooled "
-        "coefficient W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* only as n → ∞",
+        "sign-flip bootstrap of the sequences' leave-one-out changes of Ĉ) and σ₁/n, the "
+        "finite-n tail of EB-7: the pooled coefficient W_Vᵀ[Kᵀ + (K + tr(K) I)/n] has rank r* "
+        "only as n → ∞",
         "the estimate is at most rank(W_V): a value map of low rank hides kernel directions",
     ]
     if attention == "softmax":
