@@ -138,7 +138,7 @@ EDGES = [
         "pooled_regression",
         _xy(2, 1, 2, 2),
         True,
-        r"sequence \d has leverage 1 .* 1 tokens do not identify the 2 coefficients",
+        r"sequence \d has leverage 1 .*other 1 sequences' tokens do not span the 2 features",
     ),
     Edge("first order at S = d + 1", pretraining, "first_order_softmax", _xy(3, 4, 2, 2), False),
     Edge("first order at S = d", pretraining, "first_order_softmax", _xy(2, 4, 2, 2), True),

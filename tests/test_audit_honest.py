@@ -4,7 +4,7 @@ row passing (no false alarm, and nothing left not auditable). A
 configuration is a rule (the four presets, geoopt's two) and a loop: float64 or float32
 parameters, bfloat16 autocast, gradient clipping, accumulation over micro-batches, a linear
 warm-up from lr 0, a closure, sampling every third step, ascent of the negated loss
-(``maximize``)."""
+(``maximize``; geoopt keeps the flag in its groups and descends, as it is replayed)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _optimizer(rule: str, frames: list, plain: list, **flags):
         cls = geoopt.optim.RiemannianAdam if "adam" in rule else geoopt.optim.RiemannianSGD
         # SGD's lr multiplies the raw gradient: 1e-3 keeps its steps within the bound's 1/2
         options = {"lr": 1e-2} if "adam" in rule else {"lr": 1e-3, "momentum": 0.9}
-        return cls([*frames, *plain], **options)
+        return cls([*frames, *plain], **options, **flags)  # geoopt keeps maximize, ignores it
     cls = {
         "adam": tp.RiemannianAdam,
         "momentum": tp.RiemannianMomentum,
@@ -62,6 +62,7 @@ LOOPS = {
 CASES = [(rule, "float32") for rule in ("momentum", "rsgd", "normalized")]
 CASES += [("adam", loop) for loop in LOOPS]
 CASES += [(f"geoopt_{r}_{m}", "float32") for r in ("adam", "sgd") for m in ("canonical", "euclid")]
+CASES += [("geoopt_adam_canonical", "maximize")]
 
 
 @pytest.mark.parametrize("seed", SEEDS)

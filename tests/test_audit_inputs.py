@@ -306,6 +306,7 @@ WRONG = {
     "the state before step 2 tampered": _arr("r2/state/exp_avg/0", lambda a: 1.01 * a),
     "sqrt_v before step 2 tampered": _arr("r2/state/sqrt_v/0", lambda a: 1.01 * a),
     "the wrong rule named": _set("optimizer", value="RSGD"),
+    "a descent recorded as maximize": _set(*H0, "maximize", value=True),
     "a skipped step with a finite gradient": lambda m, a: (
         m["steps"][0].__setitem__("taken", False),
         a.pop("r0/y/0"),

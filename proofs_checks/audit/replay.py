@@ -18,8 +18,8 @@ replay
    factors are defined up to a group action: ``Elements``);
 3. converts the port's state to the reference's (``reference_state``: the count t − 1, the
    moments' arrays and √v filled into the layout the reference's ``init`` makes at x̄);
-4. takes the reference step ȳ = step(x̄, g, state) (g the recorded gradient, negated for an
-   optimizer with torch's ``maximize``) and measures e = ‖C(y) − C(ȳ)‖.
+4. takes the reference step ȳ = step(x̄, g, state) (g the recorded gradient, negated where one
+   of the library's optimizers has torch's ``maximize``) and measures e = ‖C(y) − C(ȳ)‖.
 
 The bound e ≤ B of a step in the dtype it ran in, and of the state after it, with their
 derivations: ``proofs_checks.audit.bounds``.
@@ -59,7 +59,13 @@ from proofs_checks.audit.bounds import (
 from proofs_checks.audit.elements import Elements, elements
 from proofs_checks.audit.errors import MissingState, TraceError
 from proofs_checks.audit.pooled import pooled_test
-from proofs_checks.audit.rules import FIELD_RULES, RECORDED_AS, Claim, reference_optimizer
+from proofs_checks.audit.rules import (
+    FIELD_RULES,
+    PRESETS,
+    RECORDED_AS,
+    Claim,
+    reference_optimizer,
+)
 from proofs_checks.audit.states import in_matrix_form, reference_state, state_deviation
 from proofs_checks.audit.trace import Trace, load
 from proofs_checks.audit.verdicts import _said, _skipped_verdict, overall, verdict
@@ -101,9 +107,12 @@ def replay_record(trace: Trace, k: int, claim: Claim | None = None) -> list[dict
 def _replay_record(trace: Trace, k: int, where: str, claim: Claim | None) -> list[dict[str, Any]]:
     meta = trace.meta
     optimizer, step = meta["optimizer"], meta["steps"][k]
-    # torch's ``maximize`` (the optimizer's own flag, whatever rule is claimed): it follows
-    # −grad, negated before any decay is added
-    ascent = step["hyperparameters"].get("maximize") is True
+    # torch's ``maximize`` on the library's own optimizers, which follow −grad (negated before
+    # any decay is added). geoopt keeps the flag but ignores it; a claimed rule is descent,
+    # whatever the trace says (its hyperparameters are the claim's, never the trace's).
+    ascent = (
+        claim is None and optimizer in PRESETS and step["hyperparameters"].get("maximize") is True
+    )
     if claim is not None:
         optimizer, step = claim.applied(step)
     spec = step["geometry"]

@@ -420,7 +420,8 @@ register(
             *(
                 Check(
                     "float64",
-                    f"false detection on noise alone at S = 50: {attention}, P ≤ 0.1",
+                    f"false detection on noise alone at S = 50: {attention}, "
+                    f"P ≤ {eb_edge.NOISE_P:g}",
                     eb_edge.noise_alone(attention),
                     eb_edge.CONTROL_NOISE,
                 )

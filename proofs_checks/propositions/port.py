@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from proofs_checks.harness import substituted
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
@@ -101,6 +102,29 @@ def replayed_ratio(path: Path) -> tuple[float, int]:
     return worst, where
 
 
+def replayed_run(
+    inst: Any, make: Callable, steps: int, directory: str, dtype: Any = None
+) -> tuple[float, int]:
+    """A ``port_compare`` problem instance's points as parameters (float64, or ``dtype``), the
+    optimizer ``make(params)`` over them, ``steps`` steps of the instance's loss recorded by
+    ``torch_port.audit`` in ``directory`` and replayed by ``rattn audit``: ``replayed_ratio``."""
+    import torch
+
+    from torch_port import audit
+
+    dt = torch.float64 if dtype is None else dtype
+    params = [torch.nn.Parameter(torch.tensor(p).to(dt)) for p in inst.points]
+    data = {k: torch.tensor(v).to(dt) for k, v in inst.data.items()}
+    opt = make(params)
+    path = Path(directory) / "trace.npz"
+    with audit.record(opt, path):
+        for _ in range(steps):
+            opt.zero_grad()
+            inst.loss(params, data).backward()
+            opt.step()
+    return replayed_ratio(path)
+
+
 def agreement(
     ctx: Context,
     wrong: bool,
@@ -118,7 +142,6 @@ def agreement(
 
     from proofs_checks.port_compare.problems import PROBLEMS
     from proofs_checks.port_compare.rules import RULES
-    from torch_port import audit
     from torch_port.optim import transforms
 
     cases = cases_of(ctx.quick)
@@ -132,18 +155,13 @@ def agreement(
     with patch, tempfile.TemporaryDirectory() as tmp:
         for geometry, problem, rule, dtype in cases:
             prob = PROBLEMS[geometry][problem]
-            inst = prob.build(ctx.seed)
-            dt = getattr(torch, dtype)
-            params = [torch.nn.Parameter(torch.tensor(p).to(dt)) for p in inst.points]
-            data = {k: torch.tensor(v).to(dt) for k, v in inst.data.items()}
-            opt = RULES[rule].port([prob.adapter.group(params)])
-            path = Path(tmp) / "trace.npz"
-            with audit.record(opt, path):
-                for _ in range(AGREEMENT_STEPS):
-                    opt.zero_grad()
-                    inst.loss(params, data).backward()
-                    opt.step()
-            ratio, step = replayed_ratio(path)
+            ratio, step = replayed_run(
+                prob.build(ctx.seed),
+                lambda params, prob=prob, rule=rule: RULES[rule].port([prob.adapter.group(params)]),
+                AGREEMENT_STEPS,
+                tmp,
+                getattr(torch, dtype),
+            )
             if ratio > worst:
                 worst, where = ratio, f"{geometry}/{problem}/{rule}/{dtype} step {step}"
             done += 1

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from proofs_checks.harness import substituted
-from proofs_checks.propositions.port import replayed_ratio
+from proofs_checks.propositions.port import replayed_ratio, replayed_run
 from proofs_checks.propositions.port_frames import brockett, frames_and_costs
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 
@@ -307,12 +307,9 @@ def ascent_and_decay(ctx: Context, wrong: bool, variant: Callable) -> Outcome:
     tolerance 1. ``variant`` (the control) is substituted for ``torch_port.optim.update.move``."""
     import warnings
 
-    import torch
-
     import torch_port as tp
     from proofs_checks.port_compare.problems import PROBLEMS
     from proofs_checks.propositions.port import _float64_adam_cases
-    from torch_port import audit
     from torch_port.optim import update
     from torch_port.optim.guard import values
 
@@ -322,22 +319,16 @@ def ascent_and_decay(ctx: Context, wrong: bool, variant: Callable) -> Outcome:
     with patch or contextlib.nullcontext(), tempfile.TemporaryDirectory() as tmp:
         for geometry, problem, _, _ in cases:
             prob = PROBLEMS[geometry][problem]
-            inst = prob.build(ctx.seed)
-            params = [torch.nn.Parameter(torch.tensor(p)) for p in inst.points]
-            data = {k: torch.tensor(v) for k, v in inst.data.items()}
-            group = prob.adapter.group(params)
-            if group["geometry"] not in values.FRAME_GEOMETRIES:
-                group["weight_decay"] = ASCENT_DECAY
-                decayed.append(geometry)
-            opt = tp.RiemannianAdam([group], lr=ASCENT_LR, maximize=True)
-            path = Path(tmp) / "trace.npz"
-            with audit.record(opt, path), warnings.catch_warnings():
+            decay = {} if geometry in values.FRAME_GEOMETRIES else {"weight_decay": ASCENT_DECAY}
+            decayed += [geometry] if decay else []
+
+            def make(params, prob=prob, decay=decay):
+                group = {**prob.adapter.group(params), **decay}
+                return tp.RiemannianAdam([group], lr=ASCENT_LR, maximize=True)
+
+            with warnings.catch_warnings():
                 warnings.simplefilter("error")  # no decay on frames: no warning to hide
-                for _ in range(ASCENT_STEPS):
-                    opt.zero_grad()
-                    inst.loss(params, data).backward()
-                    opt.step()
-            ratio, step = replayed_ratio(path)
+                ratio, step = replayed_run(prob.build(ctx.seed), make, ASCENT_STEPS, tmp)
             if ratio > worst:
                 worst, where = ratio, f"{geometry}/{problem} step {step}"
     return Outcome.bound(

@@ -88,9 +88,10 @@ def _ols(z: Array, y: Array, block: int | None = None) -> tuple[Array, Array, Ar
     if least.min() <= math.sqrt(EPS):  # ẽ_s would carry fewer than half its digits
         k = int(np.argmin(least))
         raise ValueError(
-            f"sequence {k} has leverage 1 (λ_min(I − H_ss) = {least[k]:.2e}): the other "
-            f"sequences' {(s - 1) * n} tokens do not identify the {p} coefficients, so its "
-            "leave-one-out error is undefined; more sequences are needed"
+            f"sequence {k} has leverage 1 (λ_min(I − H_ss) = {least[k]:.2e}): without it the "
+            f"other {s - 1} sequences' tokens do not span the {p} features (too few tokens, or "
+            "a direction only this sequence has), so its leave-one-out error is undefined; "
+            "more sequences are needed"
         )
     loo = np.linalg.solve(complement, resid)  # ẽ_s
     terms = [np.swapaxes((zh @ e)[:, :block, :], 1, 2) for e in (resid, loo)]
