@@ -58,16 +58,11 @@ def _inversion(s: int, n: int, d: int, dv: int) -> Callable[[np.random.Generator
     return args
 
 
-def _diagonal_tokens(*values: float) -> np.ndarray:
-    """One sequence whose n×n token matrix is diag(values): its singular values are the values
-    exactly, and its Gram's eigenvalues their squares."""
-    return np.diag(values)[None]
-
-
-def _twice(tokens: np.ndarray) -> np.ndarray:
-    """Two copies of the sequences: the same Gram's eigenvalues doubled, each copy's leverage
-    halved (one sequence alone has leverage 1: its leave-one-out error is undefined)."""
-    return np.concatenate([tokens, tokens])
+def _diagonal_tokens(*values: float, copies: int = 1) -> np.ndarray:
+    """``copies`` sequences whose n×n token matrix is diag(values): its singular values are the
+    values exactly, and their Gram's eigenvalues ``copies`` times their squares (one sequence
+    alone has leverage 1: its leave-one-out error is undefined)."""
+    return np.repeat(np.diag(values)[None], copies, axis=0)
 
 
 def _student(rank: int) -> Callable[[np.random.Generator], tuple]:
@@ -120,14 +115,14 @@ EDGES = [
         "pooled OLS of Gram eigenvalues 2e-8, 2e-4, 2e6",
         pretraining,
         "pooled_regression",
-        lambda rng: (_twice(_diagonal_tokens(1e-4, 1e-2, 1e3)), rng.standard_normal((2, 3, 2))),
+        lambda rng: (_diagonal_tokens(1e-4, 1e-2, 1e3, copies=2), rng.standard_normal((2, 3, 2))),
         False,
     ),
     Edge(  # λ_min/λ_max = 1e-20, below 3ε
         "pooled OLS of Gram eigenvalues 2e-14, 2e-4, 2e6",
         pretraining,
         "pooled_regression",
-        lambda rng: (_twice(_diagonal_tokens(1e-7, 1e-2, 1e3)), rng.standard_normal((2, 3, 2))),
+        lambda rng: (_diagonal_tokens(1e-7, 1e-2, 1e3, copies=2), rng.standard_normal((2, 3, 2))),
         True,
         r"λ_min/λ_max of Σ z zᵀ = 1\.00e-20 for 3 features",
     ),

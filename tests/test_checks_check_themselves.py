@@ -257,6 +257,7 @@ NOT_ROUNDING = {
     ("EB-6", "EY/κ"),
     ("EB-", "P ≥ 0.9"),
     ("EB-4", "P ≤ 0.2"),
+    ("EB-4", "noise alone"),
     ("EB-4", "null law"),
 }
 FLOAT64_CEILING = math.sqrt(2.0**-52)
