@@ -57,6 +57,19 @@ def test_a_rejudge_takes_what_certify_let_through() -> None:
     assert found[0][0] not in again and {found[1][0], found[2][0]} <= again
 
 
+def test_certify_only_leaves_what_certify_let_through_to_be_read(tmp_path) -> None:
+    """With the tests not run, a mutant that no proposition judges is let through (not
+    called a survivor), and the copy's file is restored."""
+    file = "reference/linalg.py"
+    mutant, text = mutation.mutants(file)[0]
+    target = tmp_path / file
+    target.parent.mkdir(parents=True)
+    target.write_text("original", encoding="utf-8")
+    row = mutation._verdict(mutant, text, tmp_path, [], tests=False)
+    assert row["verdict"] == mutation.LET_THROUGH and row["tests_exit"] is None
+    assert target.read_text(encoding="utf-8") == "original"
+
+
 def _key(m: mutation.Mutant) -> dict:
     return {"line": m.line, "function": m.function, "change": m.change, "col": m.col}
 

@@ -95,15 +95,6 @@ def test_the_ascent_run_decays_every_factored_geometry_and_no_frame() -> None:
     assert exercised["hyperparameters"].endswith("(coupled) on " + ", ".join(factored))
 
 
-def _default_moved(cls, name: str, value: float):
-    def wrapped(self, params, *args, **kwargs):
-        kwargs.setdefault(name, value)
-        return init(self, params, *args, **kwargs)
-
-    init = cls.__init__
-    return wrapped
-
-
 @pytest.mark.parametrize(
     ("cls_name", "name", "value"),
     [
@@ -122,7 +113,7 @@ def test_each_default_is_caught_by_the_row_that_builds_with_it(
     from torch_port.optim import ChainOptimizer
 
     cls = ChainOptimizer if cls_name == "ChainOptimizer" else getattr(tp, cls_name)
-    monkeypatch.setattr(cls, "__init__", _default_moved(cls, name, value))
+    monkeypatch.setattr(cls, "__init__", plumbing.default_moved(cls.__init__, name, value))
     outcome = plumbing.defaults(CTX, False)
     rows = dict(part.split(": ", 1) for part in outcome.detail.split(": ", 1)[1].split("; "))
     failing = {

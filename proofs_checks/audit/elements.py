@@ -80,13 +80,19 @@ class Elements:
         """κ = max over the factors that are not frames (S of R1, A and B of R2) of cond(F)²,
         the condition number of their Gram matrices FᵀF, which the Riemannian gradient, the
         projections and the transports solve with (1 for points made of frames only)."""
-        kappa = 1.0
-        for factors in self._sets(x):
-            for i, f in enumerate(factors):
-                if i not in self.orthonormal:
-                    sv = np.linalg.svd(f, compute_uv=False)
-                    kappa = max(kappa, float(sv[0] / sv[-1]) ** 2 if sv[-1] > 0 else math.inf)
-        return kappa
+        return gram_condition(self._sets(x), self.orthonormal)
+
+
+def gram_condition(factor_sets: Sequence[Sequence[Array]], orthonormal: Sequence[int]) -> float:
+    """κ = max cond(F)² = max σ_max(F)²/σ_min(F)² over the factors F of each set whose index
+    is not in ``orthonormal`` (1 when every factor is a frame; ∞ for a singular one)."""
+    kappa = 1.0
+    for factors in factor_sets:
+        for i, f in enumerate(factors):
+            if i not in orthonormal:
+                sv = np.linalg.svd(f, compute_uv=False)
+                kappa = max(kappa, float(sv[0] / sv[-1]) ** 2 if sv[-1] > 0 else math.inf)
+    return kappa
 
 
 def elements(spec: dict[str, Any]) -> Elements:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 import reference as ref
+from proofs_checks.audit.elements import gram_condition
 from proofs_checks.port_compare.geometries import PointAdapter, polar_drift_bound
 from reference.linalg import sym, transpose
 
@@ -354,13 +355,7 @@ class FactorSpace:
     def conditioning(self, x: Any) -> float:
         """max cond(F)² over the factors that are not frames (1 for frames only)."""
         _, tg = self.points[0].adapter.geometries()
-        kappa = 1.0
-        for s in self._sets(x):
-            for i, f in enumerate(s):
-                if i not in tg.orthonormal_factors:
-                    sv = np.linalg.svd(f, compute_uv=False)
-                    kappa = max(kappa, float(sv[0] / sv[-1]) ** 2 if sv[-1] > 0 else math.inf)
-        return kappa
+        return gram_condition(self._sets(x), tg.orthonormal_factors)
 
     def sizes(self) -> list[tuple[int, int]]:
         return [(max(self._example(i)[0].shape), p.adapter.r) for i, p in enumerate(self.points)]

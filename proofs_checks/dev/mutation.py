@@ -132,6 +132,9 @@ JUDGES: dict[str, list[str]] = {
     },
 }
 
+#: The verdict of a mutant that certify let through when the tests are not run (``--certify-only``).
+LET_THROUGH = "let through by certify"
+
 _SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult}
 _COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt}
 
@@ -251,20 +254,26 @@ def called_by(work: Path, files: list[str]) -> dict[str, dict[str, list[str]]]:
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def _verdict(mutant: Mutant, text: str, work: Path, ids: list[str]) -> dict:
-    """Certify with ``ids``, then the file's tests if certify lets the mutant through."""
+def _verdict(mutant: Mutant, text: str, work: Path, ids: list[str], tests: bool = True) -> dict:
+    """Certify with ``ids``, then (``tests``) the file's tests if certify lets the mutant
+    through."""
     target = work / mutant.file
     original = target.read_text(encoding="utf-8")
     target.write_text(text, encoding="utf-8")
     try:
         certify = _run(_certify_args(work, ids), work, 600) if ids else None
-        tests = None
-        if not certify:
-            tests = _run(_pytest_args(JUDGES[mutant.file]), work, 900)
+        tested = None
+        if not certify and tests:
+            tested = _run(_pytest_args(JUDGES[mutant.file]), work, 900)
     finally:
         target.write_text(original, encoding="utf-8")
-    verdict = "killed by certify" if certify else ("killed by the tests" if tests else "survived")
-    return {**asdict(mutant), "certify_exit": certify, "tests_exit": tests, "verdict": verdict}
+    if certify:
+        verdict = "killed by certify"
+    elif not tests:
+        verdict = LET_THROUGH
+    else:
+        verdict = "killed by the tests" if tested else "survived"
+    return {**asdict(mutant), "certify_exit": certify, "tests_exit": tested, "verdict": verdict}
 
 
 def _pytest_args(tests: list[str]) -> list[str]:
@@ -281,11 +290,13 @@ def judge(
     progress: bool = True,
     jobs: int = 1,
     out: Path | None = None,
+    tests: bool = True,
 ) -> list[dict]:
     """Run each mutant through certify (the propositions that call its function,
-    ``called_by``), then its file's tests when certify lets it through; ``jobs`` mutants at a
-    time, each in its own copy; the verdicts so far are written to ``out`` after each one (a
-    long run stopped early keeps them)."""
+    ``called_by``), then its file's tests when certify lets it through (unless not ``tests``:
+    then its verdict is ``LET_THROUGH``, for a reading by hand); ``jobs`` mutants at a time,
+    each in its own copy; the verdicts so far are written to ``out`` after each one (a long
+    run stopped early keeps them)."""
     with tempfile.TemporaryDirectory() as tmp:
         copies: queue.SimpleQueue[Path] = queue.SimpleQueue()
         for k in range(jobs):
@@ -295,9 +306,9 @@ def judge(
         work = copies.get()
         if _run(_certify_args(work, []), work, 600) != 0:  # else every mutant would look killed
             raise RuntimeError("rattn certify --quick fails on the unmutated copy")
-        for tests in {tuple(JUDGES[m.file]) for m, _ in selected}:
-            if _run(_pytest_args(list(tests)), work, 900) != 0:
-                raise RuntimeError(f"the judges {list(tests)} fail on the unmutated copy")
+        for judges in {tuple(JUDGES[m.file]) for m, _ in selected} if tests else ():
+            if _run(_pytest_args(list(judges)), work, 900) != 0:
+                raise RuntimeError(f"the judges {list(judges)} fail on the unmutated copy")
         calls = called_by(work, sorted({m.file for m, _ in selected}))
         copies.put(work)
 
@@ -305,7 +316,7 @@ def judge(
             work = copies.get()
             try:
                 ids = calls[item[0].file].get(item[0].function, [])
-                return _verdict(item[0], item[1], work, ids)
+                return _verdict(item[0], item[1], work, ids, tests)
             finally:
                 copies.put(work)
 
@@ -357,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="judge again only the mutants of this earlier result that certify did not kill",
     )
+    parser.add_argument(
+        "--certify-only",
+        action="store_true",
+        help="judge by certify alone (what it lets through is read by hand)",
+    )
     args = parser.parse_args(argv)
     unknown = [f for f in args.files if f not in JUDGES]
     if unknown:
@@ -371,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rejudge is not None:
         earlier = json.loads(Path(args.rejudge).read_text(encoding="utf-8"))
         selected = to_rejudge(args.files, earlier)
-    rows = judge(selected, jobs=args.jobs, out=Path(args.out))
+    rows = judge(selected, jobs=args.jobs, out=Path(args.out), tests=not args.certify_only)
     _write(Path(args.out), rows)
-    for verdict in ("killed by certify", "killed by the tests", "survived"):
+    for verdict in ("killed by certify", "killed by the tests", "survived", LET_THROUGH):
         print(f"{verdict}: {sum(r['verdict'] == verdict for r in rows)} of {len(rows)}")
     return 0
 

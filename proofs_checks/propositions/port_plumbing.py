@@ -201,11 +201,12 @@ def group_adam(group: dict[str, Any]) -> Any:
     return T.chain(T.scale_by_adam(*group["betas"], group["eps"]), T.scale(-group["lr"]))
 
 
-def _default_lr(init: Callable, lr: float) -> Callable:
-    """A preset's ``__init__`` whose default lr is ``lr``."""
+def default_moved(init: Callable, name: str, value: Any) -> Callable:
+    """An optimizer's ``__init__`` whose default for the argument ``name`` is ``value``."""
 
-    def wrapped(self, params, *args, lr: float = lr, **kwargs):
-        return init(self, params, *args, lr=lr, **kwargs)
+    def wrapped(self, params, *args, **kwargs):
+        kwargs.setdefault(name, value)
+        return init(self, params, *args, **kwargs)
 
     return wrapped
 
@@ -233,7 +234,7 @@ def defaults(ctx: Context, wrong: bool) -> Outcome:
     frame_tol = trajectory_tolerance(8, 3, DEFAULT_STEPS)
     worst, details = 0.0, []
     patches = [
-        substituted(cls, "__init__", _default_lr(cls.__init__, 2e-3))
+        substituted(cls, "__init__", default_moved(cls.__init__, "lr", 2e-3))
         for cls in (tp.RiemannianAdam, ChainOptimizer)
     ]
     with contextlib.ExitStack() as stack:
