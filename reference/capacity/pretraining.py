@@ -159,9 +159,10 @@ def noise_edge(reg: Regression, quantile: float = 0.95, terms: str = "left_out")
     of noise-only data sets (linear and first-order softmax, 1000 each), and the leave-one-out
     terms, which undo the shrinkage with room to spare, by 3.5% and 2.7% (docs/entropic_bound.md
     §4). The residual terms' median is the unit of κ (``strength.calibrate``): it matches the
-    true median of ‖Ĉ − E Ĉ‖₂ within 2% on the planted tasks. For a d_v × d error of iid entries of standard deviation τ the edge is
-    ≈ τ(√d + √d_v), against stderr ≈ τ√(d·d_v): the Frobenius error is √d/2 times the edge
-    when d = d_v, which is why a floor at stderr hides directions the data show.
+    true median of ‖Ĉ − E Ĉ‖₂ within 2% on the planted tasks. For a d_v × d error of iid
+    entries of standard deviation τ the edge is ≈ τ(√d + √d_v), against stderr ≈ τ√(d·d_v):
+    the Frobenius error is √d/2 times the edge when d = d_v, which is why a floor at stderr
+    hides directions the data show.
     """
     if terms not in ("left_out", "residual"):
         raise ValueError(f"terms must be 'left_out' or 'residual', got {terms!r}")
