@@ -180,3 +180,19 @@ def adamw_tolerance(
     return steps * (
         4 * u * (1 + lr * weight_decay) * x_max + lr * np.sqrt(n) * rho * (kappa + 4 * u)
     )
+
+
+def sharded_run_tolerance(steps: int, size: float, u: float = FLOAT64_U) -> float:
+    """Bound on max |θ_sharded − θ| after T steps of a data-parallel run (each rank its share
+    of the batch, the gradients reduced over the ranks) against one process on the whole
+    batch, for entries |θ| ≤ ``size``: T·100·u·size.
+
+    The reduced gradient is the full-batch mean up to the order of summation (γ_B relative
+    for B sequences, and γ_2 for the ranks' mean of means: below 10u for B ≤ 8). Adam's
+    update is of degree 0 in its gradients to first order, so a relative change δ of the
+    gradients moves a step of size ≤ lr·ρ by ≤ lr·ρ·δ, and its own arithmetic adds a few u
+    relative to |θ|; the difference already made is carried by a step map whose Lipschitz
+    constant is 1 + O(lr). With lr ≤ 10⁻² over T ≤ 20 steps, 100u·size a step covers these
+    terms with room to spare (tests/test_fsdp.py uses the same budget over 20 steps).
+    """
+    return steps * 100 * u * size

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,19 +46,22 @@ def trace_one(
     quick and full (else quick only), and every check must run and pass (what a check that
     did not run would call is not known). Both are watched by ``cProfile`` (a C profiler: they
     run at about their own speed); threads the checks start, which ``cProfile`` does not see
-    before Python 3.12, by a profile hook."""
+    before Python 3.12, by a profile hook; processes they start (PORT-9's gloo workers) list
+    their own calls in the folder named by ``port_gloo.CHILD_TRACE``."""
     root = Path(__file__).resolve().parents[2]
     targets = {str((root / f).resolve()): f for f in files}
     known: dict[str, str | None] = {}  # a code object's file name -> the target it is, if any
     calls: dict[str, dict[str, set[str]]] = {f: {} for f in files}
 
-    def note(code, who: str) -> None:
-        name = code.co_filename
-        if name not in known:
-            known[name] = targets.get(str(Path(name).resolve()))
-        f = known[name]
+    def note(filename: str, qualname: str, name: str, who: str) -> None:
+        if filename not in known:
+            known[filename] = targets.get(str(Path(filename).resolve()))
+        f = known[filename]
         if f is not None:
-            calls[f].setdefault(code.co_qualname if qualified else code.co_name, set()).add(who)
+            calls[f].setdefault(qualname if qualified else name, set()).add(who)
+
+    def note_code(code, who: str) -> None:
+        note(code.co_filename, code.co_qualname, code.co_name, who)
 
     imports, checks = cProfile.Profile(), cProfile.Profile()
     imports.enable()
@@ -68,15 +72,24 @@ def trace_one(
 
     def in_threads(frame, event, arg):  # cProfile sees one thread (before Python 3.12)
         if event == "call":
-            note(frame.f_code, pid)
+            note_code(frame.f_code, pid)
+
+    from proofs_checks.propositions.port_gloo import CHILD_TRACE
 
     threading.setprofile(in_threads)
+    children = tempfile.TemporaryDirectory()
+    os.environ[CHILD_TRACE] = children.name  # worker processes list their calls there
     checks.enable()
     try:
         runs = [certify(ids=[pid], quick=quick, seed=0) for quick in (True, False)[: 1 + full]]
     finally:
         checks.disable()
         threading.setprofile(None)
+        del os.environ[CHILD_TRACE]
+    with children:
+        for listed in Path(children.name).glob("*.json"):
+            for filename, qualname, name in json.loads(listed.read_text(encoding="utf-8")):
+                note(filename, qualname, name, pid)
     for cert in runs if full else ():  # a check not run, or failing, would leave calls out
         skipped = [c for r in cert.results for c in r.checks if c.not_run] + cert.not_run
         if skipped or not cert.passed:
@@ -84,7 +97,7 @@ def trace_one(
     for profiler, who in ((imports, IMPORT), (checks, pid)):
         for entry in profiler.getstats():
             if not isinstance(entry.code, str):  # a Python function (builtins are named by text)
-                note(entry.code, who)
+                note_code(entry.code, who)
     return {f: {name: sorted(who) for name, who in fns.items()} for f, fns in calls.items()}
 
 

@@ -27,4 +27,5 @@ from proofs_checks.propositions import port_plumbing
 from proofs_checks.propositions import port_skips
 from proofs_checks.propositions import port_state
 from proofs_checks.propositions import port_sharding
+from proofs_checks.propositions import port_refusals
 from proofs_checks.propositions import port_convert

@@ -5,8 +5,10 @@ Each simulated rank is a thread holding some rows of every frame and its own opt
 ``RowShardedFrames`` is given a simulated all-reduce (every rank's tensor summed in rank order,
 the same sum on every rank), and each rank runs the optimizer's own per-point update
 (``ChainOptimizer._point_update`` and ``_commit``, what ``step`` runs for each point). So
-``rattn certify`` covers the arithmetic of a sharded step without a process group; the
-two-process gloo tests (``tests/test_fsdp.py``) cover the communication.
+``rattn certify`` covers the arithmetic of a sharded step without a process group. A third
+check runs FSDP2 itself over two gloo processes of this machine (``port_gloo``): the
+placements, the sharded state (``sharding.wrap``, ``store``) and the GQA shards of a block
+point (``sharding.local_heads``), against one process on the whole batch.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from proofs_checks.bounds import trajectory_tolerance
 from proofs_checks.harness import substituted
 from proofs_checks.propositions.port_frames import brockett, frames_and_costs
+from proofs_checks.propositions.port_gloo import FSDP_STEPS, fsdp_against_one_process, gloo_missing
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 
 #: The frames (St(d, r)×frames), the rows each simulated rank holds (uneven, as FSDP2's
@@ -162,6 +165,75 @@ def row_sharded_resolution(ctx: Context, wrong: bool) -> Outcome:
     return row_sharded_step(ctx, wrong, control="norms")
 
 
+def row_sharded_operations(ctx: Context, wrong: bool) -> Outcome:
+    """The operations of ``RowShardedFrames`` that the step does not take (the step projects
+    into buffers and retracts by scaled steps), on float64 frames St(16, 4)×3 with their rows
+    on three simulated ranks: ``check_point`` accepts each rank's rows, and ``proj_tangent``
+    P_W(Z), ``transport`` P_Y(Z) and ``retract`` polar(W + ξ) (‖Z‖_F = ‖ξ‖_F = √r per frame)
+    assembled from the ranks are within 2·``step_error(16, 4)`` of ``StiefelFrames``' on the
+    whole frames (both within one step's rounding of the exact value; residual: the largest
+    difference over that bound, tolerance 1). Control: the r×r products from each rank's own
+    rows (``_rank_local_inner`` for ``RowShardedFrames._inner``)."""
+    import torch
+
+    import torch_port as tp
+    from proofs_checks.bounds import step_error
+    from torch_port.optim.sharding import RowShardedFrames
+    from torch_port.stiefel import StiefelFrames
+
+    gen = torch.Generator().manual_seed(ctx.seed)
+    st = tp.Stiefel(SHARD_D, SHARD_R)
+    w, y = (st.random_point(gen, (SHARD_FRAMES,), dtype=torch.float64) for _ in range(2))
+
+    def per_frame(z: Any) -> Any:  # ‖Z‖_F = √r for each frame
+        return z * (SHARD_R**0.5 / torch.linalg.matrix_norm(z))[..., None, None]
+
+    z = per_frame(torch.randn(w.shape, generator=gen, dtype=torch.float64))
+    whole = StiefelFrames(st)
+    xi = per_frame(whole.proj_tangent((w,), (z,))[0])
+    want = {
+        "proj_tangent": whole.proj_tangent((w,), (z,))[0],
+        "transport": whole.transport((w,), (y,), (z,))[0],
+        "retract": whole.retract((w,), (xi,))[0],
+    }
+    starts = [sum(ROW_BLOCKS[:i]) for i in range(len(ROW_BLOCKS))]
+    rows = [slice(s, s + n) for s, n in zip(starts, ROW_BLOCKS, strict=True)]
+    reduce = SimulatedAllReduce(len(rows))
+    got: list[dict[str, Any]] = [{} for _ in rows]
+
+    def on_rank(i: int, rr: slice) -> None:
+        geometry = RowShardedFrames(st, None, all_reduce=reduce.of_rank(i))
+        wi, yi, zi, xii = (t[..., rr, :] for t in (w, y, z, xi))
+        geometry.check_point((wi,))
+        got[i]["proj_tangent"] = geometry.proj_tangent((wi,), (zi,))[0]
+        got[i]["transport"] = geometry.transport((wi,), (yi,), (zi,))[0]
+        got[i]["retract"] = torch.as_tensor(geometry.retract((wi,), (xii,))[0])
+
+    bound = 2 * step_error(SHARD_D, SHARD_R)
+    with (
+        substituted(RowShardedFrames, "_inner", _rank_local_inner)
+        if wrong
+        else (contextlib.nullcontext())
+    ):
+        _on_ranks([lambda i=i, rr=rr: on_rank(i, rr) for i, rr in enumerate(rows)], reduce.barrier)
+    gaps = {
+        op: float(torch.linalg.matrix_norm(torch.cat([g[op] for g in got], -2) - v).max())
+        for op, v in want.items()
+    }
+    op = max(gaps, key=gaps.get)
+    return Outcome.bound(
+        gaps[op] / bound,
+        1.0,
+        f"max ‖op_sharded − op‖_F/(2·step_error(16, 4)) = {gaps[op] / bound:.3g} ({op}); "
+        "check_point accepted every rank's rows",
+        {
+            "sizes": f"St({SHARD_D}, {SHARD_R})×{SHARD_FRAMES}, rows {ROW_BLOCKS} on 3 ranks",
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
 register(
     Proposition(
         id="PORT-9",
@@ -171,12 +243,17 @@ register(
             r"parameter) and each rank steps its rows by \texttt{RowShardedFrames}, every "
             r"$r\times r$ product $W^\top Z$, Gram and squared norm summed over the ranks, the "
             r"frames the ranks hold together after $t$ steps of \texttt{RiemannianAdam} are "
-            r"within $2(2^t-1)\,\mathrm{step\_error}(d,r)$ of the unsharded run's."
+            r"within $2(2^t-1)\,\mathrm{step\_error}(d,r)$ of the unsharded run's. Under "
+            r"\texttt{fully\_shard} over two processes, rows, layers and GQA heads sharded, "
+            r"$T$ steps of \texttt{build\_optimizer(model, RiemannianAdam)} on half a batch "
+            r"each end within $100\,T u$ per unit entry of one process on the whole batch."
         ),
         hypotheses=(
             "float64 frames; lr·√(d·r) ≤ 1/2; the all-reduce an exact-order sum (simulated: "
             "the ranks are threads of one process)",
             f"St({SHARD_D}, {SHARD_R}), rows {ROW_BLOCKS} on three ranks, {SHARD_STEPS} steps",
+            f"two gloo processes (torch.distributed on this machine), {FSDP_STEPS} steps, "
+            "float64, entries ≤ 2; the block R1 point compared as W_V S W_Oᵀ",
         ),
         checks=(
             Check(
@@ -192,6 +269,20 @@ register(
                 row_sharded_resolution,
                 f"near miss: every sharded frame norm times 1 + {SHARD_NEAR_MISS:g}, "
                 "substituted into the port",
+            ),
+            Check(
+                "float64",
+                "the sharded projection, transport, retraction and point check",
+                row_sharded_operations,
+                "the r×r products from each rank's own rows, substituted into the port",
+            ),
+            Check(
+                "float64",
+                "FSDP2 over two gloo processes against one process",
+                fsdp_against_one_process,
+                "the row-sharded r×r products averaged over the ranks instead of summed, "
+                "substituted into the port in both processes",
+                unavailable=gloo_missing,
             ),
         ),
         requires=("torch",),

@@ -130,12 +130,32 @@ def _view_of(original: Callable) -> Callable:
     return lambda t: t.detach().to("cpu").float().numpy() if t.dtype.itemsize < 4 else t.numpy()
 
 
+def _sampled_steps(ws: list, costs: list, path: Path) -> list[tuple[int, int]]:
+    """(group, step) of each record of 6 steps of RiemannianAdam on ``ws`` recorded with
+    ``every=3`` on ``ranks=[0]`` (this process's rank)."""
+    import torch_port as tp
+    from proofs_checks.audit import trace as trace_file
+    from torch_port import audit
+
+    opt = tp.RiemannianAdam(
+        [{"params": [w], "geometry": "stiefel"} for w in ws], lr=0.05, trust_radius=0.3
+    )
+    with audit.record(opt, path, every=3, ranks=[0]):
+        for _ in range(6):
+            opt.zero_grad()
+            brockett(ws, costs).backward()
+            opt.step()
+    return [(r["group"], r["step"]) for r in trace_file.load(path).meta["steps"]]
+
+
 def recorded_copies(ctx: Context, wrong: bool) -> Outcome:
     """A float32 run of RiemannianAdam on an unbatched St(8, 3) frame and a stack St(6, 2)×2,
     four steps recorded by ``torch_port.audit``; independently of the recorder, the check
     copies every point before the step, its gradient, and the point after it: every array of
-    the loaded trace ("x", "g", "y") equals its copy bitwise (residual: the number that differ,
-    tolerance 0). Control: the recorder keeping views instead of copies, substituted for
+    the loaded trace ("x", "g", "y") equals its copy bitwise; and 6 more steps recorded with
+    ``every=3`` on ``ranks=[0]`` give the records of steps 3 and 6 of each group, in order
+    (residual: the number of arrays that differ, plus one for other records; tolerance 0).
+    Control: the recorder keeping views instead of copies, substituted for
     ``torch_port.audit._array`` (the step then overwrites what was recorded)."""
     import torch
 
@@ -162,7 +182,10 @@ def recorded_copies(ctx: Context, wrong: bool) -> Outcome:
                 for gi, w in enumerate(ws):
                     seen[(gi, t)]["y"] = [w.detach().clone()]
         trace = trace_file.load(path)
+        sampled = _sampled_steps(ws, costs, Path(tmp) / "sampled.npz")
     differ, compared = [], 0
+    if sampled != [(gi, t) for t in (3, 6) for gi in range(len(ws))]:
+        differ.append(f"the steps recorded with every=3, ranks=[0]: {sampled}")
     for k, record in enumerate(trace.meta["steps"]):
         copies = seen[(record["group"], record["step"])]
         for what, want in copies.items():
@@ -197,11 +220,14 @@ register(
             r"$\sqrt{v_t}=\sqrt{v_1}\,\beta_2^{(t-1)/2}$ once the gradient is zero, within "
             r"$\gamma_{2(t-1)}$ relative in float32, and the step count is $t$ exactly, over "
             rf"{STATE_STEPS} steps; and every point, gradient and new point the recorder "
-            r"(\texttt{torch\_port.audit}) writes is bitwise the value the step saw or made."
+            r"(\texttt{torch\_port.audit}) writes is bitwise the value the step saw or made; "
+            r"recording every $k$-th step on named ranks records steps $k, 2k, \dots$ of every "
+            r"point there."
         ),
         hypotheses=(
             "β2 = 0.999, lr = 1e-3; a random gradient at the first step, zero after it",
-            "the recording: float32 frames, unbatched and batched, four steps",
+            "the recording: float32 frames, unbatched and batched, four steps; then six "
+            "recorded with every=3 on ranks=[0]",
         ),
         checks=(
             Check(
