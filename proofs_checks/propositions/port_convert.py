@@ -19,69 +19,22 @@ import numpy as np
 
 from proofs_checks.bounds import FLOAT64_U, frame_error, gamma
 from proofs_checks.harness import substituted
+from proofs_checks.propositions.convert_models import (
+    CONVERT_D,
+    CONVERT_K,
+    HEADS,
+    TOKENS,
+    FusedView,
+    factors,
+    fused_module,
+    maps,
+    separate_module,
+)
 from proofs_checks.registry import Check, Context, Outcome, Proposition, register
 
-#: The module's width, head size, heads and the (query, key/value) head counts converted.
-CONVERT_D, CONVERT_K, TOKENS = 12, 3, 5
-HEADS = ((4, 4), (4, 2))
 EXACT = ("fixed_rank_embedded", "fixed_rank_quotient")
 #: The near miss of the exact check: R1's singular values this much relative too large.
 SINGULAR_NEAR_MISS = 1e-12
-
-
-def _module(seed: int, heads: int, kv_heads: int) -> Any:
-    """A LLaMA-style attention module (q/k/v/o projections, q/k/v biases of scale 0.1)."""
-    import torch
-    from torch import nn
-
-    class Attention(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            d, k = CONVERT_D, CONVERT_K
-            self.q_proj = nn.Linear(d, heads * k, dtype=torch.float64)
-            self.k_proj = nn.Linear(d, kv_heads * k, dtype=torch.float64)
-            self.v_proj = nn.Linear(d, kv_heads * k, dtype=torch.float64)
-            self.o_proj = nn.Linear(heads * k, d, bias=False, dtype=torch.float64)
-            self.num_heads, self.head_dim = heads, k
-
-    torch.manual_seed(seed)
-    module = Attention()
-    with torch.no_grad():
-        for p in (module.q_proj.bias, module.k_proj.bias, module.v_proj.bias):
-            p.normal_(0.0, 0.1)
-    return module
-
-
-def _per_head(t: Any, n: int) -> Any:
-    """(tokens, n·k) projections as (n, tokens, k): head h is columns h·k…(h+1)·k."""
-    return t.reshape(t.shape[0], n, CONVERT_K).transpose(0, 1)
-
-
-def _maps(module: Any, x: Any, heads: int, kv_heads: int) -> tuple[Any, Any]:
-    """What the module's forward forms from its projections: the logits L_h = q_h k_{h//p}ᵀ
-    (heads, tokens, tokens), and the value-output Z = o_proj([v_{h//p}]_h) (tokens, d)."""
-    p = heads // kv_heads
-    q = _per_head(module.q_proj(x), heads)
-    k = _per_head(module.k_proj(x), kv_heads).repeat_interleave(p, dim=0)
-    v = _per_head(module.v_proj(x), kv_heads).repeat_interleave(p, dim=0)
-    return q @ k.mT, module.o_proj(v.transpose(0, 1).reshape(x.shape[0], -1))
-
-
-def _factors(module: Any, heads: int, kv_heads: int) -> dict[str, np.ndarray]:
-    """The per-head factors the forward reads, as NumPy arrays: W_Q^h, W_K^g, W_V^g (d, k) with
-    q_h = x W_Q^h, and A_h = W_O^hᵀ (d, k), the output's columns h·k…(h+1)·k."""
-    d, k = CONVERT_D, CONVERT_K
-
-    def rows(w: Any, n: int) -> np.ndarray:
-        return w.detach().numpy().reshape(n, k, d).transpose(0, 2, 1)
-
-    o = module.o_proj.weight.detach().numpy()
-    return {
-        "q": rows(module.q_proj.weight, heads),
-        "k": rows(module.k_proj.weight, kv_heads),
-        "v": rows(module.v_proj.weight, kv_heads),
-        "o": np.stack([o[:, h * k : (h + 1) * k] for h in range(heads)]),
-    }
 
 
 def _condition(a: np.ndarray, b: np.ndarray, p: int) -> float:
@@ -137,24 +90,28 @@ def exact_conversion(ctx: Context, wrong: bool, control: str = "singular") -> Ou
 
     if control == "singular":
         patch = substituted(points, "nearest", _singular_values_stretched(points.nearest))
-        cases = [(h, g, geo) for h, g in HEADS for geo in EXACT]
+        cases = [(h, g, geo, False) for h, g in HEADS for geo in EXACT]
+        cases += [(h, h, geo, True) for h, _ in HEADS[:1] for geo in EXACT]
     else:
         patch = substituted(convert, "per_query", _heads_modulo(convert.per_query))
-        cases = [(h, g, geo) for h, g in HEADS if g < h for geo in EXACT]
+        cases = [(h, g, geo, False) for h, g in HEADS if g < h for geo in EXACT]
     gen = torch.Generator().manual_seed(ctx.seed)
     x = torch.randn(TOKENS, CONVERT_D, generator=gen, dtype=torch.float64)
     xn = np.linalg.norm(x.numpy(), axis=1)
     worst, where = 0.0, ""
     with patch if wrong else contextlib.nullcontext(), torch.no_grad():
-        for heads, kv, geometry in cases:
-            module = _module(ctx.seed, heads, kv)
+        for heads, kv, geometry, fused in cases:
+            target = (
+                fused_module(ctx.seed, heads) if fused else separate_module(ctx.seed, heads, kv)
+            )
+            module = FusedView(target) if fused else target
             p = heads // kv
-            logits, values = _maps(module, x, heads, kv)
-            before = _factors(module, heads, kv)
+            logits, values = maps(module, x, heads, kv)
+            before = factors(module, heads, kv)
             biases = {r: getattr(module, f"{r}_proj").bias.detach().numpy() for r in "qkv"}
-            convert.riemannian_attention(module, geometry, geometry)
-            logits2, values2 = _maps(module, x, heads, kv)
-            after = _factors(module, heads, kv)
+            convert.riemannian_attention(target, geometry, geometry)
+            logits2, values2 = maps(module, x, heads, kv)
+            after = factors(module, heads, kv)
             size = {r: np.maximum(_sizes(before)[r], _sizes(after)[r]) for r in before}
             bn = {r: np.linalg.norm(biases[r].reshape(-1, CONVERT_K), axis=1) for r in biases}
             kq, kv_ = np.repeat(size["k"], p), np.repeat(bn["k"], p)
@@ -171,14 +128,17 @@ def exact_conversion(ctx: Context, wrong: bool, control: str = "singular") -> Ou
             dz = np.linalg.norm((values2 - values).numpy(), axis=1)
             ratio = max(float((dl / (rho * m_l)).max()), float((dz / (rho_z * m_z)).max()))
             if ratio > worst or math.isnan(ratio):
-                worst, where = ratio, f"{geometry}, {heads} heads over {kv}"
+                layout = ", fused c_attn" if fused else ""
+                worst, where = ratio, f"{geometry}, {heads} heads over {kv}{layout}"
     return Outcome.bound(
         worst,
         1.0,
         f"max |ΔL|/(ρM) and ‖ΔZ‖/(ρM) = {worst:.3g} ({where})",
         {
             "sizes": f"d = {CONVERT_D}, k = {CONVERT_K}, {TOKENS} tokens",
-            "cases": "; ".join(f"{g} at {h}/{k} heads" for h, k, g in cases),
+            "cases": "; ".join(
+                f"{g} at {h}/{k} heads{', fused c_attn' if f else ''}" for h, k, g, f in cases
+            ),
             "dtypes": "float64",
             "seeds": ctx.seed,
         },
@@ -233,10 +193,10 @@ def nearest_points(ctx: Context, wrong: bool) -> Outcome:
         for heads, kv in HEADS:
             p = heads // kv
             for geometry, block in NEAREST_CASES:
-                module = _module(ctx.seed, heads, kv)
-                before = _factors(module, heads, kv)
+                module = separate_module(ctx.seed, heads, kv)
+                before = factors(module, heads, kv)
                 convert.riemannian_attention(module, geometry, block=block)
-                after = _factors(module, heads, kv)
+                after = factors(module, heads, kv)
                 if geometry == "stiefel":
                     groups = kv if block else heads
                     size = heads // groups
@@ -277,6 +237,70 @@ def nearest_points(ctx: Context, wrong: bool) -> Outcome:
     )
 
 
+#: The near miss of ``reported_change``: the reported change this much relative too large.
+CHANGE_NEAR_MISS = 1e-9
+
+
+def _change_stretched(original: Callable) -> Callable:
+    return lambda *args: original(*args) * (1.0 + CHANGE_NEAR_MISS)
+
+
+def reported_change(ctx: Context, wrong: bool) -> Outcome:
+    """The change a conversion reports, ``qk_change`` = max_h ‖M'_h − M_h‖₂/‖M_h‖₂ of the
+    products M_h = W_Q^h W_K^{h//p}ᵀ before and after, against the same quantity formed here
+    from the module's weights by NumPy (the products written out, their SVDs), for P1 on QK (a
+    nearest point: a change of order 1) and R1 (exact: a change at rounding level), at each
+    head count of ``HEADS``; and the geometry it reports is the one asked for, its block
+    variant under GQA only (else the residual is ∞). Bound per head: both routes form the
+    products with inner dimension ≤ 2k and take backward-stable factorisations of d-row
+    matrices, so each errs in ‖ΔM‖ by at most E = (γ_{2k} + 4d·u)(‖A'‖_F‖B'‖_F + ‖A‖_F‖B‖_F)
+    and in ‖M‖ by d·u relative: |c_reported − c| ≤ 2(2E/‖M‖ + 2d·u·c). Residual the largest
+    ratio, tolerance 1. Control, a near miss: the reported change ``CHANGE_NEAR_MISS`` relative
+    too large, substituted for ``convert.points.change``."""
+    import torch
+
+    from torch_port import convert
+
+    d, k = CONVERT_D, CONVERT_K
+    worst, where = 0.0, ""
+    patch = substituted(convert, "change", _change_stretched(convert.change))
+    with patch if wrong else contextlib.nullcontext(), torch.no_grad():
+        for heads, kv in HEADS:
+            p = heads // kv
+            for geometry in ("partial_isometry_embedded", "fixed_rank_embedded"):
+                module = separate_module(ctx.seed, heads, kv)
+                before = factors(module, heads, kv)
+                (conversion,) = convert.riemannian_attention(module, geometry)
+                after = factors(module, heads, kv)
+                a, b = before["q"], np.repeat(before["k"], p, axis=0)
+                a2, b2 = after["q"], np.repeat(after["k"], p, axis=0)
+                m, m2 = a @ b.transpose(0, 2, 1), a2 @ b2.transpose(0, 2, 1)
+                norm = np.linalg.norm(m, ord=2, axis=(1, 2))
+                c = np.linalg.norm(m2 - m, ord=2, axis=(1, 2)) / norm
+                sizes = np.linalg.norm(a2, axis=(1, 2)) * np.linalg.norm(b2, axis=(1, 2))
+                sizes += np.linalg.norm(a, axis=(1, 2)) * np.linalg.norm(b, axis=(1, 2))
+                e = (gamma(2 * k) + 4 * d * FLOAT64_U) * sizes
+                bound = float(np.max(2 * (2 * e / norm + 2 * d * FLOAT64_U * c)))
+                ratio = abs(conversion.qk_change - float(c.max())) / bound
+                resolved = geometry if kv == heads else f"block_{geometry}"
+                if conversion.qk_geometry != resolved:  # the name a reader is told
+                    ratio = math.inf
+                if ratio > worst or math.isnan(ratio):
+                    worst, where = ratio, f"{geometry}, {heads} heads over {kv}"
+    return Outcome.bound(
+        worst,
+        1.0,
+        f"max |c_reported − c|/bound = {worst:.3g} ({where})",
+        {
+            "sizes": f"d = {CONVERT_D}, k = {CONVERT_K}",
+            "cases": "partial_isometry_embedded and fixed_rank_embedded on QK at "
+            + ", ".join(f"{h}/{g} heads" for h, g in HEADS),
+            "dtypes": "float64",
+            "seeds": ctx.seed,
+        },
+    )
+
+
 def _core_transposed(original: Callable) -> Callable:
     """``convert.weights.with_core`` multiplying by each R1 core's transpose."""
     return lambda heads, cores: original(heads, cores.mT)
@@ -299,7 +323,7 @@ def factors_read(ctx: Context, wrong: bool) -> Outcome:
     heads, k, d = HEADS[0][0], CONVERT_K, CONVERT_D
     rng = np.random.default_rng(ctx.seed)
     r1 = ref.GEOMETRIES["fixed_rank_embedded"](d, d, k)
-    module = _module(ctx.seed, heads, heads)
+    module = separate_module(ctx.seed, heads, heads)
     convert.riemannian_attention(module, "fixed_rank_embedded", "fixed_rank_embedded")
     points = {}
     with torch.no_grad():
@@ -314,7 +338,7 @@ def factors_read(ctx: Context, wrong: bool) -> Outcome:
                 module.get_parameter(name).copy_(torch.from_numpy(stacked))
     patch = substituted(weights, "with_core", _core_transposed(weights.with_core))
     with patch if wrong else contextlib.nullcontext(), torch.no_grad():
-        f = _factors(module, heads, heads)
+        f = factors(module, heads, heads)
     worst = 0.0
     for product, (row, col) in (("qk", ("q", "k")), ("vo", ("o", "v"))):
         for h, (u, s, v) in enumerate(points[product]):
@@ -348,13 +372,15 @@ def _threshold_moved(factor: float) -> Callable:
 def rank_threshold(ctx: Context, wrong: bool) -> Outcome:
     """``convert.points.factor_svd`` refuses a product exactly when σ_min/σ_max ≤ k·ε of float64
     (the threshold stated in its docstring, computed here from NumPy's ε): for k in
-    ``RANK_KS`` (d = 12), A = [I_k; 0] and B = [diag(s); 0], whose product has the singular
-    values s exactly (the QR factors of both are ±I and ±diag(s)), s_1 = 1 and the others
-    k·ε·(1 ∓ ``RANK_SIDE``): refused below, accepted above (σ_min/σ_max is one division, within
-    half an ulp, 1e-16 of the side). Residual: the number of wrong decisions, tolerance 0.
-    Control, near misses: the threshold moved by +0.5% and by −0.5% in turn, substituted for
-    ``convert.points.rank_tolerance``; the control's residual is the fewest wrong decisions
-    either causes (rejected only if both are caught)."""
+    ``RANK_KS`` (d = 12), a batch of two heads A = [I_k; 0] and B = [diag(s); 0], whose product
+    has the singular values s exactly (the QR factors of both are ±I and ±diag(s)), s_1 = 2⁻¹⁰,
+    s_k = 2⁻¹⁰·k·ε·(1 ∓ ``RANK_SIDE``) and the others 2⁻¹¹ (so that σ_min, σ_max, σ_2 and the
+    head's k all differ from what a wrong index or shape reads): refused below, accepted above
+    (σ_min/σ_max is one division, within half an ulp, 1e-16 of the side). Residual: the
+    number of wrong decisions, tolerance 0. Control, near misses: the threshold moved by
+    +0.5% and by −0.5% in turn, substituted for ``convert.points.rank_tolerance``; the
+    control's residual is the fewest wrong decisions either causes (rejected only if both are
+    caught)."""
     import torch
 
     from torch_port.convert import points
@@ -364,9 +390,9 @@ def rank_threshold(ctx: Context, wrong: bool) -> Outcome:
         for k in RANK_KS:
             threshold = k * np.finfo(np.float64).eps
             for side, refused in ((1 - RANK_SIDE, True), (1 + RANK_SIDE, False)):
-                s = torch.full((k,), threshold * side, dtype=torch.float64)
-                s[0] = 1.0
-                a = torch.eye(CONVERT_D, k, dtype=torch.float64)
+                s = torch.full((k,), 2.0**-11, dtype=torch.float64)
+                s[0], s[-1] = 2.0**-10, 2.0**-10 * threshold * side
+                a = torch.eye(CONVERT_D, k, dtype=torch.float64).expand(2, CONVERT_D, k)
                 try:
                     points.factor_svd("PORT-10", a, a * s)
                     decided = False
@@ -416,7 +442,8 @@ register(
             r"of NumPy's SVD; and the "
             r"converted module's per-head products are R1's $U S V^\top$ of its stored factors. "
             r"A product whose $\sigma_{\min}/\sigma_{\max}\le k\varepsilon$ (float64) is "
-            r"refused as of rank below $k$, and one above it is converted."
+            r"refused as of rank below $k$, and one above it is converted; the change a "
+            r"conversion reports is $\max_h\|M_h'-M_h\|_2/\|M_h\|_2$ of its products."
         ),
         hypotheses=(
             f"a LLaMA-style module (q/k/v/o projections, q/k/v biases), d = {CONVERT_D}, "
@@ -448,6 +475,13 @@ register(
                 "the module's products are R1's U S Vᵀ of random stored points",
                 factors_read,
                 "every R1 core transposed where the module assembles its weights, substituted",
+            ),
+            Check(
+                "float64",
+                "the change and the geometry a conversion reports",
+                reported_change,
+                f"near miss: the reported change times 1 + {CHANGE_NEAR_MISS:g}, substituted "
+                "into the port",
             ),
             Check(
                 "float64",
