@@ -103,35 +103,13 @@ def run_workers(script: str, world: int, out_dir: Any, timeout: float, what: str
 
 def run_as_worker(work: Any, world: int) -> None:
     """The body of ``python script RANK PORT OUT_DIR`` (a worker that ``run_workers`` started):
-    join the gloo group of ``world`` ranks, run ``work(rank, out_dir)``, meet the other ranks at a
-    barrier, leave the group and exit at once with 0, or with 1 and the traceback if ``work``
-    raised.
-
-    The barrier keeps a rank from closing its connections while another still uses them (rank 0
-    writes the results after the last collective); the immediate ``os._exit`` skips the
-    interpreter's teardown, in which gloo's threads can call std::terminate after all the work is
-    done and saved, which would turn a finished run into a failed one."""
-    import os
+    ``work(rank, out_dir)`` in the gloo group of ``world`` ranks on 127.0.0.1:PORT, by
+    ``proofs_checks.propositions.port_gloo.in_gloo_group`` (a barrier after the work, an exit
+    at once: 0, or 1 with the traceback if ``work`` raised)."""
     import sys
-    import traceback
 
-    import torch
-    import torch.distributed as dist
+    from proofs_checks.propositions.port_gloo import in_gloo_group
 
     rank, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    code = 0
-    try:
-        work(rank, out)
-        dist.barrier()
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    init = f"tcp://127.0.0.1:{port}"
+    in_gloo_group(rank, world, lambda: work(rank, out), init_method=init)

@@ -23,8 +23,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from proofs_checks.bounds import sharded_run_tolerance
 from proofs_checks.propositions.port_refusals import Row, misbehaviour
@@ -225,30 +226,24 @@ def _work(rank: int, out: Path, wrong: bool) -> int:
     return calls[0]
 
 
-def worker(rank: int, store: str, out: str, wrong: bool) -> None:
-    """The body of a worker process: join the gloo group through the file ``store``, run
-    ``_work``, meet the other rank at a barrier, leave, and exit at once (gloo's threads can
-    abort an interpreter's teardown after the work is done), with 1 and the traceback if the
-    work raised. Writes ``out/rank{rank}.json`` with the control's variant count."""
-    import cProfile
+def in_gloo_group(rank: int, world: int, work: Callable[[], None], **init: Any) -> NoReturn:
+    """The body of a worker process: join the gloo group of ``world`` ranks
+    (``init_process_group(**init)``), run ``work()``, meet the other ranks at a barrier, leave,
+    and exit at once with 0, or with 1 and the traceback if ``work`` raised.
+
+    The barrier keeps a rank from closing its connections while another still uses them; the
+    immediate ``os._exit`` skips the interpreter's teardown, in which gloo's threads can call
+    std::terminate after all the work is done and saved."""
     import traceback
 
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store, WORLD), rank=rank, world_size=WORLD)
-    traced = os.environ.get(CHILD_TRACE)
-    profile = cProfile.Profile() if traced else None
+    dist.init_process_group("gloo", rank=rank, world_size=world, **init)
     code = 0
     try:
-        if profile is not None:
-            profile.enable()
-        count = _work(rank, Path(out), wrong)
-        if profile is not None:
-            profile.disable()
-            _write_calls(profile, Path(traced) / f"rank{rank}-{os.getpid()}.json")
-        Path(out, f"rank{rank}.json").write_text(json.dumps({"variant_calls": count}))
+        work()
         dist.barrier()
     except BaseException:
         traceback.print_exc()
@@ -258,6 +253,28 @@ def worker(rank: int, store: str, out: str, wrong: bool) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def worker(rank: int, store: str, out: str, wrong: bool) -> NoReturn:
+    """A worker of ``run_workers``: ``_work`` in the gloo group joined through the file
+    ``store`` (``in_gloo_group``); writes ``out/rank{rank}.json`` with the control's variant
+    count, and under call tracing (``CHILD_TRACE``) the functions it called."""
+    import cProfile
+
+    import torch.distributed as dist
+
+    def work() -> None:
+        traced = os.environ.get(CHILD_TRACE)
+        profile = cProfile.Profile() if traced else None
+        if profile is not None:
+            profile.enable()
+        count = _work(rank, Path(out), wrong)
+        if profile is not None:
+            profile.disable()
+            _write_calls(profile, Path(traced) / f"rank{rank}-{os.getpid()}.json")
+        Path(out, f"rank{rank}.json").write_text(json.dumps({"variant_calls": count}))
+
+    in_gloo_group(rank, WORLD, work, store=dist.FileStore(store, WORLD))
 
 
 def _write_calls(profile: Any, path: Path) -> None:
