@@ -192,6 +192,11 @@ ROWS = [
     Row("square frames r = d (accepted)", lambda _: _adam([_stiefel(_frames(3, 3))]), None),
     Row("one column r = 1 (accepted)", lambda _: _adam([_stiefel(_frames(8, 1))]), None),
     Row(
+        "a fixed-rank point of unbatched factors (accepted)",
+        lambda _: _adam([{"params": _factors(), "geometry": "fixed_rank_embedded"}]),
+        None,
+    ),
+    Row(
         "a parameter listed twice",
         lambda _: _adam([{"params": [p := _plain(), p]}]),
         ValueError,
