@@ -66,6 +66,11 @@ _AUDIT_TESTS = [
     "tests/test_audit_verdicts.py",
 ]
 _CONVERT_TESTS = ["tests/test_convert.py", "tests/test_convert_inputs.py"]
+_NN_TESTS = [
+    "tests/test_torch_nn.py",
+    "tests/test_torch_nn_geometries.py",
+    "tests/test_deferred.py",
+]
 
 #: Source file -> the tests that judge its mutants after certify.
 JUDGES: dict[str, list[str]] = {
@@ -113,22 +118,32 @@ JUDGES: dict[str, list[str]] = {
     },
     **{
         f"torch_port/optim/{name}.py": _STEP_TESTS
-        # the guard's other modules and loading.py compare layouts and types (==, in, is),
-        # which no mutation operator here changes: 0 to 7 mutants each
         for name in (
             "optimizer",
             "update",
+            "guard/__init__",
+            "guard/entries",
+            "guard/groups",
             "guard/values",
             "capturable",
             "sharding",
             "points",
             "presets",
+            "groups",
+            "loading",
         )
     },
-    "torch_port/audit.py": _AUDIT_TESTS,
+    **{
+        f"torch_port/{name}.py": [*_AUDIT_TESTS, "tests/test_audit_schema.py"]
+        for name in ("audit", "audit_layout", "audit_sources")
+    },
     **{
         f"torch_port/convert/{name}.py": _CONVERT_TESTS
-        for name in ("__init__", "points", "weights")
+        for name in ("__init__", "points", "weights", "structures")
+    },
+    **{
+        f"torch_port/{name}.py": [*_PORT_TESTS, *_NN_TESTS]
+        for name in ("geometry", "attention_products", "nn", "deferred", "reprojection")
     },
 }
 
