@@ -62,43 +62,21 @@ def reference_moments(state: Any) -> tuple[Any, Any]:
 
 
 def run_workers(script: str, world: int, out_dir: Any, timeout: float, what: str) -> None:
-    """Run ``python script RANK PORT OUT_DIR`` for every rank (one thread each, the package on
-    the path, a free port on 127.0.0.1) and fail the test with the workers' logs unless all
-    exit 0 within ``timeout`` seconds (the distributed tests' workers)."""
-    import os
+    """Run ``python script RANK PORT OUT_DIR`` for every rank (a free port on 127.0.0.1) by
+    ``proofs_checks.propositions.port_gloo.start_and_wait``, which raises with the workers'
+    errors unless all exit 0 within ``timeout`` seconds (the distributed tests' workers)."""
     import socket
-    import subprocess
     import sys
-    from pathlib import Path
 
-    import pytest
+    from proofs_checks.propositions.port_gloo import start_and_wait
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-    env["OMP_NUM_THREADS"] = "1"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, script, str(rank), str(port), str(out_dir)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in range(world)
+    commands = [
+        [sys.executable, script, str(rank), str(port), str(out_dir)] for rank in range(world)
     ]
-    logs = []
-    for p in procs:
-        try:
-            _, err = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"{what} workers did not finish within {timeout:g} s")
-        logs.append(f"rank {len(logs)} (exit {p.returncode}):\n{err}")
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    start_and_wait(commands, timeout, what)
 
 
 def run_as_worker(work: Any, world: int) -> None:

@@ -287,41 +287,47 @@ def _write_calls(profile: Any, path: Path) -> None:
     path.write_text(json.dumps(sorted(seen)), encoding="utf-8")
 
 
+def start_and_wait(commands: list[list[str]], timeout: float, what: str) -> None:
+    """Run the worker ``commands`` at once, this project first on their path and one thread
+    each, and wait for them; RuntimeError naming ``what`` with each failed rank's exit code and
+    the end of its errors when one exits non-zero, or when they do not finish in ``timeout``
+    seconds (all are then killed)."""
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    procs = [
+        subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for command in commands
+    ]
+    errors = []
+    for rank, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as err:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"the {what} workers did not finish in {timeout:g} s") from err
+        if p.returncode != 0:
+            errors.append(f"rank {rank} (exit {p.returncode}): {err.strip()[-2000:]}")
+    if errors:
+        raise RuntimeError(f"a {what} worker failed: " + " | ".join(errors))
+
+
 def run_workers(wrong: bool) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
     """Start the ``WORLD`` workers, wait for them, and return (rank 0's gathered parameters,
     its report (``_work``), each rank's count of the control's variant);
     RuntimeError with the workers' errors when one fails or hangs."""
     import numpy as np
 
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     with tempfile.TemporaryDirectory() as tmp:
         store = str(Path(tmp) / "store")
         code = "from proofs_checks.propositions.port_gloo import worker; worker({}, {!r}, {!r}, {})"
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", code.format(rank, store, tmp, wrong)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for rank in range(WORLD)
+        commands = [
+            [sys.executable, "-c", code.format(rank, store, tmp, wrong)] for rank in range(WORLD)
         ]
-        errors = []
-        for rank, p in enumerate(procs):
-            try:
-                _, err = p.communicate(timeout=WORKER_TIMEOUT)
-            except subprocess.TimeoutExpired as err:
-                for q in procs:
-                    q.kill()
-                raise RuntimeError(
-                    f"the FSDP2 workers did not finish in {WORKER_TIMEOUT:g} s"
-                ) from err
-            if p.returncode != 0:
-                errors.append(f"rank {rank} (exit {p.returncode}): {err.strip()[-2000:]}")
-        if errors:
-            raise RuntimeError("an FSDP2 worker failed: " + " | ".join(errors))
+        start_and_wait(commands, WORKER_TIMEOUT, "FSDP2")
         with np.load(Path(tmp) / "params.npz", allow_pickle=False) as saved:
             params = {k: saved[k] for k in saved.files}
         report = json.loads(Path(tmp, "states.json").read_text())

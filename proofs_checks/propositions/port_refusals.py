@@ -120,15 +120,35 @@ def _add(group: Callable[[], dict]) -> Callable[[Any], Any]:
 def _plain_eps(eps: float) -> Callable[[Any], Any]:
     """AdamW's ε on a float32 plain parameter; it rounds to 0 there at and below 2⁻¹⁵⁰, half
     the smallest float32 subnormal."""
-    import torch
 
-    return lambda _: _adam([{"params": [_plain(torch.float32)]}], eps=eps)
+    def act(_: Any) -> Any:
+        import torch
+
+        return _adam([{"params": [_plain(torch.float32)]}], eps=eps)
+
+    return act
 
 
 def _f32(**kw: Any) -> Callable[[Any], Any]:
+    """``_capturable`` in float32."""
+
+    def act(_: Any) -> Any:
+        import torch
+
+        return _capturable(torch.float32, **kw)
+
+    return act
+
+
+def _threshold_one_binade_up(group: dict[str, Any]) -> None:
+    """``guard.values.plain_eps`` with its threshold at the smallest subnormal of the
+    parameter's dtype instead of half of it (the near miss of ``the_table``)."""
     import torch
 
-    return lambda _: _capturable(torch.float32, **kw)
+    for p in group["params"]:
+        info = torch.finfo(p.dtype)
+        if group["eps"] <= info.smallest_normal * info.eps:
+            raise ValueError(f"eps={group['eps']:g} rounds to 0 in {p.dtype}")
 
 
 ROWS = [
@@ -333,11 +353,12 @@ def misbehaviour(row: Row) -> str | None:
 
 def the_table(ctx: Context, wrong: bool) -> Outcome:
     """Every row of ``ROWS`` behaves as the table says (``misbehaviour``): residual, the number
-    of rows that do not (tolerance 0). Control: the guard's check of nonnegative values
-    (``guard.values.nonnegative``, which refuses a negative lr) accepting any value."""
+    of rows that do not (tolerance 0). Control, a near miss: AdamW's ε threshold one binade up,
+    at the smallest float32 subnormal 2⁻¹⁴⁹ instead of 2⁻¹⁵⁰ (``_threshold_one_binade_up`` for
+    ``guard.values.plain_eps``), which refuses the row at 2⁻¹⁴⁹ that must be taken."""
     from torch_port.optim.guard import values
 
-    with substituted(values, "nonnegative", lambda name, v: v) if wrong else _nothing():
+    with substituted(values, "plain_eps", _threshold_one_binade_up) if wrong else _nothing():
         bad = {row.name: why for row in ROWS if (why := misbehaviour(row)) is not None}
     refused = sum(row.error is not None and not issubclass(row.error, Warning) for row in ROWS)
     return Outcome.bound(
@@ -376,7 +397,8 @@ register(
                 "float64",
                 "every row of the refusal table",
                 the_table,
-                "the guard's nonnegative check accepting any value, substituted into the port",
+                "near miss: AdamW's ε threshold one binade up (2⁻¹⁴⁹ refused), substituted "
+                "into the port",
             ),
         ),
         requires=("torch",),
