@@ -11,6 +11,7 @@ None), or a warning attributed to the caller's line (``error`` a ``Warning`` cla
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from collections.abc import Callable
@@ -358,7 +359,8 @@ def the_table(ctx: Context, wrong: bool) -> Outcome:
     ``guard.values.plain_eps``), which refuses the row at 2⁻¹⁴⁹ that must be taken."""
     from torch_port.optim.guard import values
 
-    with substituted(values, "plain_eps", _threshold_one_binade_up) if wrong else _nothing():
+    variant = substituted(values, "plain_eps", _threshold_one_binade_up)
+    with variant if wrong else contextlib.nullcontext():
         bad = {row.name: why for row in ROWS if (why := misbehaviour(row)) is not None}
     refused = sum(row.error is not None and not issubclass(row.error, Warning) for row in ROWS)
     return Outcome.bound(
@@ -368,12 +370,6 @@ def the_table(ctx: Context, wrong: bool) -> Outcome:
         + "".join(f"; {name}: {why}" for name, why in list(bad.items())[:3]),
         {"cases": f"{len(ROWS)} rows", "dtypes": "float64, float32", "seeds": "fixed"},
     )
-
-
-def _nothing() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 register(
